@@ -1,0 +1,36 @@
+"""One error hierarchy for cronwell; client-library errors are translated at the boundary."""
+
+from __future__ import annotations
+
+
+class CronwellError(Exception):
+    """Base of every error cronwell raises on purpose; the CLI prints these without a traceback."""
+
+
+class SpecError(CronwellError):
+    """A ScheduledJob (or WorkerPool) spec is invalid; the message names the field and the fix."""
+
+    def __init__(self, message: str, *, source: str | None = None, field: str | None = None):
+        self.source = source
+        self.field = field
+        super().__init__(message)
+
+
+class DatabaseError(CronwellError):
+    """PostgreSQL could not be reached or refused a request."""
+
+
+class DatabaseUnavailable(DatabaseError):
+    """The database is unreachable (wrong URL, server down, network cut)."""
+
+
+class SchemaTooNew(DatabaseError):
+    """The database schema was migrated by a newer cronwell than this one."""
+
+
+class JobNotFound(CronwellError):
+    """No live job with that namespace/name exists in the store."""
+
+
+class LeaseLost(CronwellError):
+    """A heartbeat or completion matched zero rows: another worker owns the occurrence now."""

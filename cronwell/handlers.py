@@ -1,0 +1,128 @@
+"""The SDK for job code: `@cronwell.handler("name")` and the Context a handler receives.
+
+A handler's effect is exactly-once when it is idempotent under the occurrence key, or when
+it lands in cronwell's PostgreSQL through `ctx.transaction()`: the effect, its outbox
+messages and the fenced completion then commit in one transaction, or not at all.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import threading
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
+
+from cronwell.errors import CronwellError, LeaseLost
+
+if TYPE_CHECKING:
+    from cronwell.store.db import Conn, Database
+
+Handler = Callable[["Context"], Any] | Callable[["Context"], Awaitable[Any]]
+_REGISTRY: dict[str, Handler] = {}
+
+
+class StaleFence(CronwellError):
+    """A fenced write carried a fence below one already accepted for the resource."""
+
+
+def handler(name: str) -> Callable[[Handler], Handler]:
+    """Register a job handler under `name` (the ScheduledJob's `target.handler.name`)."""
+
+    def register(fn: Handler) -> Handler:
+        if name in _REGISTRY and _REGISTRY[name] is not fn:
+            raise CronwellError(f"handler {name!r} is registered twice")
+        _REGISTRY[name] = fn
+        return fn
+
+    return register
+
+
+def get_handler(name: str) -> Handler | None:
+    return _REGISTRY.get(name)
+
+
+def registered() -> list[str]:
+    return sorted(_REGISTRY)
+
+
+@dataclass
+class Context:
+    """What a running attempt knows about itself."""
+
+    key: str
+    """Idempotency key: `<job uid>:<nominal instant>`; send it downstream."""
+    fence: int
+    """Fencing token, strictly increasing per key: downstream rejects lower ones."""
+    scheduled_for: datetime
+    attempt: int
+    namespace: str
+    name: str
+    payload: dict[str, Any] = field(default_factory=dict)
+    cancelled: threading.Event = field(default_factory=threading.Event)
+    """Set when the lease is lost or the attempt is cancelled; sync handlers should poll it."""
+    db: Database | None = None
+    completed_in_transaction: bool = False
+    _conn: Conn | None = None
+
+    def check_cancelled(self) -> None:
+        """Raise LeaseLost if this attempt must stop (for long-running sync handlers)."""
+        if self.cancelled.is_set():
+            raise LeaseLost(f"attempt of {self.key} (fence {self.fence}) was cancelled")
+
+    @contextlib.asynccontextmanager
+    async def transaction(self) -> AsyncIterator[Conn]:
+        """A transaction on cronwell's database that also completes the occurrence, fenced.
+
+        If another worker took the occurrence over, the completion matches nothing and
+        the whole transaction (the handler's effect included) rolls back with LeaseLost.
+        """
+        if self.db is None:
+            raise CronwellError("ctx.transaction() needs the worker's database")
+        async with self.db.transaction() as conn:
+            self._conn = conn
+            try:
+                yield conn
+                self.check_cancelled()
+                done = await self.db.fetch(
+                    "OccurrenceSucceedBatch", {"keys": [self.key], "fences": [self.fence]},
+                    conn=conn,
+                )
+                if not done:
+                    raise LeaseLost(f"{self.key}: fence {self.fence} is stale; rolled back")
+            finally:
+                self._conn = None
+        self.completed_in_transaction = True
+
+    async def outbox(self, topic: str, payload: dict[str, Any]) -> None:
+        """Queue a message in the current `ctx.transaction()`; the relay publishes it."""
+        if self._conn is None or self.db is None:
+            raise CronwellError("ctx.outbox() must be called inside `async with ctx.transaction()`")
+        await self.db.execute(
+            "OutboxInsert",
+            {"key": self.key, "topic": topic, "payload": json.dumps(payload)},
+            conn=self._conn,
+        )
+
+    async def fenced_write(self, resource: str, conn: Conn | None = None) -> None:
+        """Claim `resource` at this attempt's fence, or raise StaleFence: a writer whose
+        lease was taken over cannot overwrite its successor's work."""
+        conn = conn or self._conn
+        if conn is None or self.db is None:
+            raise CronwellError("ctx.fenced_write() needs a connection or ctx.transaction()")
+        if not await self.db.execute(
+            "FenceWrite", {"resource": resource, "fence": self.fence}, conn=conn
+        ):
+            raise StaleFence(f"{resource}: fence {self.fence} is older than one already used")
+
+
+async def sleep_or_cancel(ctx: Context, seconds: float) -> None:
+    """Sleep that wakes early with LeaseLost when the attempt is cancelled."""
+    deadline = asyncio.get_running_loop().time() + seconds
+    while (left := deadline - asyncio.get_running_loop().time()) > 0:
+        ctx.check_cancelled()
+        await asyncio.sleep(min(left, 0.05))
+    ctx.check_cancelled()

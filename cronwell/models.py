@@ -1,0 +1,235 @@
+"""Pydantic models of the cronwell resources: the single source of truth for CRD schemas,
+the standalone YAML loader and the store's copy of each spec."""
+
+from __future__ import annotations
+
+import re
+from datetime import UTC, datetime
+from enum import StrEnum
+from typing import Annotated, Any, Literal
+
+from pydantic import (
+    AliasGenerator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    field_validator,
+    model_validator,
+)
+from pydantic.alias_generators import to_camel
+
+GROUP = "cronwell.dev"
+VERSION = "v1alpha1"
+API_VERSION = f"{GROUP}/{VERSION}"
+
+# DNS-1123 label, as Kubernetes requires for names used in keys and labels.
+_NAME_RE = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+
+
+class _Model(BaseModel):
+    """camelCase on the wire (as Kubernetes users write it), snake_case in Python."""
+
+    model_config = ConfigDict(
+        alias_generator=AliasGenerator(validation_alias=to_camel, serialization_alias=to_camel),
+        populate_by_name=True,
+        extra="forbid",
+        frozen=True,
+        use_enum_values=True,
+    )
+
+
+class ConcurrencyPolicy(StrEnum):
+    """What happens when an occurrence comes due while an earlier one of the job is active
+    (Temporal's overlap policies)."""
+
+    SKIP = "Skip"
+    BUFFER_ONE = "BufferOne"
+    BUFFER_ALL = "BufferAll"
+    REPLACE = "Replace"
+    ALLOW = "Allow"
+
+
+class MisfirePolicy(StrEnum):
+    """What happens to instants that passed their starting deadline without being dispatched."""
+
+    RUN_ONCE = "RunOnce"
+    RUN_ALL = "RunAll"
+    SKIP = "Skip"
+
+
+class Delivery(StrEnum):
+    AT_LEAST_ONCE = "AtLeastOnce"
+    AT_MOST_ONCE = "AtMostOnce"
+
+
+class SpringForward(StrEnum):
+    """Local times that do not exist (the clock jumps forward)."""
+
+    RUN_AT_GAP_END = "RunAtGapEnd"
+    SKIP = "Skip"
+
+
+class FallBack(StrEnum):
+    """Local times that occur twice (the clock falls back)."""
+
+    RUN_ONCE = "RunOnce"
+    RUN_TWICE = "RunTwice"
+
+
+class DstPolicy(_Model):
+    spring_forward: SpringForward = Field(
+        SpringForward.RUN_AT_GAP_END,
+        description="Local times skipped by a DST jump: run at the end of the gap, or skip.",
+    )
+    fall_back: FallBack = Field(
+        FallBack.RUN_ONCE,
+        description="Local times repeated by a DST fall-back: run at the first one, or at both.",
+    )
+
+
+class RetryPolicy(_Model):
+    max_attempts: int = Field(3, ge=1, le=100, description="Attempts before dead-lettering.")
+    initial_delay_seconds: float = Field(1.0, ge=0, le=86400)
+    factor: float = Field(2.0, ge=1, le=10)
+    max_delay_seconds: float = Field(300.0, ge=0, le=86400)
+
+
+class HttpTarget(_Model):
+    url: Annotated[str, Field(max_length=2048, pattern=r"^https?://")]
+    method: Literal["GET", "POST", "PUT", "PATCH", "DELETE"] = "POST"
+    headers: dict[str, str] = Field(default_factory=dict)
+    body: str | None = Field(None, max_length=65536)
+    connect_timeout_seconds: float = Field(5.0, gt=0, le=300)
+    verify_tls: bool = True
+
+
+class HandlerTarget(_Model):
+    name: Annotated[str, Field(min_length=1, max_length=253)]
+    payload: dict[str, Any] = Field(default_factory=dict)
+
+
+class LogTarget(_Model):
+    message: Annotated[str, Field(max_length=4096)] = "hello from cronwell"
+
+
+class Target(_Model):
+    """Exactly one of http, handler or log."""
+
+    http: HttpTarget | None = None
+    handler: HandlerTarget | None = None
+    log: LogTarget | None = None
+
+    @model_validator(mode="after")
+    def _exactly_one(self) -> Target:
+        given = [k for k in ("http", "handler", "log") if getattr(self, k) is not None]
+        if len(given) != 1:
+            raise ValueError(
+                "target needs exactly one of http, handler or log"
+                + (f" (got {', '.join(given)})" if given else "")
+            )
+        return self
+
+    @property
+    def kind(self) -> str:
+        return next(k for k in ("http", "handler", "log") if getattr(self, k) is not None)
+
+
+class ScheduledJobSpec(_Model):
+    schedule: str | None = Field(
+        None,
+        max_length=256,
+        description="Cron: 5 fields, or 6 with seconds first; @hourly-style macros; "
+        "H for a per-job hashed value.",
+    )
+    run_at: datetime | None = Field(None, description="One-shot instant (RFC 3339).")
+    time_zone: str = Field("UTC", max_length=64, description="IANA zone for the schedule.")
+    dst_policy: DstPolicy = Field(default_factory=DstPolicy)
+    start_at: datetime | None = None
+    end_at: datetime | None = None
+    target: Target
+    pool: Annotated[str, Field(max_length=63, pattern=_NAME_RE.pattern)] = "default"
+    concurrency_policy: ConcurrencyPolicy = ConcurrencyPolicy.SKIP
+    misfire_policy: MisfirePolicy = MisfirePolicy.RUN_ONCE
+    starting_deadline_seconds: int | None = Field(
+        None, ge=1, le=31_536_000, description="Dispatch later than this is a misfire."
+    )
+    max_catchup: int = Field(100, ge=1, le=1000, description="RunAll: most missed instants run.")
+    retry: RetryPolicy = Field(default_factory=RetryPolicy)
+    timeout_seconds: int = Field(3600, ge=1, le=86400 * 7)
+    jitter_seconds: int = Field(0, ge=0, le=3600)
+    delivery: Delivery = Delivery.AT_LEAST_ONCE
+    suspend: bool = False
+    suspend_after_failures: int | None = Field(None, ge=1, le=10000)
+    successful_jobs_history_limit: int = Field(100, ge=0, le=100000)
+    failed_jobs_history_limit: int = Field(100, ge=0, le=100000)
+
+    @field_validator("schedule")
+    @classmethod
+    def _cron_parses(cls, v: str | None) -> str | None:
+        if v is None:
+            return v
+        from cronwell import schedule  # schedule imports models for enums only
+
+        schedule.validate_cron(v)
+        return v.strip()
+
+    @field_validator("time_zone")
+    @classmethod
+    def _zone_exists(cls, v: str) -> str:
+        from cronwell import schedule
+
+        schedule.load_zone(v)
+        return v
+
+    @field_validator("run_at", "start_at", "end_at")
+    @classmethod
+    def _aware(cls, v: datetime | None) -> datetime | None:
+        if v is None:
+            return v
+        if v.tzinfo is None:
+            raise ValueError("must carry a UTC offset, e.g. 2026-12-01T09:00:00Z")
+        return v.astimezone(UTC).replace(microsecond=0)
+
+    @model_validator(mode="after")
+    def _one_kind(self) -> ScheduledJobSpec:
+        if (self.schedule is None) == (self.run_at is None):
+            raise ValueError(
+                "set exactly one of spec.schedule (cron) or spec.runAt (one-shot)"
+                + (" (both are set)" if self.schedule is not None else "")
+            )
+        if self.start_at and self.end_at and self.end_at <= self.start_at:
+            raise ValueError("spec.endAt must be after spec.startAt")
+        return self
+
+
+class ObjectMeta(BaseModel):
+    """The part of Kubernetes metadata cronwell reads."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    name: str
+    namespace: str = "default"
+    uid: str | None = None
+    generation: int | None = None
+    annotations: dict[str, str] = Field(default_factory=dict)
+
+    @field_validator("name", "namespace")
+    @classmethod
+    def _dns_label(cls, v: str) -> str:
+        if len(v) > 63 or not _NAME_RE.match(v):
+            raise ValueError(
+                f"{v!r} is not a valid name: use lower-case letters, digits and '-', "
+                "start and end with a letter or digit, at most 63 characters"
+            )
+        return v
+
+
+class ScheduledJob(BaseModel):
+    """A whole ScheduledJob document, as in `kubectl apply -f` or `cronwell apply -f`."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True, populate_by_name=True)
+
+    api_version: Literal["cronwell.dev/v1alpha1"] = Field(API_VERSION, alias="apiVersion")
+    kind: Literal["ScheduledJob"] = "ScheduledJob"
+    metadata: ObjectMeta
+    spec: ScheduledJobSpec

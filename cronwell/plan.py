@@ -1,0 +1,71 @@
+"""Materialisation planning: which nominal instants of a job become occurrences, which are
+recorded as missed, and where the job's cursor (`next_run_at`) moves. Pure logic, so the
+misfire policies are tested without a database; the scheduler applies the plan in SQL."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+
+from cronwell.models import MisfirePolicy
+from cronwell.schedule import JobSchedule
+
+# Bound on instants examined per job per pass, so a job with a per-second schedule after a
+# long outage is worked through in chunks instead of stalling a batch.
+MAX_INSTANTS_PER_PASS = 10_000
+
+
+@dataclass
+class Plan:
+    run: list[datetime] = field(default_factory=list)
+    """Nominal instants to materialise as occurrences (including misfire catch-ups)."""
+    catchup: set[datetime] = field(default_factory=set)
+    """The subset of `run` that were late (dispatched under the misfire policy)."""
+    missed: list[datetime] = field(default_factory=list)
+    """Late instants not run: recorded as `missed`, never silently dropped."""
+    next_run_at: datetime | None = None
+    """The first instant not handled by this plan (None: the schedule has ended)."""
+
+
+def plan_job(
+    schedule: JobSchedule,
+    next_run_at: datetime,
+    *,
+    now: datetime,
+    horizon: timedelta,
+    deadline: timedelta,
+    policy: MisfirePolicy,
+    max_catchup: int,
+    limit: int = MAX_INSTANTS_PER_PASS,
+) -> Plan:
+    """Plan instants from `next_run_at` up to `now + horizon`.
+
+    An instant older than `now - deadline` has misfired. RunOnce runs the latest misfired
+    instant once, RunAll the latest `max_catchup` of them, Skip none; the rest are missed.
+    `now` is the database's clock (invariant 6).
+    """
+    plan = Plan()
+    late_before = now - deadline
+    late: list[datetime] = []
+    t: datetime | None = next_run_at
+    examined = 0
+    while t is not None and t <= now + horizon and examined < limit:
+        (late if t < late_before else plan.run).append(t)
+        examined += 1
+        t = schedule.next_after(t)
+    plan.next_run_at = t
+    # Late instants are settled when this pass reached past the deadline line; otherwise
+    # more late instants follow in the next pass and only the last pass runs catch-ups.
+    reached_present = t is None or t >= late_before
+    if policy == MisfirePolicy.SKIP or not reached_present:
+        keep = 0
+    elif policy == MisfirePolicy.RUN_ONCE:
+        keep = 1
+    else:
+        keep = max_catchup
+    keep = min(keep, len(late))
+    catchups = late[len(late) - keep :]
+    plan.missed = late[: len(late) - keep]
+    plan.catchup = set(catchups)
+    plan.run = catchups + plan.run
+    return plan

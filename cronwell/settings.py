@@ -1,0 +1,76 @@
+"""Settings, grouped by process, from CLI flags or CRONWELL_* environment variables.
+Units are in the names; each default says why it is what it is."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import platformdirs
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class _Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="CRONWELL_", extra="ignore", frozen=True)
+
+
+class DatabaseSettings(_Settings):
+    database_url: str | None = Field(
+        None, description="PostgreSQL URL. Unset: an embedded PostgreSQL in data_dir."
+    )
+    data_dir: Path = Field(
+        Path(platformdirs.user_data_dir("cronwell")),
+        description="Where the embedded PostgreSQL keeps its data (reused across runs).",
+    )
+    pool_min_size: int = Field(1, ge=1, description="Connections kept open per process.")
+    pool_max_size: int = Field(
+        8, ge=1, description="Per process: claim, heartbeat, complete and listen share it."
+    )
+    connect_timeout_seconds: float = Field(
+        10.0, gt=0, description="How long to wait for the database before a clear error."
+    )
+
+
+class SchedulerSettings(_Settings):
+    partitions: int = Field(
+        16, ge=1, le=4096, description="P: jobs are spread by hash(uid) % P; one owner each."
+    )
+    horizon_seconds: float = Field(
+        30.0, gt=0, description="Materialise this far ahead, so a :00 burst is in the table "
+        "before it is due and workers only claim."
+    )
+    partition_lease_seconds: float = Field(
+        10.0, gt=0, description="Partition lease TTL; a dead scheduler's partitions are "
+        "taken over within it."
+    )
+    tick_seconds: float = Field(
+        1.0, gt=0, description="Pause between materialisation passes when nothing is due."
+    )
+    batch_size: int = Field(
+        1000, ge=1, description="Jobs per materialisation transaction (one NOTIFY each)."
+    )
+    misfire_threshold_seconds: float = Field(
+        60.0, gt=0, description="An instant later than this (or the job's "
+        "startingDeadlineSeconds) at materialisation has misfired (Quartz's default)."
+    )
+    reap_batch_size: int = Field(1000, ge=1, description="Expired leases reaped per pass.")
+
+
+class WorkerSettings(_Settings):
+    pool: str = Field("default", description="The worker pool whose occurrences this claims.")
+    concurrency: int = Field(
+        64, ge=1, description="Attempts run at once per worker process (asyncio tasks)."
+    )
+    lease_seconds: float = Field(
+        60.0, gt=0, description="Occurrence lease; heartbeats renew it every third of it."
+    )
+    claim_batch_size: int = Field(256, ge=1, description="Most occurrences per claim query.")
+    poll_seconds: float = Field(
+        5.0, gt=0, description="Polling fallback when LISTEN/NOTIFY is silent."
+    )
+    shutdown_grace_seconds: float = Field(
+        30.0, ge=0, description="On SIGTERM, how long running attempts may finish."
+    )
+    complete_flush_seconds: float = Field(
+        0.005, ge=0, description="Successful completions are written in batches this often."
+    )

@@ -1,0 +1,378 @@
+-- All runtime SQL of cronwell. Each query: `-- name: NounVerb` then a one-line comment.
+-- Every time comparison uses the database clock, now() (invariant 6).
+
+-- name: ClockNow
+-- The database's clock: the only clock scheduling decisions read.
+SELECT now() AS now;
+
+-- name: MigrationLock
+-- Serialises concurrent `migrate` runs (replicas starting together).
+SELECT pg_advisory_xact_lock(7367211650142);
+
+-- name: MigrationTableCreate
+-- Bookkeeping of applied migrations.
+CREATE TABLE IF NOT EXISTS cronwell_migrations (
+    version integer PRIMARY KEY, name text NOT NULL, applied_at timestamptz NOT NULL DEFAULT now()
+);
+
+-- name: MigrationList
+-- Versions already applied.
+SELECT version FROM cronwell_migrations ORDER BY version;
+
+-- name: MigrationRecord
+-- Marks one migration applied.
+INSERT INTO cronwell_migrations (version, name) VALUES (%(version)s, %(name)s);
+
+-- name: PartitionEnsure
+-- Creates the partition lease rows 0..P-1 (idempotent).
+INSERT INTO cronwell_partitions (partition)
+SELECT generate_series(0, %(partitions)s - 1)
+ON CONFLICT (partition) DO NOTHING;
+
+-- name: ProcessHeartbeat
+-- Registers a process or refreshes its heartbeat.
+INSERT INTO cronwell_processes AS p (id, role, pool, hostname, pid, version, concurrency, running)
+VALUES (%(id)s, %(role)s, %(pool)s, %(hostname)s, %(pid)s, %(version)s, %(concurrency)s,
+        %(running)s)
+ON CONFLICT (id) DO UPDATE
+SET heartbeat_at = now(), running = excluded.running, concurrency = excluded.concurrency;
+
+-- name: ProcessDelete
+-- Removes a process from the registry on clean shutdown.
+DELETE FROM cronwell_processes WHERE id = %(id)s;
+
+-- name: ProcessLiveCount
+-- Live processes of a role (heartbeat within the TTL): schedulers balance partitions on it.
+SELECT count(*) AS n FROM cronwell_processes
+WHERE role = %(role)s AND heartbeat_at > now() - make_interval(secs => %(ttl)s);
+
+-- name: ProcessList
+-- Live and recently seen processes for `cronwell status` / `cronwell workers`.
+SELECT id, role, pool, hostname, pid, version, concurrency, running, started_at, heartbeat_at,
+       heartbeat_at > now() - make_interval(secs => %(ttl)s) AS live
+FROM cronwell_processes ORDER BY role, pool, id;
+
+-- name: ProcessPrune
+-- Forgets processes silent for much longer than the TTL.
+DELETE FROM cronwell_processes WHERE heartbeat_at < now() - make_interval(secs => %(ttl)s * 10);
+
+-- name: PartitionRenew
+-- Extends the leases this holder still owns at its epoch; missing rows were lost.
+UPDATE cronwell_partitions
+SET expires_at = now() + make_interval(secs => %(ttl)s)
+WHERE holder = %(holder)s AND expires_at > now()
+  AND (partition, epoch) IN (SELECT * FROM unnest(%(partitions)s::int[], %(epochs)s::bigint[]))
+RETURNING partition, epoch;
+
+-- name: PartitionAcquire
+-- Takes up to `want` free or expired partitions; a takeover increments the epoch.
+UPDATE cronwell_partitions p
+SET holder = %(holder)s, epoch = p.epoch + 1,
+    expires_at = now() + make_interval(secs => %(ttl)s)
+FROM (SELECT partition FROM cronwell_partitions
+      WHERE holder IS NULL OR expires_at <= now()
+      ORDER BY partition LIMIT %(want)s FOR UPDATE SKIP LOCKED) free
+WHERE p.partition = free.partition
+RETURNING p.partition, p.epoch;
+
+-- name: PartitionRelease
+-- Resigns partitions (rebalancing or shutdown) so others need not wait out the lease.
+UPDATE cronwell_partitions SET holder = NULL, expires_at = NULL
+WHERE holder = %(holder)s AND partition = ANY(%(partitions)s::int[]);
+
+-- name: PartitionList
+-- Partition owners for `cronwell status`.
+SELECT partition, holder, epoch, expires_at, expires_at > now() AS live
+FROM cronwell_partitions ORDER BY partition;
+
+-- name: JobDueClaim
+-- Due jobs (next_run_at within the horizon) in partitions this holder owns right now at
+-- its epochs, locked so concurrent materialisers never process a job twice.
+SELECT j.id, j.spec, j.spec_hash, j.pool, j.next_run_at, now() AS db_now
+FROM cronwell_jobs j
+WHERE j.partition = ANY(
+        SELECT p.partition FROM cronwell_partitions p
+        WHERE p.holder = %(holder)s AND p.expires_at > now()
+          AND (p.partition, p.epoch) IN
+              (SELECT * FROM unnest(%(partitions)s::int[], %(epochs)s::bigint[])))
+  AND NOT j.suspended AND j.deleted_at IS NULL AND j.next_run_at IS NOT NULL
+  AND j.next_run_at <= now() + make_interval(secs => %(horizon)s)
+ORDER BY j.next_run_at
+LIMIT %(limit)s
+FOR UPDATE OF j SKIP LOCKED;
+
+-- name: OccurrenceInsertBatch
+-- Materialises occurrences; the unique key makes any re-materialisation a no-op.
+INSERT INTO cronwell_occurrences (idempotency_key, job_id, pool, scheduled_for, run_at, state,
+    reason, origin, overlap, delivery, max_attempts, timeout_seconds, finished_at)
+SELECT k, j, p, s, r, st, rs, o, ov, d, ma, ts, CASE WHEN st = 'missed' THEN now() END
+FROM unnest(%(keys)s::text[], %(job_ids)s::uuid[], %(pools)s::text[],
+            %(scheduled_for)s::timestamptz[], %(run_at)s::timestamptz[], %(states)s::text[],
+            %(reasons)s::text[], %(origins)s::text[], %(overlaps)s::text[],
+            %(deliveries)s::text[], %(max_attempts)s::int[], %(timeouts)s::int[])
+     AS t(k, j, p, s, r, st, rs, o, ov, d, ma, ts)
+ON CONFLICT (idempotency_key) DO NOTHING;
+
+-- name: JobAdvanceBatch
+-- Moves each job's cursor past what was materialised and counts its missed instants.
+UPDATE cronwell_jobs j
+SET next_run_at = t.next_run_at, missed_total = j.missed_total + t.missed, updated_at = now()
+FROM unnest(%(ids)s::uuid[], %(next_run_at)s::timestamptz[], %(missed)s::int[])
+     AS t(id, next_run_at, missed)
+WHERE j.id = t.id;
+
+-- name: DueNotify
+-- One notification per materialised batch (never per row): pool -> earliest run_at.
+SELECT pg_notify('cronwell_due', %(payload)s);
+
+-- name: JobGetLive
+-- The live job of a namespace/name, locked for an upsert or delete.
+SELECT id, spec, spec_hash, generation, suspended, next_run_at
+FROM cronwell_jobs WHERE namespace = %(namespace)s AND name = %(name)s AND deleted_at IS NULL
+FOR UPDATE;
+
+-- name: JobGetById
+-- A job by uid (live or tombstoned), locked for an upsert or delete.
+SELECT id, namespace, name, spec, spec_hash, generation, suspended, next_run_at, deleted_at
+FROM cronwell_jobs WHERE id = %(id)s FOR UPDATE;
+
+-- name: JobInsert
+-- A new job.
+INSERT INTO cronwell_jobs (id, namespace, name, spec, spec_hash, generation, pool, partition,
+                           next_run_at, suspended)
+VALUES (%(id)s, %(namespace)s, %(name)s, %(spec)s, %(spec_hash)s, %(generation)s, %(pool)s,
+        %(partition)s, %(next_run_at)s, %(suspended)s);
+
+-- name: JobUpdate
+-- A changed spec (next_run_at recomputed by the caller when the schedule changed).
+UPDATE cronwell_jobs
+SET spec = %(spec)s, spec_hash = %(spec_hash)s, generation = %(generation)s, pool = %(pool)s,
+    next_run_at = %(next_run_at)s, suspended = %(suspended)s,
+    suspended_reason = CASE WHEN %(suspended)s THEN suspended_reason END, updated_at = now()
+WHERE id = %(id)s;
+
+-- name: JobFutureOccurrencesDelete
+-- Unstarted future occurrences of a job, removed when its schedule changes (no fence was
+-- ever issued for them, so no effect can have happened). Returns the earliest removed.
+WITH gone AS (
+    DELETE FROM cronwell_occurrences
+    WHERE job_id = %(id)s AND state = 'pending' AND attempt = 0 AND origin = 'schedule'
+      AND scheduled_for > now()
+    RETURNING scheduled_for)
+SELECT min(scheduled_for) AS earliest, count(*) AS n FROM gone;
+
+-- name: JobLatestScheduled
+-- The latest nominal instant already materialised for a job (the cursor must not go back).
+SELECT max(scheduled_for) AS latest FROM cronwell_occurrences
+WHERE job_id = %(id)s AND origin IN ('schedule', 'catchup');
+
+-- name: JobTombstone
+-- Deletes a job: keeps its history, drops its unstarted occurrences.
+WITH j AS (
+    UPDATE cronwell_jobs SET deleted_at = now(), next_run_at = NULL, updated_at = now()
+    WHERE id = %(id)s AND deleted_at IS NULL RETURNING id)
+DELETE FROM cronwell_occurrences o USING j
+WHERE o.job_id = j.id AND o.state IN ('pending', 'waiting') AND o.attempt = 0;
+
+-- name: JobSuspendSet
+-- Suspends or resumes a job (resume applies the misfire policy to what was missed).
+UPDATE cronwell_jobs SET suspended = %(suspended)s, suspended_reason = %(reason)s,
+                         updated_at = now()
+WHERE id = %(id)s AND deleted_at IS NULL;
+
+-- name: JobList
+-- Live jobs with their counters for `cronwell jobs` / status.
+SELECT id, namespace, name, pool, spec, next_run_at, suspended, suspended_reason,
+       consecutive_failures, missed_total
+FROM cronwell_jobs WHERE deleted_at IS NULL
+  AND (%(namespace)s::text IS NULL OR namespace = %(namespace)s)
+ORDER BY namespace, name;
+
+-- name: OccurrenceTriggerInsert
+-- A manual trigger: runs now, idempotent per trigger id (the key carries it).
+INSERT INTO cronwell_occurrences (idempotency_key, job_id, pool, scheduled_for, run_at, state,
+    origin, overlap, delivery, max_attempts, timeout_seconds)
+VALUES (%(key)s, %(job_id)s, %(pool)s, now(), now(), 'pending', 'trigger', %(overlap)s,
+        %(delivery)s, %(max_attempts)s, %(timeout_seconds)s)
+ON CONFLICT (idempotency_key) DO NOTHING
+RETURNING id;
+
+-- name: OccurrenceClaimCandidates
+-- Due pending occurrences of a pool, oldest first, locked against other workers.
+SELECT id, job_id, overlap, attempt, scheduled_for
+FROM cronwell_occurrences
+WHERE pool = %(pool)s AND state = 'pending' AND run_at <= now()
+ORDER BY run_at
+LIMIT %(limit)s
+FOR UPDATE SKIP LOCKED;
+
+-- name: JobLockBatch
+-- Locks the jobs whose overlap policy serialises their occurrences (claims and
+-- completions of one job pass through this lock, so its active set is read fresh).
+SELECT id FROM cronwell_jobs WHERE id = ANY(%(ids)s::uuid[]) ORDER BY id FOR UPDATE;
+
+-- name: JobActiveOccurrences
+-- Running, retrying and waiting occurrences of the given jobs (read after JobLockBatch).
+SELECT id, job_id, state, idempotency_key FROM cronwell_occurrences
+WHERE job_id = ANY(%(ids)s::uuid[])
+  AND (state IN ('running', 'waiting') OR (state = 'pending' AND attempt > 0));
+
+-- name: OccurrenceSettleBatch
+-- Overlap decisions for claimed candidates: skipped, waiting or cancelled (Replace).
+UPDATE cronwell_occurrences o
+SET state = t.state, reason = t.reason, lease_expires_at = NULL,
+    finished_at = CASE WHEN t.state = 'waiting' THEN NULL ELSE now() END
+FROM unnest(%(ids)s::bigint[], %(states)s::text[], %(reasons)s::text[]) AS t(id, state, reason)
+WHERE o.id = t.id;
+
+-- name: OccurrenceClaimBatch
+-- Starts the chosen occurrences: lease, a new fence token each, attempt + 1.
+UPDATE cronwell_occurrences o
+SET state = 'running', attempt = o.attempt + 1, fence = nextval('cronwell_fence'),
+    worker_id = %(worker_id)s, started_at = now(), reason = NULL,
+    lease_expires_at = now() + make_interval(secs => %(lease)s)
+FROM cronwell_jobs j
+WHERE o.id = ANY(%(ids)s::bigint[]) AND j.id = o.job_id
+RETURNING o.id, o.idempotency_key, o.job_id, j.namespace, j.name, j.spec, o.scheduled_for,
+          o.run_at, o.started_at, o.attempt, o.fence, o.delivery, o.max_attempts,
+          o.timeout_seconds, o.origin;
+
+-- name: WaitingPromote
+-- After an active occurrence of a buffered job ends: the oldest waiting one becomes
+-- pending (run after JobLockBatch in the same transaction).
+UPDATE cronwell_occurrences o SET state = 'pending', run_at = now(), reason = NULL
+FROM (SELECT DISTINCT ON (job_id) id FROM cronwell_occurrences
+      WHERE job_id = ANY(%(ids)s::uuid[]) AND state = 'waiting'
+      ORDER BY job_id, scheduled_for) w
+WHERE o.id = w.id
+RETURNING o.pool, o.run_at;
+
+-- name: OccurrenceNextDue
+-- When the next pending occurrence of a pool becomes claimable (workers sleep until then).
+SELECT min(run_at) AS next_due, now() AS db_now FROM cronwell_occurrences
+WHERE pool = %(pool)s AND state = 'pending';
+
+-- name: OccurrenceHeartbeat
+-- Extends the leases of running attempts; a key missing from the result lost its lease.
+UPDATE cronwell_occurrences o
+SET lease_expires_at = now() + make_interval(secs => %(lease)s)
+FROM unnest(%(keys)s::text[], %(fences)s::bigint[]) AS t(k, f)
+WHERE o.idempotency_key = t.k AND o.fence = t.f AND o.state = 'running'
+  AND o.worker_id = %(worker_id)s
+RETURNING o.idempotency_key;
+
+-- name: OccurrenceSucceedBatch
+-- Fenced completion: only the current holder (key + fence, still running) can succeed.
+WITH done AS (
+    UPDATE cronwell_occurrences o
+    SET state = 'succeeded', finished_at = now(), lease_expires_at = NULL, last_error = NULL,
+        reason = NULL
+    FROM unnest(%(keys)s::text[], %(fences)s::bigint[]) AS t(k, f)
+    WHERE o.idempotency_key = t.k AND o.fence = t.f AND o.state = 'running'
+    RETURNING o.id, o.idempotency_key, o.job_id, o.attempt, o.fence, o.worker_id,
+              o.started_at, o.finished_at, o.overlap),
+att AS (
+    INSERT INTO cronwell_attempts (occurrence_id, idempotency_key, attempt, fence, worker_id,
+                                   outcome, started_at, finished_at)
+    SELECT id, idempotency_key, attempt, fence, worker_id, 'succeeded', started_at, finished_at
+    FROM done),
+jobs AS (
+    UPDATE cronwell_jobs j SET consecutive_failures = 0
+    FROM (SELECT DISTINCT job_id FROM done) d
+    WHERE j.id = d.job_id AND j.consecutive_failures <> 0)
+SELECT idempotency_key, job_id, overlap FROM done;
+
+-- name: OccurrenceFail
+-- Fenced failure of one attempt: back to pending after a backoff, or dead.
+WITH failed AS (
+    UPDATE cronwell_occurrences o
+    SET state = %(next_state)s, reason = %(reason)s, last_error = %(error)s,
+        run_at = now() + make_interval(secs => %(delay)s), lease_expires_at = NULL,
+        finished_at = CASE WHEN %(next_state)s = 'dead' THEN now() END
+    WHERE o.idempotency_key = %(key)s AND o.fence = %(fence)s AND o.state = 'running'
+    RETURNING o.id, o.idempotency_key, o.job_id, o.attempt, o.fence, o.worker_id,
+              o.started_at, o.overlap, o.state),
+att AS (
+    INSERT INTO cronwell_attempts (occurrence_id, idempotency_key, attempt, fence, worker_id,
+                                   outcome, error, started_at)
+    SELECT id, idempotency_key, attempt, fence, worker_id, %(outcome)s, %(error)s, started_at
+    FROM failed),
+jobs AS (
+    UPDATE cronwell_jobs j
+    SET consecutive_failures = j.consecutive_failures + 1,
+        suspended = j.suspended OR (f.state = 'dead'
+            AND (j.spec ->> 'suspendAfterFailures')::int <= j.consecutive_failures + 1),
+        suspended_reason = CASE WHEN NOT j.suspended AND f.state = 'dead'
+            AND (j.spec ->> 'suspendAfterFailures')::int <= j.consecutive_failures + 1
+            THEN 'SuspendedAfterFailures' ELSE j.suspended_reason END
+    FROM failed f
+    WHERE j.id = f.job_id AND f.state = 'dead')
+SELECT idempotency_key, job_id, overlap, state FROM failed;
+
+-- name: OccurrenceRelease
+-- Gives back claimed-but-unstarted occurrences (graceful shutdown): pending again,
+-- attempt not consumed.
+UPDATE cronwell_occurrences o
+SET state = 'pending', attempt = o.attempt - 1, worker_id = NULL, lease_expires_at = NULL,
+    run_at = now()
+FROM unnest(%(keys)s::text[], %(fences)s::bigint[]) AS t(k, f)
+WHERE o.idempotency_key = t.k AND o.fence = t.f AND o.state = 'running'
+RETURNING o.idempotency_key;
+
+-- name: LeaseReap
+-- Expired leases: the attempt's outcome is unknown. AtLeastOnce re-runs it under the same
+-- key (pending); AtMostOnce never does (dead, Ambiguous); exhausted attempts are dead.
+WITH expired AS (
+    SELECT id FROM cronwell_occurrences
+    WHERE state = 'running' AND lease_expires_at < now()
+    ORDER BY lease_expires_at LIMIT %(limit)s FOR UPDATE SKIP LOCKED),
+reaped AS (
+    UPDATE cronwell_occurrences o
+    SET state = CASE WHEN o.delivery = 'AtMostOnce' OR o.attempt >= o.max_attempts
+                     THEN 'dead' ELSE 'pending' END,
+        reason = CASE WHEN o.delivery = 'AtMostOnce' THEN 'Ambiguous'
+                      WHEN o.attempt >= o.max_attempts THEN 'AttemptsExhausted'
+                      ELSE 'LeaseExpired' END,
+        finished_at = CASE WHEN o.delivery = 'AtMostOnce' OR o.attempt >= o.max_attempts
+                           THEN now() END,
+        last_error = 'lease expired on worker ' || coalesce(o.worker_id, '?'),
+        run_at = now(), lease_expires_at = NULL
+    FROM expired e WHERE o.id = e.id
+    RETURNING o.id, o.idempotency_key, o.job_id, o.attempt, o.fence, o.worker_id,
+              o.started_at, o.state, o.reason, o.pool, o.overlap),
+att AS (
+    INSERT INTO cronwell_attempts (occurrence_id, idempotency_key, attempt, fence, worker_id,
+                                   outcome, error, started_at)
+    SELECT id, idempotency_key, attempt, fence, worker_id, 'lease_expired', 'lease expired',
+           started_at
+    FROM reaped)
+SELECT idempotency_key, job_id, state, reason, pool, overlap FROM reaped;
+
+-- name: RunsList
+-- Recent occurrences (optionally of one job) with lag and attempts, newest first.
+SELECT j.namespace, j.name, o.idempotency_key, o.scheduled_for, o.run_at, o.state, o.reason,
+       o.origin, o.attempt, o.fence, o.started_at, o.finished_at, o.last_error,
+       extract(epoch FROM o.started_at - o.scheduled_for) AS lag_seconds,
+       extract(epoch FROM o.finished_at - o.started_at) AS duration_seconds
+FROM cronwell_occurrences o JOIN cronwell_jobs j ON j.id = o.job_id
+WHERE (%(namespace)s::text IS NULL OR j.namespace = %(namespace)s)
+  AND (%(name)s::text IS NULL OR j.name = %(name)s)
+  AND (%(state)s::text IS NULL OR o.state = %(state)s)
+ORDER BY o.scheduled_for DESC, o.id DESC
+LIMIT %(limit)s;
+
+-- name: OccurrenceCounts
+-- Occurrences by state (status and tests).
+SELECT state, count(*) AS n FROM cronwell_occurrences GROUP BY state ORDER BY state;
+
+-- name: FenceWrite
+-- Fenced write check for a user's resource: succeeds only if `fence` is not below the
+-- highest fence already accepted for it (rowcount 0 = stale writer).
+INSERT INTO cronwell_fences AS f (resource, fence) VALUES (%(resource)s, %(fence)s)
+ON CONFLICT (resource) DO UPDATE SET fence = excluded.fence, updated_at = now()
+WHERE f.fence <= excluded.fence;
+
+-- name: OutboxInsert
+-- A message written in the job's transaction (published later by the relay).
+INSERT INTO cronwell_outbox (idempotency_key, topic, payload)
+VALUES (%(key)s, %(topic)s, %(payload)s);
