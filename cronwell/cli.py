@@ -1,0 +1,328 @@
+"""The `cronwell` command. Core commands live here; the worker and operator packages add
+theirs through the `cronwell.cli` entry-point group, so this package imports neither."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import signal
+import sys
+from collections.abc import AsyncIterator, Callable, Coroutine
+from datetime import datetime
+from importlib.metadata import entry_points
+from pathlib import Path
+from typing import Any, TypeVar
+
+import click
+import pydantic
+
+from cronwell import __version__, jobs, logs
+from cronwell.embedded import EmbeddedPostgres
+from cronwell.errors import CronwellError
+from cronwell.scheduler import Scheduler
+from cronwell.settings import DatabaseSettings, SchedulerSettings
+from cronwell.store import Database, migrate
+
+T = TypeVar("T")
+
+
+class Env:
+    """What every command gets: where the database is and how to open it."""
+
+    def __init__(self, database_url: str | None, data_dir: Path | None):
+        overrides: dict[str, Any] = {}
+        if database_url:
+            overrides["database_url"] = database_url
+        if data_dir:
+            overrides["data_dir"] = data_dir
+        self.db_settings = DatabaseSettings(**overrides)
+        self.embedded: EmbeddedPostgres | None = None
+
+    def url(self) -> str:
+        if self.db_settings.database_url:
+            return self.db_settings.database_url
+        self.embedded = EmbeddedPostgres(self.db_settings.data_dir)
+        if not self.embedded.is_running():
+            click.echo(f"starting embedded PostgreSQL in {self.db_settings.data_dir}", err=True)
+        return self.embedded.start()
+
+    @contextlib.asynccontextmanager
+    async def database(self, *, max_size: int | None = None,
+                       migrate_first: bool = False) -> AsyncIterator[Database]:
+        s = self.db_settings
+        db = Database(self.url(), min_size=s.pool_min_size,
+                      max_size=max_size or s.pool_max_size,
+                      connect_timeout_seconds=s.connect_timeout_seconds)
+        async with db:
+            if migrate_first:
+                await migrate(db)
+            yield db
+
+
+def run(coro: Coroutine[Any, Any, T]) -> T:
+    """Run a command's coroutine; CronwellErrors become one clear line, never a traceback."""
+    try:
+        return asyncio.run(coro)
+    except CronwellError as e:
+        raise click.ClickException(str(e)) from None
+    except pydantic.ValidationError as e:
+        raise click.ClickException(f"invalid setting: {e}") from None
+
+
+def run_until_signal(main: Callable[[], Coroutine[Any, Any, None]],
+                     on_signal: Callable[[], None]) -> None:
+    """Run `main` with SIGTERM/SIGINT calling `on_signal` (graceful first, forceful next)."""
+
+    async def wrapper() -> None:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, on_signal)
+        await main()
+
+    run(wrapper())
+
+
+class _Group(click.Group):
+    """Adds the commands other packages register under the `cronwell.cli` entry points,
+    loaded on first use (so `import cronwell.cli` imports neither worker nor operator)."""
+
+    _loaded = False
+
+    def _load(self) -> None:
+        if not self._loaded:
+            self._loaded = True
+            for ep in entry_points(group="cronwell.cli"):
+                self.add_command(ep.load(), name=ep.name)
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        self._load()
+        return super().list_commands(ctx)
+
+    def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
+        self._load()
+        return super().get_command(ctx, name)
+
+
+@click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.option("--database-url", envvar="CRONWELL_DATABASE_URL",
+              help="PostgreSQL URL. Unset: an embedded PostgreSQL in --data-dir.")
+@click.option("--data-dir", type=click.Path(path_type=Path), envvar="CRONWELL_DATA_DIR",
+              help="Data directory of the embedded PostgreSQL.")
+@click.option("--log-level", default="INFO", show_default=True, envvar="CRONWELL_LOG_LEVEL")
+@click.option("--log-format", type=click.Choice(["text", "json"]), default="text",
+              show_default=True, envvar="CRONWELL_LOG_FORMAT")
+@click.pass_context
+def main(ctx: click.Context, database_url: str | None, data_dir: Path | None,
+         log_level: str, log_format: str) -> None:
+    """cronwell: scheduled jobs with exactly-once effect (at-least-once dispatch +
+    idempotent execution, keyed by job uid and nominal instant)."""
+    logs.setup(log_level, log_format)
+    ctx.obj = Env(database_url, data_dir)
+
+
+@main.command()
+def version() -> None:
+    """Print the cronwell version."""
+    from cronwell.store import SCHEMA_VERSION
+
+    click.echo(f"cronwell {__version__} (schema {SCHEMA_VERSION})")
+
+
+@main.command("migrate")
+@click.pass_obj
+def migrate_cmd(env: Env) -> None:
+    """Apply database migrations (safe to run from several replicas at once)."""
+
+    async def go() -> list[int]:
+        async with env.database() as db:
+            return await migrate(db)
+
+    applied = run(go())
+    click.echo(f"applied migrations {applied}" if applied else "schema is up to date")
+
+
+@main.command("scheduler")
+@click.option("--partitions", type=int, help="P (default 16, env CRONWELL_PARTITIONS).")
+@click.option("--horizon-seconds", type=float, help="Materialise this far ahead (default 30).")
+@click.option("--lease-seconds", "partition_lease_seconds", type=float,
+              help="Partition lease TTL (default 10).")
+@click.pass_obj
+def scheduler_cmd(env: Env, **opts: Any) -> None:
+    """Run a scheduler replica: partition leases, materialisation, lease reaping."""
+    settings = SchedulerSettings(**{k: v for k, v in opts.items() if v is not None})
+    holder: list[Scheduler] = []
+
+    async def go() -> None:
+        async with env.database(migrate_first=True) as db:
+            s = Scheduler(db, settings)
+            holder.append(s)
+            await s.run()
+
+    run_until_signal(go, lambda: holder[0].stop() if holder else None)
+
+
+def _load_or_fail(paths: tuple[Path, ...]) -> tuple[list[Any], int]:
+    """Valid documents and the number of invalid ones (each reported on stderr)."""
+    from cronwell.loader import load
+
+    loaded, errors = load(paths)
+    for e in errors:
+        click.secho(f"error: {e}", fg="red", err=True)
+    if errors and not loaded:
+        raise click.ClickException(f"{len(errors)} invalid document(s); nothing applied")
+    return loaded, len(errors)
+
+
+@main.command("apply")
+@click.option("-f", "--filename", "paths", multiple=True, required=True,
+              type=click.Path(path_type=Path), help="A YAML file or a folder of them.")
+@click.option("--partitions", type=int, default=None,
+              help="Partition count the schedulers use (default: CRONWELL_PARTITIONS or 16).")
+@click.pass_obj
+def apply_cmd(env: Env, paths: tuple[Path, ...], partitions: int | None) -> None:
+    """Create or update ScheduledJobs from YAML in the store (standalone `kubectl apply`).
+    Invalid documents are reported and skipped; valid ones are applied."""
+    loaded, n_errors = _load_or_fail(paths)
+    parts = partitions or SchedulerSettings().partitions
+
+    async def go() -> list[jobs.Applied]:
+        async with env.database(migrate_first=True) as db:
+            return [await jobs.apply_job(db, namespace=item.job.metadata.namespace,
+                                         name=item.job.metadata.name, spec=item.job.spec,
+                                         partitions=parts) for item in loaded]
+
+    for a in run(go()):
+        click.echo(f"scheduledjob.cronwell.dev/{a.name} {a.action} (namespace {a.namespace}, "
+                   f"next {a.next_run_at.isoformat() if a.next_run_at else '-'})")
+    if n_errors:
+        sys.exit(1)
+
+
+@main.command("delete")
+@click.option("-f", "--filename", "paths", multiple=True, type=click.Path(path_type=Path))
+@click.option("-n", "--namespace", default="default", show_default=True)
+@click.argument("names", nargs=-1)
+@click.pass_obj
+def delete_cmd(env: Env, paths: tuple[Path, ...], namespace: str, names: tuple[str, ...]) -> None:
+    """Delete ScheduledJobs (by file or by name); their history is kept."""
+    loaded = _load_or_fail(paths)[0] if paths else []
+    targets = [(i.job.metadata.namespace, i.job.metadata.name) for i in loaded]
+    targets += [(namespace, n) for n in names]
+    if not targets:
+        raise click.UsageError("give -f FILE or job NAMES")
+
+    async def go() -> None:
+        async with env.database() as db:
+            for ns, name in targets:
+                await jobs.delete_job(db, namespace=ns, name=name)
+                click.echo(f"scheduledjob.cronwell.dev/{name} deleted (namespace {ns})")
+
+    run(go())
+
+
+@main.command("trigger")
+@click.argument("name")
+@click.option("-n", "--namespace", default="default", show_default=True)
+@click.option("--id", "trigger_id", help="Trigger id: the same id never runs twice.")
+@click.pass_obj
+def trigger_cmd(env: Env, name: str, namespace: str, trigger_id: str | None) -> None:
+    """Run a job now (once per trigger id)."""
+
+    async def go() -> tuple[str, bool]:
+        async with env.database() as db:
+            return await jobs.trigger_job(db, namespace=namespace, name=name,
+                                          trigger_id=trigger_id)
+
+    key, created = run(go())
+    click.echo(f"triggered {key}" if created else f"already triggered: {key} (no-op)")
+
+
+@main.command("suspend")
+@click.argument("name")
+@click.option("-n", "--namespace", default="default", show_default=True)
+@click.pass_obj
+def suspend_cmd(env: Env, name: str, namespace: str) -> None:
+    """Suspend a job (instants due meanwhile are handled by its misfire policy on resume)."""
+    _set_suspend(env, namespace, name, True)
+
+
+@main.command("resume")
+@click.argument("name")
+@click.option("-n", "--namespace", default="default", show_default=True)
+@click.pass_obj
+def resume_cmd(env: Env, name: str, namespace: str) -> None:
+    """Resume a suspended job."""
+    _set_suspend(env, namespace, name, False)
+
+
+def _set_suspend(env: Env, namespace: str, name: str, suspended: bool) -> None:
+    async def go() -> None:
+        async with env.database() as db:
+            await jobs.set_suspended(db, namespace=namespace, name=name, suspended=suspended,
+                                     reason="Manual" if suspended else None)
+
+    run(go())
+    click.echo(f"{namespace}/{name} {'suspended' if suspended else 'resumed'}")
+
+
+def _fmt_time(t: datetime | None) -> str:
+    return t.strftime("%Y-%m-%d %H:%M:%S") if t else "-"
+
+
+def _fmt_secs(v: Any) -> str:
+    return "-" if v is None else f"{float(v):.3f}s"
+
+
+@main.command("runs")
+@click.option("--job", "name", help="Only this job (NAME).")
+@click.option("-n", "--namespace", default=None)
+@click.option("--state", default=None, help="Only this state (succeeded, dead, missed, ...).")
+@click.option("--limit", default=50, show_default=True)
+@click.option("--json", "as_json", is_flag=True, help="One JSON object per line.")
+@click.pass_obj
+def runs_cmd(env: Env, name: str | None, namespace: str | None, state: str | None,
+             limit: int, as_json: bool) -> None:
+    """Recent occurrences with state, start lag and attempts (newest first)."""
+
+    async def go() -> list[dict[str, Any]]:
+        async with env.database() as db:
+            return [dict(r) for r in await db.fetch("RunsList", {
+                "name": name, "namespace": namespace, "state": state, "limit": limit})]
+
+    rows = run(go())
+    if as_json:
+        for r in rows:
+            click.echo(json.dumps(r, default=str))
+        return
+    fmt = "{:<28} {:<20} {:<10} {:>9} {:>9} {:>4}  {}"
+    click.echo(fmt.format("JOB", "SCHEDULED (UTC)", "STATE", "LAG", "DURATION", "TRY",
+                          "REASON/ERROR"))
+    for r in rows:
+        click.echo(fmt.format(
+            f"{r['namespace']}/{r['name']}"[:28], _fmt_time(r["scheduled_for"]), r["state"],
+            _fmt_secs(r["lag_seconds"]), _fmt_secs(r["duration_seconds"]), r["attempt"],
+            (r["reason"] or r["last_error"] or "")[:60]))
+
+
+@main.group("db")
+def db_group() -> None:
+    """The embedded PostgreSQL (used when no --database-url is given)."""
+
+
+@db_group.command("url")
+@click.pass_obj
+def db_url(env: Env) -> None:
+    """Print the database URL (starting the embedded PostgreSQL if needed)."""
+    try:
+        click.echo(env.url())
+    except CronwellError as e:
+        raise click.ClickException(str(e)) from None
+
+
+@db_group.command("stop")
+@click.pass_obj
+def db_stop(env: Env) -> None:
+    """Stop the embedded PostgreSQL."""
+    EmbeddedPostgres(env.db_settings.data_dir).stop()
+    click.echo("embedded PostgreSQL stopped")

@@ -1,0 +1,227 @@
+"""Claiming, heartbeating and completing occurrences: the fenced state machine that workers
+drive and the reaper repairs. Overlap policies are decided here, at claim time, under the
+job's row lock (so one job's claims and completions are serialised, never its neighbours').
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections import defaultdict
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from cronwell.models import ConcurrencyPolicy
+from cronwell.store.db import Conn, Database
+
+SERIAL = {p.value for p in ConcurrencyPolicy} - {ConcurrencyPolicy.ALLOW.value}
+BUFFERED = {ConcurrencyPolicy.BUFFER_ONE.value, ConcurrencyPolicy.BUFFER_ALL.value}
+
+
+@dataclass(frozen=True)
+class Candidate:
+    id: int
+    job_id: uuid.UUID
+    overlap: str
+    attempt: int
+    scheduled_for: datetime
+
+
+@dataclass(frozen=True)
+class Active:
+    id: int
+    job_id: uuid.UUID
+    state: str  # running | pending (retry backoff) | waiting
+    key: str
+
+
+@dataclass(frozen=True)
+class Claimed:
+    """An occurrence this worker now runs, under `fence`, until `lease` runs out."""
+
+    id: int
+    key: str
+    job_id: uuid.UUID
+    namespace: str
+    name: str
+    spec: dict[str, Any]
+    scheduled_for: datetime
+    run_at: datetime
+    started_at: datetime
+    attempt: int
+    fence: int
+    delivery: str
+    max_attempts: int
+    timeout_seconds: int
+    origin: str
+
+
+def decide_overlap(
+    candidates: list[Candidate], active: list[Active]
+) -> tuple[list[int], list[tuple[int, str, str]]]:
+    """Apply each job's overlap policy. Returns (ids to run, [(id, new state, reason)]).
+
+    Skip: nothing starts while an occurrence is active; BufferOne: one waits, the rest are
+    skipped; BufferAll: all wait; Replace: the active one is cancelled and the newest runs.
+    """
+    run: list[int] = []
+    settle: list[tuple[int, str, str]] = []
+    cand_ids = {c.id for c in candidates}
+    by_job: dict[uuid.UUID, list[Candidate]] = defaultdict(list)
+    for c in sorted(candidates, key=lambda c: (c.scheduled_for, c.id)):
+        if c.overlap in SERIAL:
+            by_job[c.job_id].append(c)
+        else:
+            run.append(c.id)
+    act: dict[uuid.UUID, list[Active]] = defaultdict(list)
+    for a in active:
+        if a.id not in cand_ids:
+            act[a.job_id].append(a)
+    for job_id, cands in by_job.items():
+        policy = cands[0].overlap
+        others = act[job_id]
+        busy_key = next((a.key for a in others if a.state != "waiting"), None)
+        waiting = sum(1 for a in others if a.state == "waiting")
+        # A retry of the active occurrence resumes before anything newer.
+        retry = [c for c in cands if c.attempt > 0]
+        fresh = [c for c in cands if c.attempt == 0]
+        if policy == ConcurrencyPolicy.REPLACE:
+            for a in others:
+                if a.state != "waiting":
+                    settle.append((a.id, "cancelled", "Replaced by a newer occurrence"))
+            newest, older = cands[-1], cands[:-1]
+            run.append(newest.id)
+            settle += [(c.id, "skipped", "Replaced by a newer occurrence") for c in older]
+            continue
+        busy = busy_key is not None
+        for c in retry:
+            if busy:
+                settle.append((c.id, "waiting", "Waiting for the active occurrence"))
+            else:
+                run.append(c.id)
+                busy = True
+        slots = {ConcurrencyPolicy.BUFFER_ONE: 1 - waiting,
+                 ConcurrencyPolicy.BUFFER_ALL: len(fresh)}.get(ConcurrencyPolicy(policy), 0)
+        for c in fresh:
+            if not busy:
+                run.append(c.id)
+                busy = True
+            elif slots > 0:
+                settle.append((c.id, "waiting", "Buffered behind the active occurrence"))
+                slots -= 1
+            else:
+                settle.append((c.id, "skipped", "Overlap: an earlier occurrence is still active"))
+    return run, settle
+
+
+async def claim(db: Database, *, pool: str, worker_id: str, limit: int,
+                lease_seconds: float) -> list[Claimed]:
+    """Claim up to `limit` due occurrences of `pool`: one transaction, a few round trips."""
+    async with db.transaction() as conn:
+        rows = await db.fetch("OccurrenceClaimCandidates", {"pool": pool, "limit": limit},
+                              conn=conn)
+        if not rows:
+            return []
+        cands = [Candidate(r["id"], r["job_id"], r["overlap"], r["attempt"], r["scheduled_for"])
+                 for r in rows]
+        serial_jobs = sorted({c.job_id for c in cands if c.overlap in SERIAL})
+        active: list[Active] = []
+        if serial_jobs:
+            await db.fetch("JobLockBatch", {"ids": serial_jobs}, conn=conn)
+            active = [Active(r["id"], r["job_id"], r["state"], r["idempotency_key"]) for r in
+                      await db.fetch("JobActiveOccurrences", {"ids": serial_jobs}, conn=conn)]
+        run, settle = decide_overlap(cands, active)
+        if settle:
+            await db.execute("OccurrenceSettleBatch", {
+                "ids": [s[0] for s in settle], "states": [s[1] for s in settle],
+                "reasons": [s[2] for s in settle]}, conn=conn)
+        if not run:
+            return []
+        claimed = await db.fetch("OccurrenceClaimBatch", {
+            "ids": run, "worker_id": worker_id, "lease": lease_seconds}, conn=conn)
+    return [Claimed(
+        id=r["id"], key=r["idempotency_key"], job_id=r["job_id"], namespace=r["namespace"],
+        name=r["name"], spec=r["spec"], scheduled_for=r["scheduled_for"], run_at=r["run_at"],
+        started_at=r["started_at"], attempt=r["attempt"], fence=r["fence"],
+        delivery=r["delivery"], max_attempts=r["max_attempts"],
+        timeout_seconds=r["timeout_seconds"], origin=r["origin"]) for r in claimed]
+
+
+async def promote_waiting(db: Database, conn: Conn, job_ids: list[uuid.UUID]) -> None:
+    """After active occurrences of buffered jobs ended: start their oldest waiting one."""
+    if not job_ids:
+        return
+    ids = sorted(set(job_ids))
+    await db.fetch("JobLockBatch", {"ids": ids}, conn=conn)
+    promoted = await db.fetch("WaitingPromote", {"ids": ids}, conn=conn)
+    await notify_due(db, conn, [(r["pool"], r["run_at"]) for r in promoted])
+
+
+async def notify_due(db: Database, conn: Conn, due: list[tuple[str, datetime]]) -> None:
+    """One NOTIFY for a whole batch: {pool: earliest run_at (epoch seconds)}."""
+    if not due:
+        return
+    earliest: dict[str, float] = {}
+    for pool, run_at in due:
+        ts = run_at.timestamp()
+        earliest[pool] = min(ts, earliest.get(pool, ts))
+    await db.fetch("DueNotify", {"payload": json.dumps(earliest)}, conn=conn)
+
+
+async def succeed(db: Database, done: list[tuple[str, int]]) -> set[str]:
+    """Fenced completion of a batch of (key, fence); returns the keys that completed.
+    A key missing from the result had a stale fence: it completes nothing (invariant 3)."""
+    if not done:
+        return set()
+    async with db.transaction() as conn:
+        rows = await db.fetch("OccurrenceSucceedBatch", {
+            "keys": [k for k, _ in done], "fences": [f for _, f in done]}, conn=conn)
+        await promote_waiting(db, conn, [r["job_id"] for r in rows if r["overlap"] in BUFFERED])
+    return {r["idempotency_key"] for r in rows}
+
+
+async def fail(db: Database, *, key: str, fence: int, next_state: str, reason: str,
+               error: str, delay_seconds: float, outcome: str = "failed") -> str | None:
+    """Fenced failure: `next_state` pending (retry after the delay) or dead. Returns the new
+    state, or None if the fence was stale."""
+    async with db.transaction() as conn:
+        row = await db.fetchone("OccurrenceFail", {
+            "key": key, "fence": fence, "next_state": next_state, "reason": reason,
+            "error": error[:4000], "delay": delay_seconds, "outcome": outcome}, conn=conn)
+        if row is None:
+            return None
+        if row["state"] == "dead" and row["overlap"] in BUFFERED:
+            await promote_waiting(db, conn, [row["job_id"]])
+    return str(row["state"])
+
+
+async def heartbeat(db: Database, *, worker_id: str, running: list[tuple[str, int]],
+                    lease_seconds: float) -> set[str]:
+    """Extend all running leases in one statement; returns the keys still held."""
+    if not running:
+        return set()
+    rows = await db.fetch("OccurrenceHeartbeat", {
+        "keys": [k for k, _ in running], "fences": [f for _, f in running],
+        "lease": lease_seconds, "worker_id": worker_id})
+    return {r["idempotency_key"] for r in rows}
+
+
+async def release(db: Database, claimed: list[tuple[str, int]]) -> set[str]:
+    """Give back claimed-but-unstarted occurrences (graceful shutdown)."""
+    if not claimed:
+        return set()
+    rows = await db.fetch("OccurrenceRelease", {
+        "keys": [k for k, _ in claimed], "fences": [f for _, f in claimed]})
+    return {r["idempotency_key"] for r in rows}
+
+
+async def reap(db: Database, *, limit: int) -> list[dict[str, Any]]:
+    """Expired leases back to pending (AtLeastOnce) or dead (AtMostOnce / exhausted)."""
+    async with db.transaction() as conn:
+        rows = await db.fetch("LeaseReap", {"limit": limit}, conn=conn)
+        await promote_waiting(db, conn, [r["job_id"] for r in rows
+                                         if r["state"] == "dead" and r["overlap"] in BUFFERED])
+        await notify_due(db, conn, [(r["pool"], r["run_at"]) for r in rows
+                                    if r["state"] == "pending"])
+    return [dict(r) for r in rows]

@@ -1,0 +1,145 @@
+"""Jobs in the store: create, update, suspend, delete and trigger. Shared by the standalone
+CLI (`cronwell apply`) and the operator, so both keep the same guarantees: re-applying the
+same spec is a no-op, and a spec change neither loses nor duplicates an occurrence."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import uuid
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from cronwell import dispatch, schedule
+from cronwell.errors import JobNotFound
+from cronwell.models import ScheduledJobSpec
+from cronwell.store.db import Conn, Database
+
+log = logging.getLogger(__name__)
+_EPS = timedelta(microseconds=1)
+
+
+def spec_document(spec: ScheduledJobSpec) -> dict[str, Any]:
+    """The stored form of a spec: camelCase JSON with defaults filled in."""
+    doc: dict[str, Any] = spec.model_dump(mode="json", by_alias=True)
+    return doc
+
+
+def spec_hash(doc: dict[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()
+
+
+@dataclass(frozen=True)
+class Applied:
+    id: uuid.UUID
+    namespace: str
+    name: str
+    action: str  # created | updated | unchanged
+    next_run_at: datetime | None
+
+
+async def apply_job(db: Database, *, namespace: str, name: str, spec: ScheduledJobSpec,
+                    partitions: int, uid: str | uuid.UUID | None = None,
+                    generation: int | None = None) -> Applied:
+    """Upsert one job. `uid` is the CR's uid in cluster mode; standalone jobs get a fresh
+    uuid when first applied (a deleted and re-applied job is a new job, as in Kubernetes)."""
+    doc = spec_document(spec)
+    digest = spec_hash(doc)
+    async with db.transaction() as conn:
+        now = (await db.fetch("ClockNow", conn=conn))[0]["now"]
+        if uid is not None:
+            row = await db.fetchone("JobGetById", {"id": uuid.UUID(str(uid))}, conn=conn)
+            if row is not None and row["deleted_at"] is not None:
+                return Applied(row["id"], namespace, name, "deleted", None)
+        else:
+            row = await db.fetchone("JobGetLive", {"namespace": namespace, "name": name},
+                                    conn=conn)
+        if row is None:
+            job_id = uuid.UUID(str(uid)) if uid is not None else uuid.uuid4()
+            sched = schedule.JobSchedule.from_spec(job_id, spec)
+            nxt = spec.run_at if spec.run_at is not None else sched.first_at_or_after(now)
+            await db.execute("JobInsert", {
+                "id": job_id, "namespace": namespace, "name": name, "spec": json.dumps(doc),
+                "spec_hash": digest, "generation": generation or 1, "pool": spec.pool,
+                "partition": schedule.partition_of(job_id, partitions), "next_run_at": nxt,
+                "suspended": spec.suspend}, conn=conn)
+            log.info("job created", extra={"action": "job_created", "job": str(job_id),
+                                            "job_name": f"{namespace}/{name}"})
+            return Applied(job_id, namespace, name, "created", nxt)
+        job_id = row["id"]
+        if row["spec_hash"] == digest:
+            return Applied(job_id, namespace, name, "unchanged", row["next_run_at"])
+        nxt = await _reschedule(db, conn, job_id, spec, row["next_run_at"], now)
+        await db.execute("JobUpdate", {
+            "id": job_id, "spec": json.dumps(doc), "spec_hash": digest,
+            "generation": generation or row["generation"] + 1, "pool": spec.pool,
+            "next_run_at": nxt, "suspended": spec.suspend}, conn=conn)
+        log.info("job updated", extra={"action": "job_updated", "job": str(job_id),
+                                        "job_name": f"{namespace}/{name}"})
+        return Applied(job_id, namespace, name, "updated", nxt)
+
+
+async def _reschedule(db: Database, conn: Conn, job_id: uuid.UUID, spec: ScheduledJobSpec,
+                      old_next: datetime | None, now: datetime) -> datetime | None:
+    """Drop unstarted future occurrences (no fence was issued, so no effect happened) and
+    restart the cursor where handling stopped, so no instant is lost or repeated."""
+    gone = await db.fetchone("JobFutureOccurrencesDelete", {"id": job_id}, conn=conn)
+    latest = (await db.fetchone("JobLatestScheduled", {"id": job_id}, conn=conn) or {}).get(
+        "latest")
+    if spec.run_at is not None:
+        return spec.run_at if latest is None or spec.run_at > latest else None
+    candidates = [t for t in (old_next, gone["earliest"] if gone else None) if t is not None]
+    base = min(candidates) if candidates else now
+    if latest is not None and base <= latest:
+        base = latest + _EPS
+    return schedule.JobSchedule.from_spec(job_id, spec).first_at_or_after(base)
+
+
+async def _find(db: Database, conn: Conn, namespace: str, name: str) -> Any:
+    row = await db.fetchone("JobGetLive", {"namespace": namespace, "name": name}, conn=conn)
+    if row is None:
+        raise JobNotFound(f"no ScheduledJob {namespace}/{name} in the store "
+                          "(apply it first: cronwell apply -f FILE)")
+    return row
+
+
+async def delete_job(db: Database, *, namespace: str, name: str) -> uuid.UUID:
+    """Tombstone a job: history is kept, unstarted occurrences are dropped."""
+    async with db.transaction() as conn:
+        row = await _find(db, conn, namespace, name)
+        await db.execute("JobTombstone", {"id": row["id"]}, conn=conn)
+    log.info("job deleted", extra={"action": "job_deleted", "job": str(row["id"])})
+    job_id: uuid.UUID = row["id"]
+    return job_id
+
+
+async def delete_job_by_uid(db: Database, uid: str | uuid.UUID) -> None:
+    await db.execute("JobTombstone", {"id": uuid.UUID(str(uid))})
+
+
+async def set_suspended(db: Database, *, namespace: str, name: str, suspended: bool,
+                        reason: str | None = None) -> None:
+    async with db.transaction() as conn:
+        row = await _find(db, conn, namespace, name)
+        await db.execute("JobSuspendSet", {"id": row["id"], "suspended": suspended,
+                                           "reason": reason}, conn=conn)
+
+
+async def trigger_job(db: Database, *, namespace: str, name: str,
+                      trigger_id: str | None = None) -> tuple[str, bool]:
+    """Run a job now, once per trigger id. Returns (key, created)."""
+    trigger_id = trigger_id or uuid.uuid4().hex
+    async with db.transaction() as conn:
+        row = await _find(db, conn, namespace, name)
+        spec = ScheduledJobSpec.model_validate(row["spec"])
+        key = schedule.trigger_key(row["id"], trigger_id)
+        created = await db.fetchone("OccurrenceTriggerInsert", {
+            "key": key, "job_id": row["id"], "pool": spec.pool,
+            "overlap": spec.concurrency_policy, "delivery": spec.delivery,
+            "max_attempts": spec.retry.max_attempts,
+            "timeout_seconds": spec.timeout_seconds}, conn=conn)
+        now = (await db.fetch("ClockNow", conn=conn))[0]["now"]
+        await dispatch.notify_due(db, conn, [(spec.pool, now)])
+    return key, created is not None

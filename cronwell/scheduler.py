@@ -1,0 +1,260 @@
+"""Scheduler replicas: partition leases, materialisation ahead of time, lease reaping.
+
+Each of P partitions has one owner at a time (a lease row with an epoch). The owner claims
+its due jobs with FOR UPDATE SKIP LOCKED, inserts their occurrences ON CONFLICT DO NOTHING
+and advances `next_run_at`, all in one transaction per batch, with one NOTIFY per batch.
+Ownership is for efficiency; the unique key and the row locks are what make a duplicate
+materialisation impossible even when two replicas briefly both think they own a partition.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import math
+import os
+import socket
+import uuid
+from collections import OrderedDict
+from datetime import datetime, timedelta
+from typing import Any
+
+from cronwell import dispatch, schedule
+from cronwell.models import MisfirePolicy, ScheduledJobSpec
+from cronwell.plan import plan_job
+from cronwell.settings import SchedulerSettings
+from cronwell.store.db import Database
+from cronwell.store.migrate import check_schema
+
+log = logging.getLogger(__name__)
+
+
+def process_id(role: str) -> str:
+    return f"{role}-{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+
+
+class SpecCache:
+    """Parsed specs and schedules by (job uid, spec hash): parsing 50,000 specs per burst
+    would otherwise dominate a materialisation pass."""
+
+    def __init__(self, size: int = 200_000):
+        self._size = size
+        self._data: OrderedDict[tuple[uuid.UUID, str],
+                                tuple[ScheduledJobSpec, schedule.JobSchedule]] = OrderedDict()
+
+    def get(self, job_id: uuid.UUID, spec_hash: str,
+            spec: dict[str, Any]) -> tuple[ScheduledJobSpec, schedule.JobSchedule]:
+        key = (job_id, spec_hash)
+        hit = self._data.get(key)
+        if hit is not None:
+            self._data.move_to_end(key)
+            return hit
+        parsed = ScheduledJobSpec.model_validate(spec)
+        value = (parsed, schedule.JobSchedule.from_spec(job_id, parsed))
+        self._data[key] = value
+        if len(self._data) > self._size:
+            self._data.popitem(last=False)
+        return value
+
+
+class Scheduler:
+    """One scheduler replica."""
+
+    def __init__(self, db: Database, settings: SchedulerSettings, *, holder: str | None = None):
+        self.db = db
+        self.settings = settings
+        self.holder = holder or process_id("scheduler")
+        self.owned: dict[int, int] = {}  # partition -> epoch
+        self.specs = SpecCache()
+        self.materialised_total = 0
+        self.missed_total = 0
+        self._stop = asyncio.Event()
+        self._wake = asyncio.Event()
+
+    # -- partition leases -------------------------------------------------------------
+
+    async def _heartbeat(self) -> None:
+        await self.db.execute("ProcessHeartbeat", {
+            "id": self.holder, "role": "scheduler", "pool": None,
+            "hostname": socket.gethostname(), "pid": os.getpid(), "version": _version(),
+            "concurrency": None, "running": len(self.owned)})
+
+    async def balance(self) -> None:
+        """Renew what we own, then acquire or release to hold ceil(P / live schedulers)."""
+        s = self.settings
+        if self.owned:
+            parts = sorted(self.owned)
+            rows = await self.db.fetch("PartitionRenew", {
+                "holder": self.holder, "ttl": s.partition_lease_seconds, "partitions": parts,
+                "epochs": [self.owned[p] for p in parts]})
+            kept = {r["partition"]: r["epoch"] for r in rows}
+            lost = set(self.owned) - set(kept)
+            if lost:
+                log.warning("partition leases lost", extra={
+                    "action": "partition_lost", "partitions": sorted(lost)})
+            self.owned = kept
+        await self._heartbeat()
+        live = (await self.db.fetchone("ProcessLiveCount", {
+            "role": "scheduler", "ttl": s.partition_lease_seconds}) or {"n": 1})["n"]
+        target = math.ceil(s.partitions / max(1, live))
+        if len(self.owned) > target:
+            extra = sorted(self.owned)[target:]
+            await self.db.execute("PartitionRelease", {"holder": self.holder,
+                                                       "partitions": extra})
+            for p in extra:
+                del self.owned[p]
+        elif len(self.owned) < target:
+            rows = await self.db.fetch("PartitionAcquire", {
+                "holder": self.holder, "ttl": s.partition_lease_seconds,
+                "want": target - len(self.owned)})
+            for r in rows:
+                self.owned[r["partition"]] = r["epoch"]
+            if rows:
+                log.info("partitions acquired", extra={
+                    "action": "partition_acquired",
+                    "partitions": sorted(r["partition"] for r in rows)})
+                self._wake.set()
+
+    async def resign(self) -> None:
+        """Release every partition so the other replicas take over at once."""
+        if self.owned:
+            with contextlib.suppress(Exception):
+                await self.db.execute("PartitionRelease", {
+                    "holder": self.holder, "partitions": sorted(self.owned)})
+        with contextlib.suppress(Exception):
+            await self.db.execute("ProcessDelete", {"id": self.holder})
+        self.owned = {}
+
+    # -- materialisation --------------------------------------------------------------
+
+    async def materialise_once(self) -> int:
+        """One batch in one transaction. Returns the number of jobs processed."""
+        if not self.owned:
+            return 0
+        s = self.settings
+        parts = sorted(self.owned)
+        async with self.db.transaction() as conn:
+            jobs = await self.db.fetch("JobDueClaim", {
+                "holder": self.holder, "partitions": parts,
+                "epochs": [self.owned[p] for p in parts], "horizon": s.horizon_seconds,
+                "limit": s.batch_size}, conn=conn)
+            if not jobs:
+                return 0
+            now: datetime = jobs[0]["db_now"]
+            occ: dict[str, list[Any]] = {k: [] for k in (
+                "keys", "job_ids", "pools", "scheduled_for", "run_at", "states", "reasons",
+                "origins", "overlaps", "deliveries", "max_attempts", "timeouts")}
+            adv: dict[str, list[Any]] = {"ids": [], "next_run_at": [], "missed": []}
+            due: list[tuple[str, datetime]] = []
+            for job in jobs:
+                spec, sched = self.specs.get(job["id"], job["spec_hash"], job["spec"])
+                deadline = timedelta(seconds=spec.starting_deadline_seconds
+                                     or s.misfire_threshold_seconds)
+                plan = plan_job(sched, job["next_run_at"], now=now,
+                                horizon=timedelta(seconds=s.horizon_seconds), deadline=deadline,
+                                policy=MisfirePolicy(spec.misfire_policy),
+                                max_catchup=spec.max_catchup)
+                jitter = schedule.jitter_offset(job["id"], spec.jitter_seconds)
+                for t in plan.run:
+                    catchup = t in plan.catchup
+                    run_at = now if catchup else t + jitter
+                    _add(occ, job, spec, t, run_at, "pending", None,
+                         "catchup" if catchup else "schedule")
+                    due.append((job["pool"], run_at))
+                for t in plan.missed:
+                    _add(occ, job, spec, t, t, "missed",
+                         f"Misfire: not dispatched within {int(deadline.total_seconds())}s "
+                         f"(policy {spec.misfire_policy})", "schedule")
+                adv["ids"].append(job["id"])
+                adv["next_run_at"].append(plan.next_run_at)
+                adv["missed"].append(len(plan.missed))
+                if plan.missed:
+                    log.warning("missed instants recorded", extra={
+                        "action": "misfire", "job": str(job["id"]), "missed": len(plan.missed),
+                        "policy": spec.misfire_policy})
+            if occ["keys"]:
+                await self.db.execute("OccurrenceInsertBatch", occ, conn=conn)
+            await self.db.execute("JobAdvanceBatch", adv, conn=conn)
+            await dispatch.notify_due(self.db, conn, due)
+        self.materialised_total += len(due)
+        self.missed_total += sum(adv["missed"])
+        return len(jobs)
+
+    async def materialise_until_idle(self) -> int:
+        """Batches until none is due (a 50k burst is a few dozen batches)."""
+        total = 0
+        while (n := await self.materialise_once()) > 0:
+            total += n
+            if n < self.settings.batch_size:
+                break
+        return total
+
+    # -- loops ------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        """Run until stop(): leases every TTL/3, materialisation and reaping every tick."""
+        await check_schema(self.db)
+        await self.db.execute("PartitionEnsure", {"partitions": self.settings.partitions})
+        log.info("scheduler started", extra={"action": "scheduler_start",
+                                              "holder": self.holder})
+        tasks = [asyncio.create_task(self._lease_loop(), name="leases"),
+                 asyncio.create_task(self._work_loop(), name="materialise")]
+        try:
+            await self._stop.wait()
+        finally:
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            await self.resign()
+            log.info("scheduler stopped", extra={"action": "scheduler_stop",
+                                                  "holder": self.holder})
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    async def _lease_loop(self) -> None:
+        interval = self.settings.partition_lease_seconds / 3
+        while True:
+            try:
+                await self.balance()
+            except Exception as e:  # the database may be down: own nothing until it is back
+                if self.owned:
+                    log.warning("lease renewal failed; dropping partitions", extra={
+                        "action": "partition_renew_failed", "error": str(e)})
+                self.owned = {}
+            await asyncio.sleep(interval)
+
+    async def _work_loop(self) -> None:
+        while True:
+            try:
+                await self.materialise_until_idle()
+                await dispatch.reap(self.db, limit=self.settings.reap_batch_size)
+            except Exception as e:
+                log.warning("scheduler pass failed", extra={"action": "pass_failed",
+                                                             "error": str(e)})
+            self._wake.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), self.settings.tick_seconds)
+
+
+def _add(occ: dict[str, list[Any]], job: Any, spec: ScheduledJobSpec, t: datetime,
+         run_at: datetime, state: str, reason: str | None, origin: str) -> None:
+    occ["keys"].append(schedule.occurrence_key(job["id"], t))
+    occ["job_ids"].append(job["id"])
+    occ["pools"].append(job["pool"])
+    occ["scheduled_for"].append(t)
+    occ["run_at"].append(run_at)
+    occ["states"].append(state)
+    occ["reasons"].append(reason)
+    occ["origins"].append(origin)
+    occ["overlaps"].append(spec.concurrency_policy)
+    occ["deliveries"].append(spec.delivery)
+    occ["max_attempts"].append(spec.retry.max_attempts)
+    occ["timeouts"].append(spec.timeout_seconds)
+
+
+def _version() -> str:
+    from cronwell import __version__
+
+    return __version__

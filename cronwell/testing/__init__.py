@@ -1,0 +1,1 @@
+"""Test support shipped with cronwell: a real local Kubernetes control plane for e2e tests."""

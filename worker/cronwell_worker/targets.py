@@ -1,0 +1,138 @@
+"""Job targets: what an attempt runs. Each raises a classified error on failure so the
+runtime knows whether a retry can help."""
+
+from __future__ import annotations
+
+import asyncio
+import ctypes
+import logging
+import os
+import re
+import threading
+from typing import Any
+
+import httpx
+
+from cronwell import handlers
+from cronwell.errors import LeaseLost
+from cronwell.handlers import Context
+from cronwell.models import HttpTarget, Target
+from cronwell.schedule import format_instant
+
+log = logging.getLogger("cronwell.job")
+_ENV_REF = re.compile(r"\$\{env:([A-Za-z_][A-Za-z0-9_]*)\}")
+
+
+class TargetError(Exception):
+    """A failed attempt. `retryable` False means retrying cannot help (HTTP 4xx, bad config);
+    `sent` False means the effect certainly did not start (safe even for AtMostOnce)."""
+
+    def __init__(self, message: str, *, retryable: bool = True, sent: bool = True,
+                 reason: str = "Failed"):
+        super().__init__(message)
+        self.retryable = retryable
+        self.sent = sent
+        self.reason = reason
+
+
+def _expand(value: str) -> str:
+    """Header values may name environment variables: `Bearer ${env:API_TOKEN}`."""
+
+    def sub(m: re.Match[str]) -> str:
+        name = m.group(1)
+        if name not in os.environ:
+            raise TargetError(f"header refers to unset environment variable {name}",
+                              retryable=False, sent=False, reason="InvalidTarget")
+        return os.environ[name]
+
+    return _ENV_REF.sub(sub, value)
+
+
+async def run_http(target: HttpTarget, ctx: Context, client: httpx.AsyncClient,
+                   timeout_seconds: float) -> None:
+    headers = {k: _expand(v) for k, v in target.headers.items()}
+    headers |= {
+        "Idempotency-Key": ctx.key,
+        "Cronwell-Fence-Token": str(ctx.fence),
+        "Cronwell-Scheduled-For": format_instant(ctx.scheduled_for),
+        "Cronwell-Attempt": str(ctx.attempt),
+    }
+    try:
+        resp = await client.request(
+            target.method, target.url, headers=headers, content=target.body,
+            timeout=httpx.Timeout(timeout_seconds, connect=target.connect_timeout_seconds),
+        )
+    except httpx.ConnectError as e:
+        raise TargetError(f"connect to {target.url} failed: {e}", sent=False) from e
+    except httpx.HTTPError as e:
+        raise TargetError(f"{target.method} {target.url}: {type(e).__name__}: {e}") from e
+    if 200 <= resp.status_code < 300:
+        return
+    retryable = not (400 <= resp.status_code < 500) or resp.status_code in (408, 429)
+    raise TargetError(f"{target.method} {target.url} answered {resp.status_code}: "
+                      f"{resp.text[:200]}", retryable=retryable,
+                      reason=f"HTTP{resp.status_code}")
+
+
+async def run_handler(name: str, ctx: Context) -> None:
+    fn = handlers.get_handler(name)
+    if fn is None:
+        raise TargetError(
+            f"no handler named {name!r} is registered in this worker (registered: "
+            f"{', '.join(handlers.registered()) or 'none'}); import the module that "
+            "defines it with --import", retryable=False, sent=False, reason="UnknownHandler")
+    if asyncio.iscoroutinefunction(fn):
+        await fn(ctx)
+        return
+    await _run_sync(fn, ctx)
+
+
+async def _run_sync(fn: Any, ctx: Context) -> None:
+    """Run a sync handler in a thread; on cancellation set ctx.cancelled and raise LeaseLost
+    inside the thread at its next bytecode (the flag alone for code in C calls)."""
+    loop = asyncio.get_running_loop()
+    done: asyncio.Future[None] = loop.create_future()
+    ident: list[int] = []
+
+    def body() -> None:
+        ident.append(threading.get_ident())
+        try:
+            fn(ctx)
+        except BaseException as e:  # noqa: BLE001 - handed to the event loop
+            loop.call_soon_threadsafe(_settle, done, e)
+        else:
+            loop.call_soon_threadsafe(_settle, done, None)
+
+    thread = threading.Thread(target=body, name=f"job-{ctx.key}", daemon=True)
+    thread.start()
+    try:
+        await asyncio.shield(done)
+    except asyncio.CancelledError:
+        ctx.cancelled.set()
+        if ident:
+            ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(ident[0]),
+                                                       ctypes.py_object(LeaseLost))
+        raise
+
+
+def _settle(fut: asyncio.Future[None], exc: BaseException | None) -> None:
+    if fut.done():
+        return
+    if exc is None:
+        fut.set_result(None)
+    else:
+        fut.set_exception(exc)
+
+
+async def run(target: Target, ctx: Context, client: httpx.AsyncClient,
+              timeout_seconds: float) -> None:
+    """Run one attempt of `target`."""
+    if target.http is not None:
+        await run_http(target.http, ctx, client, timeout_seconds)
+    elif target.handler is not None:
+        ctx.payload = dict(target.handler.payload)
+        await run_handler(target.handler.name, ctx)
+    elif target.log is not None:
+        log.info("%s", target.log.message, extra={
+            "action": "log_target", "job": f"{ctx.namespace}/{ctx.name}", "key": ctx.key,
+            "attempt": ctx.attempt, "fence": ctx.fence})
