@@ -305,6 +305,30 @@ def runs_cmd(env: Env, name: str | None, namespace: str | None, state: str | Non
             (r["reason"] or r["last_error"] or "")[:60]))
 
 
+@main.command("status")
+@click.pass_obj
+def status_cmd(env: Env) -> None:
+    """Partitions and their owners, live processes, occurrences by state."""
+
+    async def go() -> tuple[list[Any], list[Any], list[Any]]:
+        async with env.database() as db:
+            return (await db.fetch("PartitionList"), await db.fetch("ProcessList", {"ttl": 15}),
+                    await db.fetch("OccurrenceCounts"))
+
+    parts, procs, counts = run(go())
+    owners: dict[str, list[int]] = {}
+    for p in parts:
+        owners.setdefault(p["holder"] if p["live"] else "(unowned)", []).append(p["partition"])
+    click.echo(f"partitions ({len(parts)}):")
+    for holder, ps in sorted(owners.items()):
+        click.echo(f"  {holder}: {ps}")
+    click.echo("processes:")
+    for r in procs:
+        click.echo(f"  {r['role']:<9} {r['id']:<44} pool={r['pool'] or '-'} "
+                   f"running={r['running']} {'live' if r['live'] else 'silent'}")
+    click.echo("occurrences: " + (", ".join(f"{r['state']}={r['n']}" for r in counts) or "none"))
+
+
 @main.group("db")
 def db_group() -> None:
     """The embedded PostgreSQL (used when no --database-url is given)."""

@@ -7,7 +7,7 @@ class CronwellError(Exception):
     """Base of every error cronwell raises on purpose; the CLI prints these without a traceback."""
 
 
-class SpecError(CronwellError):
+class SpecError(CronwellError, ValueError):
     """A ScheduledJob (or WorkerPool) spec is invalid; the message names the field and the fix."""
 
     def __init__(self, message: str, *, source: str | None = None, field: str | None = None):

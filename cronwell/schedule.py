@@ -143,6 +143,13 @@ class CronSchedule:
         """The first instant strictly after aware `t`. Local candidates are scanned from
         `_MAX_SHIFT` before `t` so folds that map out of naive order are not missed."""
         local_t = t.astimezone(self.tz).replace(tzinfo=None)
+        # Fast path: no offset change around t and the candidate, so local order is UTC order.
+        cand = _next_local(self.expr, self.hash_id, local_t)
+        cand_utc = cand.replace(tzinfo=self.tz).astimezone(UTC)
+        offset = t.astimezone(self.tz).utcoffset()
+        if (cand_utc > t and (t - _MAX_SHIFT).astimezone(self.tz).utcoffset() == offset
+                and (cand_utc + _MAX_SHIFT).astimezone(self.tz).utcoffset() == offset):
+            return cand_utc
         cursor = local_t - _MAX_SHIFT
         best: datetime | None = None
         while True:

@@ -95,6 +95,7 @@ class Scheduler:
                     "action": "partition_lost", "partitions": sorted(lost)})
             self.owned = kept
         await self._heartbeat()
+        await self.db.execute("ProcessPrune", {"ttl": s.partition_lease_seconds})
         live = (await self.db.fetchone("ProcessLiveCount", {
             "role": "scheduler", "ttl": s.partition_lease_seconds}) or {"n": 1})["n"]
         target = math.ceil(s.partitions / max(1, live))

@@ -6,8 +6,9 @@ like kubebuilder's envtest, this runs the real binaries on loopback ports with t
 state. The binaries come from ``KUBEBUILDER_ASSETS`` or from ``hack/envtest.sh``'s cache.
 
 There is no controller-manager: namespaces stay Terminating once deleted, nothing is
-garbage-collected, and no default ServiceAccount appears in a namespace (hence the
-ServiceAccount admission plugin is off, so Pods and Deployments can still be created).
+garbage-collected, the aggregated ClusterRoles (admin, edit, view) have no rules, and no
+default ServiceAccount appears in a namespace (hence the ServiceAccount admission plugin
+is off, so Pods and Deployments can still be created).
 """
 
 from __future__ import annotations
