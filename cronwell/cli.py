@@ -305,6 +305,28 @@ def runs_cmd(env: Env, name: str | None, namespace: str | None, state: str | Non
             (r["reason"] or r["last_error"] or "")[:60]))
 
 
+@main.command("jobs")
+@click.option("-n", "--namespace", default=None)
+@click.pass_obj
+def jobs_cmd(env: Env, namespace: str | None) -> None:
+    """List jobs in the store (the standalone `kubectl get scheduledjobs`)."""
+
+    async def go() -> list[Any]:
+        async with env.database() as db:
+            return await db.fetch("JobList", {"namespace": namespace})
+
+    fmt = "{:<32} {:<18} {:<16} {:<8} {:<20} {:>8} {:>7}"
+    click.echo(fmt.format("NAME", "SCHEDULE", "TIMEZONE", "SUSPEND", "NEXT RUN (UTC)",
+                          "FAILURES", "MISSED"))
+    for r in run(go()):
+        spec = r["spec"]
+        click.echo(fmt.format(
+            f"{r['namespace']}/{r['name']}"[:32], spec.get("schedule") or "runAt",
+            spec.get("timeZone", "UTC")[:16],
+            (r["suspended_reason"] or "yes") if r["suspended"] else "no",
+            _fmt_time(r["next_run_at"]), r["consecutive_failures"], r["missed_total"]))
+
+
 @main.command("status")
 @click.pass_obj
 def status_cmd(env: Env) -> None:
