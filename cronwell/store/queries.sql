@@ -90,11 +90,11 @@ FROM cronwell_partitions ORDER BY partition;
 -- its epochs, locked so concurrent materialisers never process a job twice.
 SELECT j.id, j.spec, j.spec_hash, j.pool, j.next_run_at, now() AS db_now
 FROM cronwell_jobs j
-WHERE j.partition = ANY(
-        SELECT p.partition FROM cronwell_partitions p
+WHERE j.partition = ANY((
+        SELECT array_agg(p.partition) FROM cronwell_partitions p
         WHERE p.holder = %(holder)s AND p.expires_at > now()
           AND (p.partition, p.epoch) IN
-              (SELECT * FROM unnest(%(partitions)s::int[], %(epochs)s::bigint[])))
+              (SELECT * FROM unnest(%(partitions)s::int[], %(epochs)s::bigint[])))::int[])
   AND NOT j.suspended AND j.deleted_at IS NULL AND j.next_run_at IS NOT NULL
   AND j.next_run_at <= now() + make_interval(secs => %(horizon)s)
 ORDER BY j.next_run_at

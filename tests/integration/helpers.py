@@ -1,0 +1,53 @@
+"""Small helpers for integration tests (real PostgreSQL)."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from cronwell import jobs
+from cronwell.models import ScheduledJobSpec
+from cronwell.scheduler import Scheduler
+from cronwell.settings import SchedulerSettings
+from cronwell.store.db import Database
+
+
+async def make_job(db: Database, name: str, partitions: int = 1, **spec: Any) -> jobs.Applied:
+    spec.setdefault("target", {"log": {"message": name}})
+    return await jobs.apply_job(db, namespace="default", name=name,
+                                spec=ScheduledJobSpec.model_validate(spec),
+                                partitions=partitions)
+
+
+async def set_cursor(db: Database, name: str, sql_instant: str) -> None:
+    """Move a job's next_run_at (e.g. "now() - interval '3 hours'") to simulate downtime."""
+    async with db.connection() as conn:
+        await conn.execute(
+            f"UPDATE cronwell_jobs SET next_run_at = {sql_instant} WHERE name = %s",  # type: ignore[arg-type]
+            (name,))
+
+
+async def scheduler(db: Database, **settings: Any) -> Scheduler:
+    """A scheduler that owns every partition (P=1 unless given)."""
+    settings.setdefault("partitions", 1)
+    s = Scheduler(db, SchedulerSettings(**settings))
+    await db.execute("PartitionEnsure", {"partitions": s.settings.partitions})
+    await s.balance()
+    assert len(s.owned) == s.settings.partitions
+    return s
+
+
+async def occurrences(db: Database, name: str | None = None) -> list[dict[str, Any]]:
+    async with db.connection() as conn:
+        cur = await conn.execute(
+            "SELECT o.*, j.name FROM cronwell_occurrences o JOIN cronwell_jobs j "
+            "ON j.id = o.job_id WHERE %(name)s::text IS NULL OR j.name = %(name)s "
+            "ORDER BY o.scheduled_for, o.id", {"name": name})
+        return [dict(r) for r in await cur.fetchall()]
+
+
+async def db_now(db: Database) -> datetime:
+    row = await db.fetchone("ClockNow")
+    assert row is not None
+    now: datetime = row["now"]
+    return now

@@ -1,0 +1,198 @@
+"""Materialisation ahead of time, partition leases and misfires on a real PostgreSQL."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from datetime import timedelta
+
+from cronwell import jobs, schedule
+from cronwell.models import ScheduledJobSpec
+from cronwell.scheduler import Scheduler
+from cronwell.settings import SchedulerSettings
+from cronwell.store.db import Database
+
+from .helpers import db_now, make_job, occurrences, scheduler, set_cursor
+
+
+async def test_materialises_ahead_with_identity_keys(db: Database) -> None:
+    job = await make_job(db, "tick", schedule="*/10 * * * * *")
+    s = await scheduler(db, horizon_seconds=30)
+    assert await s.materialise_until_idle() == 1
+    occ = await occurrences(db, "tick")
+    now = await db_now(db)
+    assert 3 <= len(occ) <= 4  # every 10 s within 30 s
+    for o in occ:
+        assert o["idempotency_key"] == schedule.occurrence_key(job.id, o["scheduled_for"])
+        assert o["state"] == "pending" and o["run_at"] == o["scheduled_for"]
+        assert o["scheduled_for"] <= now + timedelta(seconds=30)
+    # nothing more is due until the cursor comes within the horizon again
+    assert await s.materialise_until_idle() == 0
+
+
+async def test_rematerialisation_is_a_no_op(db: Database) -> None:
+    """If a cursor is set back (a crash, a restore), the unique key absorbs the repeat."""
+    await make_job(db, "tick", schedule="*/10 * * * * *")
+    s = await scheduler(db)
+    await s.materialise_until_idle()
+    before = await occurrences(db, "tick")
+    await set_cursor(db, "tick", f"'{before[0]['scheduled_for'].isoformat()}'::timestamptz")
+    assert await s.materialise_until_idle() == 1
+    assert [o["id"] for o in await occurrences(db, "tick")] == [o["id"] for o in before]
+
+
+async def test_concurrent_materialisers_create_each_occurrence_once(db: Database) -> None:
+    """8 materialisers race over 3,000 due jobs: SKIP LOCKED splits them, each job is
+    processed by exactly one, and each occurrence exists once."""
+    async with db.connection() as conn:
+        await conn.execute("""
+            INSERT INTO cronwell_jobs (id, namespace, name, spec, spec_hash, pool, partition,
+                                       next_run_at)
+            SELECT gen_random_uuid(), 'default', 'bulk' || i, %s::jsonb, 'h', 'default', 0,
+                   date_trunc('second', now()) + interval '5 seconds'
+            FROM generate_series(1, 3000) i""",
+            (json.dumps(jobs.spec_document(ScheduledJobSpec.model_validate(
+                {"schedule": "0 0 1 1 *", "target": {"log": {}}}))),))
+    s0 = await scheduler(db, batch_size=97)
+    racers = [Scheduler(db, s0.settings, holder=s0.holder) for _ in range(8)]
+    for r in racers:
+        r.owned = dict(s0.owned)
+    counts = await asyncio.gather(*(r.materialise_until_idle() for r in racers))
+    assert sum(counts) == 3000
+    assert sum(1 for c in counts if c) >= 2  # they really raced
+    occ = await occurrences(db)
+    assert len(occ) == 3000 == len({o["idempotency_key"] for o in occ})
+
+
+async def test_partitions_balance_and_fence(db: Database) -> None:
+    settings = SchedulerSettings(partitions=8, partition_lease_seconds=1.5)
+    await db.execute("PartitionEnsure", {"partitions": 8})
+    a, b = Scheduler(db, settings, holder="a"), Scheduler(db, settings, holder="b")
+    await a.balance()
+    assert len(a.owned) == 8
+    await b.balance()  # b registers; target is now 4 each
+    await a.balance()
+    await b.balance()
+    assert len(a.owned) == 4 and len(b.owned) == 4 and not set(a.owned) & set(b.owned)
+    # a stops renewing (a pause, a kill -9): b takes over after the lease, epochs increase
+    old = dict(a.owned)
+    await asyncio.sleep(1.7)
+    await b.balance()
+    assert len(b.owned) == 8
+    assert all(b.owned[p] == old[p] + 1 for p in old)
+    # a's stale claim at its old epochs materialises nothing, even for due jobs
+    await make_job(db, "due", partitions=8, schedule="* * * * * *")
+    assert await a.materialise_once() == 0
+    assert await b.materialise_once() == 1
+    # a's renewal now fails and it stops claiming
+    await a.balance()
+    assert not set(a.owned) & set(old)
+
+
+async def test_resign_hands_over_at_once(db: Database) -> None:
+    settings = SchedulerSettings(partitions=4, partition_lease_seconds=30)
+    await db.execute("PartitionEnsure", {"partitions": 4})
+    a, b = Scheduler(db, settings, holder="a"), Scheduler(db, settings, holder="b")
+    await a.balance()
+    await a.resign()
+    await b.balance()
+    assert len(b.owned) == 4  # no need to wait out the 30 s lease
+
+
+async def test_hours_of_downtime_run_once_and_record_missed(db: Database) -> None:
+    await make_job(db, "minutely", schedule="* * * * *")
+    await set_cursor(db, "minutely", "date_trunc('minute', now()) - interval '3 hours'")
+    s = await scheduler(db)
+    await s.materialise_until_idle()
+    occ = await occurrences(db, "minutely")
+    missed = [o for o in occ if o["state"] == "missed"]
+    catchup = [o for o in occ if o["origin"] == "catchup"]
+    assert len(catchup) == 1 and catchup[0]["state"] == "pending"
+    assert 175 <= len(missed) <= 181
+    assert all("Misfire" in o["reason"] for o in missed)
+    assert max(o["scheduled_for"] for o in missed) < catchup[0]["scheduled_for"]
+    # every minute of the outage is accounted for, exactly once
+    instants = sorted(o["scheduled_for"] for o in occ)
+    assert all(b - a == timedelta(minutes=1) for a, b in zip(instants, instants[1:],
+                                                            strict=False))
+    row = await db.fetchone("JobList", {"namespace": None})
+    assert row is not None and row["missed_total"] == len(missed)
+
+
+async def test_suspend_then_resume_applies_misfire_policy(db: Database) -> None:
+    await make_job(db, "sus", schedule="* * * * *", misfirePolicy="Skip",
+                   suspend=True)
+    await set_cursor(db, "sus", "date_trunc('minute', now()) - interval '10 minutes'")
+    s = await scheduler(db)
+    assert await s.materialise_until_idle() == 0  # suspended: nothing
+    await jobs.set_suspended(db, namespace="default", name="sus", suspended=False)
+    await s.materialise_until_idle()
+    occ = await occurrences(db, "sus")
+    assert sum(o["state"] == "missed" for o in occ) >= 9
+    assert not any(o["origin"] == "catchup" for o in occ)
+
+
+async def test_jitter_moves_run_at_not_identity(db: Database) -> None:
+    job = await make_job(db, "jit", schedule="*/10 * * * * *", jitterSeconds=9)
+    s = await scheduler(db)
+    await s.materialise_until_idle()
+    offset = schedule.jitter_offset(job.id, 9)
+    assert offset > timedelta(0)
+    for o in await occurrences(db, "jit"):
+        assert o["run_at"] - o["scheduled_for"] == offset
+        assert o["idempotency_key"] == schedule.occurrence_key(job.id, o["scheduled_for"])
+
+
+async def test_spec_change_neither_loses_nor_duplicates(db: Database) -> None:
+    await make_job(db, "chg", schedule="*/10 * * * * *")
+    s = await scheduler(db)
+    await s.materialise_until_idle()
+    first = await occurrences(db, "chg")
+    # same schedule, new message: future occurrences are re-created with the same keys
+    await make_job(db, "chg", schedule="*/10 * * * * *", target={"log": {"message": "v2"}})
+    await s.materialise_until_idle()
+    again = await occurrences(db, "chg")
+    assert [o["idempotency_key"] for o in again] == [o["idempotency_key"] for o in first]
+    # a new schedule: no instant of the old one remains pending in the future
+    await make_job(db, "chg", schedule="*/7 * * * * *")
+    await s.materialise_until_idle()
+    now = await db_now(db)
+    future = [o for o in await occurrences(db, "chg") if o["scheduled_for"] > now]
+    assert future and all(o["scheduled_for"].second % 7 == 0 for o in future)
+
+
+async def test_reapply_same_spec_is_a_no_op(db: Database) -> None:
+    a = await make_job(db, "same", schedule="@hourly")
+    b = await make_job(db, "same", schedule="@hourly")
+    assert (a.action, b.action, a.id) == ("created", "unchanged", b.id)
+
+
+async def test_one_shot_runs_once(db: Database) -> None:
+    now = await db_now(db)
+    at = (now + timedelta(seconds=5)).replace(microsecond=0)
+    await make_job(db, "once", runAt=at.isoformat())
+    s = await scheduler(db)
+    await s.materialise_until_idle()
+    await s.materialise_until_idle()
+    occ = await occurrences(db, "once")
+    assert [o["scheduled_for"] for o in occ] == [at]
+    assert (await db.fetchone("JobList", {"namespace": None}) or {})["next_run_at"] is None
+
+
+async def test_trigger_is_idempotent_per_id(db: Database) -> None:
+    await make_job(db, "trig", schedule="@yearly")
+    k1, c1 = await jobs.trigger_job(db, namespace="default", name="trig", trigger_id="t1")
+    k2, c2 = await jobs.trigger_job(db, namespace="default", name="trig", trigger_id="t1")
+    k3, c3 = await jobs.trigger_job(db, namespace="default", name="trig", trigger_id="t2")
+    assert (c1, c2, c3) == (True, False, True) and k1 == k2 != k3
+    assert len([o for o in await occurrences(db, "trig") if o["origin"] == "trigger"]) == 2
+
+
+async def test_delete_keeps_history_drops_unstarted(db: Database) -> None:
+    await make_job(db, "del", schedule="*/10 * * * * *")
+    s = await scheduler(db)
+    await s.materialise_until_idle()
+    await jobs.delete_job(db, namespace="default", name="del")
+    assert await occurrences(db, "del") == []
+    again = await make_job(db, "del", schedule="*/10 * * * * *")
+    assert again.action == "created"  # a re-created job is a new job

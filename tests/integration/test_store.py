@@ -1,0 +1,87 @@
+"""Migrations and the shape of the hot queries, on a real PostgreSQL."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import psycopg
+import pytest
+
+from cronwell.errors import DatabaseUnavailable, SchemaTooNew
+from cronwell.store import Database, migrate
+from cronwell.store._queries import q
+from cronwell.store.migrate import SCHEMA_VERSION, check_schema
+
+
+async def test_migrate_is_idempotent_and_concurrent_safe(empty_db_url: str) -> None:
+    dbs = [Database(empty_db_url) for _ in range(4)]
+    for d in dbs:
+        await d.open()
+    try:
+        results = await asyncio.gather(*(migrate(d) for d in dbs))
+        assert sorted(results, key=len) == [[], [], [], list(range(1, SCHEMA_VERSION + 1))]
+        assert await migrate(dbs[0]) == []
+    finally:
+        for d in dbs:
+            await d.close()
+
+
+async def test_refuses_a_newer_schema(db: Database) -> None:
+    await db.execute("MigrationRecord", {"version": SCHEMA_VERSION + 1, "name": "future"})
+    with pytest.raises(SchemaTooNew, match="newer than this cronwell"):
+        await migrate(db)
+    with pytest.raises(SchemaTooNew):
+        await check_schema(db)
+
+
+async def test_unreachable_database_is_a_clear_error() -> None:
+    db = Database("postgresql://nobody@127.0.0.1:1/none", connect_timeout_seconds=1)
+    with pytest.raises(DatabaseUnavailable, match=r"cannot connect to PostgreSQL at "
+                       r"postgresql://nobody@127.0.0.1:1/none: .*CRONWELL_DATABASE_URL"):
+        await db.open()
+
+
+async def test_password_is_redacted(pg_server: Any) -> None:
+    url = f"postgresql://postgres:hunter2@127.0.0.1:{pg_server.port}/does_not_exist"
+    with pytest.raises(DatabaseUnavailable) as e:
+        await Database(url, connect_timeout_seconds=1).open()
+    assert "hunter2" not in str(e.value) and "***" in str(e.value)
+    assert "does_not_exist" in str(e.value)
+
+
+async def _plan(db: Database, name: str, params: dict[str, Any]) -> str:
+    async with db.connection() as conn:
+        cur = await conn.execute(psycopg.sql.SQL("EXPLAIN ") + psycopg.sql.SQL(q(name)), params)
+        return "\n".join(r["QUERY PLAN"] for r in await cur.fetchall())
+
+
+_FILL = """
+INSERT INTO cronwell_partitions (partition, holder, epoch, expires_at)
+SELECT p, 'h', 1, now() + interval '1 hour' FROM generate_series(0, 15) p;
+INSERT INTO cronwell_jobs (id, namespace, name, spec, spec_hash, pool, partition, next_run_at)
+SELECT gen_random_uuid(), 'default', 'j' || i, '{}', '', 'default', i % 16,
+       now() + (i % 86400) * interval '1 second'
+FROM generate_series(1, 50000) i;
+INSERT INTO cronwell_occurrences (idempotency_key, job_id, pool, scheduled_for, run_at, state,
+                                  overlap, delivery, max_attempts, timeout_seconds)
+SELECT j.id || ':' || g, j.id, 'default', now() - g * interval '1 minute',
+       now() - g * interval '1 minute', CASE WHEN g = 1 THEN 'pending' ELSE 'succeeded' END,
+       'Allow', 'AtLeastOnce', 3, 60
+FROM (SELECT id FROM cronwell_jobs LIMIT 20000) j, generate_series(1, 5) g;
+ANALYZE;
+"""
+
+
+async def test_hot_queries_are_index_range_scans(db: Database) -> None:
+    """With 50k jobs and 100k occurrences, the due scan, the claim and the reaper read
+    their partial indexes (range scans), never the whole table."""
+    async with db.connection() as conn:
+        await conn.execute(_FILL)  # type: ignore[arg-type]
+    due = await _plan(db, "JobDueClaim", {"holder": "h", "partitions": [0, 1],
+                                          "epochs": [1, 1], "horizon": 30, "limit": 1000})
+    assert "cronwell_jobs_due" in due, due
+    claim = await _plan(db, "OccurrenceClaimCandidates", {"pool": "default", "limit": 100})
+    assert "cronwell_occurrences_claim" in claim, claim
+    reap = await _plan(db, "LeaseReap", {"limit": 100})
+    assert "cronwell_occurrences_lease" in reap, reap
