@@ -300,10 +300,10 @@ att AS (
 jobs AS (
     UPDATE cronwell_jobs j
     SET consecutive_failures = j.consecutive_failures + 1,
-        suspended = j.suspended OR (f.state = 'dead'
-            AND (j.spec ->> 'suspendAfterFailures')::int <= j.consecutive_failures + 1),
-        suspended_reason = CASE WHEN NOT j.suspended AND f.state = 'dead'
-            AND (j.spec ->> 'suspendAfterFailures')::int <= j.consecutive_failures + 1
+        suspended = j.suspended OR coalesce(
+            (j.spec ->> 'suspendAfterFailures')::int <= j.consecutive_failures + 1, false),
+        suspended_reason = CASE WHEN NOT j.suspended AND coalesce(
+            (j.spec ->> 'suspendAfterFailures')::int <= j.consecutive_failures + 1, false)
             THEN 'SuspendedAfterFailures' ELSE j.suspended_reason END
     FROM failed f
     WHERE j.id = f.job_id AND f.state = 'dead')

@@ -1,0 +1,5 @@
+"""`python -m cronwell` is the `cronwell` command."""
+
+from cronwell.cli import main
+
+main()

@@ -1,0 +1,81 @@
+"""Two scheduler processes; kill -9 one: its partitions are taken over, and no occurrence
+is materialised twice or lost."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import time
+from collections import defaultdict
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+
+from cronwell.store.db import Database
+from tests.procs import spawn, stop
+
+from .helpers import db_now, make_job, occurrences
+
+pytestmark = pytest.mark.slow
+
+
+async def _owners(db: Database) -> dict[str, int]:
+    counts: dict[str, int] = defaultdict(int)
+    for r in await db.fetch("PartitionList"):
+        if r["live"]:
+            counts[r["holder"]] += 1
+    return dict(counts)
+
+
+async def _wait_for(cond, timeout: float = 30.0) -> float:  # type: ignore[no-untyped-def]
+    start = time.monotonic()
+    while time.monotonic() - start < timeout:
+        if await cond():
+            return time.monotonic() - start
+        await asyncio.sleep(0.1)
+    raise AssertionError("condition not met in time")
+
+
+async def test_kill_minus_nine_a_scheduler(db: Database, db_url: str, tmp_path: Path) -> None:
+    for i in range(40):
+        await make_job(db, f"sec{i}", partitions=4, schedule="* * * * * *")
+    env = {"CRONWELL_DATABASE_URL": db_url, "CRONWELL_PARTITIONS": "4",
+           "CRONWELL_PARTITION_LEASE_SECONDS": "2", "CRONWELL_HORIZON_SECONDS": "1",
+           "CRONWELL_TICK_SECONDS": "0.2", "CRONWELL_LOG_LEVEL": "WARNING"}
+    a = spawn("scheduler", env=env, log=tmp_path / "a.log")
+    b = spawn("scheduler", env=env, log=tmp_path / "b.log")
+    try:
+        async def split() -> bool:
+            o = await _owners(db)
+            return len(o) == 2 and sorted(o.values()) == [2, 2]
+
+        await _wait_for(split)
+        await asyncio.sleep(1.5)
+        os.kill(a.pid, signal.SIGKILL)
+        killed_at = await db_now(db)
+        took = await _wait_for(lambda: _one_owner(db))
+        await asyncio.sleep(2.5)
+    finally:
+        stop(a)
+        assert stop(b) == 0, (tmp_path / "b.log").read_text()
+    assert took < 2 + 2 + 1.5, f"takeover took {took:.1f}s for a 2 s lease"
+    occ = await occurrences(db)
+    by_job: dict[str, list] = defaultdict(list)  # type: ignore[type-arg]
+    for o in occ:
+        by_job[o["name"]].append(o["scheduled_for"])
+    assert len(by_job) == 40
+    for name, instants in by_job.items():
+        assert len(instants) == len(set(instants)), f"{name}: duplicate instants"
+        instants.sort()
+        gaps = [b - a for a, b in zip(instants, instants[1:], strict=False)
+                if b - a != timedelta(seconds=1)]
+        assert not gaps, f"{name}: lost instants around {gaps}"
+        assert instants[-1] > killed_at + timedelta(seconds=1), f"{name} stopped at the kill"
+    assert not [o for o in occ if o["state"] == "missed"]
+
+
+async def _one_owner(db: Database) -> bool:
+    o = await _owners(db)
+    return len(o) == 1 and list(o.values()) == [4]
