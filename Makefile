@@ -31,7 +31,7 @@ install: $(STAMP) ## Create the virtualenv and install cronwell (editable) with 
 
 .PHONY: run
 run: $(STAMP) ## Run the scheduler + workers on examples/ with an embedded PostgreSQL (no cluster).
-	$(BIN)/cronwell dev --jobs examples/jobs --duration 75
+	$(BIN)/cronwell dev --jobs examples/jobs --duration 90
 
 .PHONY: lint
 lint: $(STAMP) ## ruff, mypy and the import-layering contracts.
@@ -52,7 +52,7 @@ manifests: $(STAMP) ## Regenerate crds/ from the pydantic models.
 ##@ Test
 
 .PHONY: test
-test: $(STAMP) envtest ## Run every test: unit, integration (real PostgreSQL), e2e (real API server).
+test: $(STAMP) envtest lint ## Lint, then every test: unit, integration (real PostgreSQL), e2e (real API server).
 	KUBEBUILDER_ASSETS="$$(bash hack/envtest.sh --print-path)" \
 	  $(BIN)/pytest $(PYTEST_ARGS)
 
@@ -68,4 +68,4 @@ envtest: ## Provide etcd, kube-apiserver, kubectl and helm (built from Go module
 
 .PHONY: bench
 bench: $(STAMP) ## Run the benchmarks and print comparable figures.
-	$(BIN)/python -m cronwell.bench
+	$(BIN)/python hack/bench.py

@@ -48,12 +48,16 @@ class Env:
         return self.embedded.start()
 
     @contextlib.asynccontextmanager
-    async def database(self, *, max_size: int | None = None,
-                       migrate_first: bool = False) -> AsyncIterator[Database]:
+    async def database(
+        self, *, max_size: int | None = None, migrate_first: bool = False
+    ) -> AsyncIterator[Database]:
         s = self.db_settings
-        db = Database(self.url(), min_size=s.pool_min_size,
-                      max_size=max_size or s.pool_max_size,
-                      connect_timeout_seconds=s.connect_timeout_seconds)
+        db = Database(
+            self.url(),
+            min_size=s.pool_min_size,
+            max_size=max_size or s.pool_max_size,
+            connect_timeout_seconds=s.connect_timeout_seconds,
+        )
         async with db:
             if migrate_first:
                 await migrate(db)
@@ -70,8 +74,9 @@ def run(coro: Coroutine[Any, Any, T]) -> T:
         raise click.ClickException(f"invalid setting: {e}") from None
 
 
-def run_until_signal(main: Callable[[], Coroutine[Any, Any, None]],
-                     on_signal: Callable[[], None]) -> None:
+def run_until_signal(
+    main: Callable[[], Coroutine[Any, Any, None]], on_signal: Callable[[], None]
+) -> None:
     """Run `main` with SIGTERM/SIGINT calling `on_signal` (graceful first, forceful next)."""
 
     async def wrapper() -> None:
@@ -104,17 +109,36 @@ class _Group(click.Group):
         return super().get_command(ctx, name)
 
 
-@click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
-@click.option("--database-url", envvar="CRONWELL_DATABASE_URL",
-              help="PostgreSQL URL. Unset: an embedded PostgreSQL in --data-dir.")
-@click.option("--data-dir", type=click.Path(path_type=Path), envvar="CRONWELL_DATA_DIR",
-              help="Data directory of the embedded PostgreSQL.")
+@click.group(
+    cls=_Group, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100}
+)
+@click.option(
+    "--database-url",
+    envvar="CRONWELL_DATABASE_URL",
+    help="PostgreSQL URL. Unset: an embedded PostgreSQL in --data-dir.",
+)
+@click.option(
+    "--data-dir",
+    type=click.Path(path_type=Path),
+    envvar="CRONWELL_DATA_DIR",
+    help="Data directory of the embedded PostgreSQL.",
+)
 @click.option("--log-level", default="INFO", show_default=True, envvar="CRONWELL_LOG_LEVEL")
-@click.option("--log-format", type=click.Choice(["text", "json"]), default="text",
-              show_default=True, envvar="CRONWELL_LOG_FORMAT")
+@click.option(
+    "--log-format",
+    type=click.Choice(["text", "json"]),
+    default="text",
+    show_default=True,
+    envvar="CRONWELL_LOG_FORMAT",
+)
 @click.pass_context
-def main(ctx: click.Context, database_url: str | None, data_dir: Path | None,
-         log_level: str, log_format: str) -> None:
+def main(
+    ctx: click.Context,
+    database_url: str | None,
+    data_dir: Path | None,
+    log_level: str,
+    log_format: str,
+) -> None:
     """cronwell: scheduled jobs with exactly-once effect (at-least-once dispatch +
     idempotent execution, keyed by job uid and nominal instant)."""
     logs.setup(log_level, log_format)
@@ -145,10 +169,14 @@ def migrate_cmd(env: Env) -> None:
 @main.command("scheduler")
 @click.option("--partitions", type=int, help="P (default 16, env CRONWELL_PARTITIONS).")
 @click.option("--horizon-seconds", type=float, help="Materialise this far ahead (default 30).")
-@click.option("--lease-seconds", "partition_lease_seconds", type=float,
-              help="Partition lease TTL (default 10).")
+@click.option(
+    "--lease-seconds",
+    "partition_lease_seconds",
+    type=float,
+    help="Partition lease TTL (default 10).",
+)
 @click.pass_obj
-def scheduler_cmd(env: Env, **opts: Any) -> None:
+def scheduler_cmd(env: Env, /, **opts: Any) -> None:
     """Run a scheduler replica: partition leases, materialisation, lease reaping."""
     settings = SchedulerSettings(**{k: v for k, v in opts.items() if v is not None})
     holder: list[Scheduler] = []
@@ -175,10 +203,21 @@ def _load_or_fail(paths: tuple[Path, ...]) -> tuple[list[Any], int]:
 
 
 @main.command("apply")
-@click.option("-f", "--filename", "paths", multiple=True, required=True,
-              type=click.Path(path_type=Path), help="A YAML file or a folder of them.")
-@click.option("--partitions", type=int, default=None,
-              help="Partition count the schedulers use (default: CRONWELL_PARTITIONS or 16).")
+@click.option(
+    "-f",
+    "--filename",
+    "paths",
+    multiple=True,
+    required=True,
+    type=click.Path(path_type=Path),
+    help="A YAML file or a folder of them.",
+)
+@click.option(
+    "--partitions",
+    type=int,
+    default=None,
+    help="Partition count the schedulers use (default: CRONWELL_PARTITIONS or 16).",
+)
 @click.pass_obj
 def apply_cmd(env: Env, paths: tuple[Path, ...], partitions: int | None) -> None:
     """Create or update ScheduledJobs from YAML in the store (standalone `kubectl apply`).
@@ -188,13 +227,22 @@ def apply_cmd(env: Env, paths: tuple[Path, ...], partitions: int | None) -> None
 
     async def go() -> list[jobs.Applied]:
         async with env.database(migrate_first=True) as db:
-            return [await jobs.apply_job(db, namespace=item.job.metadata.namespace,
-                                         name=item.job.metadata.name, spec=item.job.spec,
-                                         partitions=parts) for item in loaded]
+            return [
+                await jobs.apply_job(
+                    db,
+                    namespace=item.job.metadata.namespace,
+                    name=item.job.metadata.name,
+                    spec=item.job.spec,
+                    partitions=parts,
+                )
+                for item in loaded
+            ]
 
     for a in run(go()):
-        click.echo(f"scheduledjob.cronwell.dev/{a.name} {a.action} (namespace {a.namespace}, "
-                   f"next {a.next_run_at.isoformat() if a.next_run_at else '-'})")
+        click.echo(
+            f"scheduledjob.cronwell.dev/{a.name} {a.action} (namespace {a.namespace}, "
+            f"next {a.next_run_at.isoformat() if a.next_run_at else '-'})"
+        )
     if n_errors:
         sys.exit(1)
 
@@ -231,8 +279,7 @@ def trigger_cmd(env: Env, name: str, namespace: str, trigger_id: str | None) -> 
 
     async def go() -> tuple[str, bool]:
         async with env.database() as db:
-            return await jobs.trigger_job(db, namespace=namespace, name=name,
-                                          trigger_id=trigger_id)
+            return await jobs.trigger_job(db, namespace=namespace, name=name, trigger_id=trigger_id)
 
     key, created = run(go())
     click.echo(f"triggered {key}" if created else f"already triggered: {key} (no-op)")
@@ -259,8 +306,13 @@ def resume_cmd(env: Env, name: str, namespace: str) -> None:
 def _set_suspend(env: Env, namespace: str, name: str, suspended: bool) -> None:
     async def go() -> None:
         async with env.database() as db:
-            await jobs.set_suspended(db, namespace=namespace, name=name, suspended=suspended,
-                                     reason="Manual" if suspended else None)
+            await jobs.set_suspended(
+                db,
+                namespace=namespace,
+                name=name,
+                suspended=suspended,
+                reason="Manual" if suspended else None,
+            )
 
     run(go())
     click.echo(f"{namespace}/{name} {'suspended' if suspended else 'resumed'}")
@@ -281,14 +333,20 @@ def _fmt_secs(v: Any) -> str:
 @click.option("--limit", default=50, show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per line.")
 @click.pass_obj
-def runs_cmd(env: Env, name: str | None, namespace: str | None, state: str | None,
-             limit: int, as_json: bool) -> None:
+def runs_cmd(
+    env: Env, name: str | None, namespace: str | None, state: str | None, limit: int, as_json: bool
+) -> None:
     """Recent occurrences with state, start lag and attempts (newest first)."""
 
     async def go() -> list[dict[str, Any]]:
         async with env.database() as db:
-            return [dict(r) for r in await db.fetch("RunsList", {
-                "name": name, "namespace": namespace, "state": state, "limit": limit})]
+            return [
+                dict(r)
+                for r in await db.fetch(
+                    "RunsList",
+                    {"name": name, "namespace": namespace, "state": state, "limit": limit},
+                )
+            ]
 
     rows = run(go())
     if as_json:
@@ -296,13 +354,21 @@ def runs_cmd(env: Env, name: str | None, namespace: str | None, state: str | Non
             click.echo(json.dumps(r, default=str))
         return
     fmt = "{:<28} {:<20} {:<10} {:>9} {:>9} {:>4}  {}"
-    click.echo(fmt.format("JOB", "SCHEDULED (UTC)", "STATE", "LAG", "DURATION", "TRY",
-                          "REASON/ERROR"))
+    click.echo(
+        fmt.format("JOB", "SCHEDULED (UTC)", "STATE", "LAG", "DURATION", "TRY", "REASON/ERROR")
+    )
     for r in rows:
-        click.echo(fmt.format(
-            f"{r['namespace']}/{r['name']}"[:28], _fmt_time(r["scheduled_for"]), r["state"],
-            _fmt_secs(r["lag_seconds"]), _fmt_secs(r["duration_seconds"]), r["attempt"],
-            (r["reason"] or r["last_error"] or "")[:60]))
+        click.echo(
+            fmt.format(
+                f"{r['namespace']}/{r['name']}"[:28],
+                _fmt_time(r["scheduled_for"]),
+                r["state"],
+                _fmt_secs(r["lag_seconds"]),
+                _fmt_secs(r["duration_seconds"]),
+                r["attempt"],
+                (r["reason"] or r["last_error"] or "")[:60],
+            )
+        )
 
 
 @main.command("jobs")
@@ -316,15 +382,24 @@ def jobs_cmd(env: Env, namespace: str | None) -> None:
             return await db.fetch("JobList", {"namespace": namespace})
 
     fmt = "{:<32} {:<18} {:<16} {:<8} {:<20} {:>8} {:>7}"
-    click.echo(fmt.format("NAME", "SCHEDULE", "TIMEZONE", "SUSPEND", "NEXT RUN (UTC)",
-                          "FAILURES", "MISSED"))
+    click.echo(
+        fmt.format(
+            "NAME", "SCHEDULE", "TIMEZONE", "SUSPEND", "NEXT RUN (UTC)", "FAILURES", "MISSED"
+        )
+    )
     for r in run(go()):
         spec = r["spec"]
-        click.echo(fmt.format(
-            f"{r['namespace']}/{r['name']}"[:32], spec.get("schedule") or "runAt",
-            spec.get("timeZone", "UTC")[:16],
-            (r["suspended_reason"] or "yes") if r["suspended"] else "no",
-            _fmt_time(r["next_run_at"]), r["consecutive_failures"], r["missed_total"]))
+        click.echo(
+            fmt.format(
+                f"{r['namespace']}/{r['name']}"[:32],
+                spec.get("schedule") or "runAt",
+                spec.get("timeZone", "UTC")[:16],
+                (r["suspended_reason"] or "yes") if r["suspended"] else "no",
+                _fmt_time(r["next_run_at"]),
+                r["consecutive_failures"],
+                r["missed_total"],
+            )
+        )
 
 
 @main.command("status")
@@ -334,8 +409,11 @@ def status_cmd(env: Env) -> None:
 
     async def go() -> tuple[list[Any], list[Any], list[Any]]:
         async with env.database() as db:
-            return (await db.fetch("PartitionList"), await db.fetch("ProcessList", {"ttl": 15}),
-                    await db.fetch("OccurrenceCounts"))
+            return (
+                await db.fetch("PartitionList"),
+                await db.fetch("ProcessList", {"ttl": 15}),
+                await db.fetch("OccurrenceCounts"),
+            )
 
     parts, procs, counts = run(go())
     owners: dict[str, list[int]] = {}
@@ -346,8 +424,10 @@ def status_cmd(env: Env) -> None:
         click.echo(f"  {holder}: {ps}")
     click.echo("processes:")
     for r in procs:
-        click.echo(f"  {r['role']:<9} {r['id']:<44} pool={r['pool'] or '-'} "
-                   f"running={r['running']} {'live' if r['live'] else 'silent'}")
+        click.echo(
+            f"  {r['role']:<9} {r['id']:<44} pool={r['pool'] or '-'} "
+            f"running={r['running']} {'live' if r['live'] else 'silent'}"
+        )
     click.echo("occurrences: " + (", ".join(f"{r['state']}={r['n']}" for r in counts) or "none"))
 
 

@@ -101,8 +101,10 @@ def decide_overlap(
             else:
                 run.append(c.id)
                 busy = True
-        slots = {ConcurrencyPolicy.BUFFER_ONE: 1 - waiting,
-                 ConcurrencyPolicy.BUFFER_ALL: len(fresh)}.get(ConcurrencyPolicy(policy), 0)
+        slots = {
+            ConcurrencyPolicy.BUFFER_ONE: 1 - waiting,
+            ConcurrencyPolicy.BUFFER_ALL: len(fresh),
+        }.get(ConcurrencyPolicy(policy), 0)
         for c in fresh:
             if not busy:
                 run.append(c.id)
@@ -115,37 +117,66 @@ def decide_overlap(
     return run, settle
 
 
-async def claim(db: Database, *, pool: str, worker_id: str, limit: int,
-                lease_seconds: float) -> list[Claimed]:
+async def claim(
+    db: Database, *, pool: str, worker_id: str, limit: int, lease_seconds: float
+) -> list[Claimed]:
     """Claim up to `limit` due occurrences of `pool`: one transaction, a few round trips."""
     async with db.transaction() as conn:
-        rows = await db.fetch("OccurrenceClaimCandidates", {"pool": pool, "limit": limit},
-                              conn=conn)
+        rows = await db.fetch(
+            "OccurrenceClaimCandidates", {"pool": pool, "limit": limit}, conn=conn
+        )
         if not rows:
             return []
-        cands = [Candidate(r["id"], r["job_id"], r["overlap"], r["attempt"], r["scheduled_for"])
-                 for r in rows]
+        cands = [
+            Candidate(r["id"], r["job_id"], r["overlap"], r["attempt"], r["scheduled_for"])
+            for r in rows
+        ]
         serial_jobs = sorted({c.job_id for c in cands if c.overlap in SERIAL})
         active: list[Active] = []
         if serial_jobs:
             await db.fetch("JobLockBatch", {"ids": serial_jobs}, conn=conn)
-            active = [Active(r["id"], r["job_id"], r["state"], r["idempotency_key"]) for r in
-                      await db.fetch("JobActiveOccurrences", {"ids": serial_jobs}, conn=conn)]
+            active = [
+                Active(r["id"], r["job_id"], r["state"], r["idempotency_key"])
+                for r in await db.fetch("JobActiveOccurrences", {"ids": serial_jobs}, conn=conn)
+            ]
         run, settle = decide_overlap(cands, active)
         if settle:
-            await db.execute("OccurrenceSettleBatch", {
-                "ids": [s[0] for s in settle], "states": [s[1] for s in settle],
-                "reasons": [s[2] for s in settle]}, conn=conn)
+            await db.execute(
+                "OccurrenceSettleBatch",
+                {
+                    "ids": [s[0] for s in settle],
+                    "states": [s[1] for s in settle],
+                    "reasons": [s[2] for s in settle],
+                },
+                conn=conn,
+            )
         if not run:
             return []
-        claimed = await db.fetch("OccurrenceClaimBatch", {
-            "ids": run, "worker_id": worker_id, "lease": lease_seconds}, conn=conn)
-    return [Claimed(
-        id=r["id"], key=r["idempotency_key"], job_id=r["job_id"], namespace=r["namespace"],
-        name=r["name"], spec=r["spec"], scheduled_for=r["scheduled_for"], run_at=r["run_at"],
-        started_at=r["started_at"], attempt=r["attempt"], fence=r["fence"],
-        delivery=r["delivery"], max_attempts=r["max_attempts"],
-        timeout_seconds=r["timeout_seconds"], origin=r["origin"]) for r in claimed]
+        claimed = await db.fetch(
+            "OccurrenceClaimBatch",
+            {"ids": run, "worker_id": worker_id, "lease": lease_seconds},
+            conn=conn,
+        )
+    return [
+        Claimed(
+            id=r["id"],
+            key=r["idempotency_key"],
+            job_id=r["job_id"],
+            namespace=r["namespace"],
+            name=r["name"],
+            spec=r["spec"],
+            scheduled_for=r["scheduled_for"],
+            run_at=r["run_at"],
+            started_at=r["started_at"],
+            attempt=r["attempt"],
+            fence=r["fence"],
+            delivery=r["delivery"],
+            max_attempts=r["max_attempts"],
+            timeout_seconds=r["timeout_seconds"],
+            origin=r["origin"],
+        )
+        for r in claimed
+    ]
 
 
 async def promote_waiting(db: Database, conn: Conn, job_ids: list[uuid.UUID]) -> None:
@@ -175,20 +206,42 @@ async def succeed(db: Database, done: list[tuple[str, int]]) -> set[str]:
     if not done:
         return set()
     async with db.transaction() as conn:
-        rows = await db.fetch("OccurrenceSucceedBatch", {
-            "keys": [k for k, _ in done], "fences": [f for _, f in done]}, conn=conn)
+        rows = await db.fetch(
+            "OccurrenceSucceedBatch",
+            {"keys": [k for k, _ in done], "fences": [f for _, f in done]},
+            conn=conn,
+        )
         await promote_waiting(db, conn, [r["job_id"] for r in rows if r["overlap"] in BUFFERED])
     return {r["idempotency_key"] for r in rows}
 
 
-async def fail(db: Database, *, key: str, fence: int, next_state: str, reason: str,
-               error: str, delay_seconds: float, outcome: str = "failed") -> str | None:
+async def fail(
+    db: Database,
+    *,
+    key: str,
+    fence: int,
+    next_state: str,
+    reason: str,
+    error: str,
+    delay_seconds: float,
+    outcome: str = "failed",
+) -> str | None:
     """Fenced failure: `next_state` pending (retry after the delay) or dead. Returns the new
     state, or None if the fence was stale."""
     async with db.transaction() as conn:
-        row = await db.fetchone("OccurrenceFail", {
-            "key": key, "fence": fence, "next_state": next_state, "reason": reason,
-            "error": error[:4000], "delay": delay_seconds, "outcome": outcome}, conn=conn)
+        row = await db.fetchone(
+            "OccurrenceFail",
+            {
+                "key": key,
+                "fence": fence,
+                "next_state": next_state,
+                "reason": reason,
+                "error": error[:4000],
+                "delay": delay_seconds,
+                "outcome": outcome,
+            },
+            conn=conn,
+        )
         if row is None:
             return None
         if row["state"] == "dead" and row["overlap"] in BUFFERED:
@@ -196,14 +249,21 @@ async def fail(db: Database, *, key: str, fence: int, next_state: str, reason: s
     return str(row["state"])
 
 
-async def heartbeat(db: Database, *, worker_id: str, running: list[tuple[str, int]],
-                    lease_seconds: float) -> set[str]:
+async def heartbeat(
+    db: Database, *, worker_id: str, running: list[tuple[str, int]], lease_seconds: float
+) -> set[str]:
     """Extend all running leases in one statement; returns the keys still held."""
     if not running:
         return set()
-    rows = await db.fetch("OccurrenceHeartbeat", {
-        "keys": [k for k, _ in running], "fences": [f for _, f in running],
-        "lease": lease_seconds, "worker_id": worker_id})
+    rows = await db.fetch(
+        "OccurrenceHeartbeat",
+        {
+            "keys": [k for k, _ in running],
+            "fences": [f for _, f in running],
+            "lease": lease_seconds,
+            "worker_id": worker_id,
+        },
+    )
     return {r["idempotency_key"] for r in rows}
 
 
@@ -211,8 +271,9 @@ async def release(db: Database, claimed: list[tuple[str, int]]) -> set[str]:
     """Give back claimed-but-unstarted occurrences (graceful shutdown)."""
     if not claimed:
         return set()
-    rows = await db.fetch("OccurrenceRelease", {
-        "keys": [k for k, _ in claimed], "fences": [f for _, f in claimed]})
+    rows = await db.fetch(
+        "OccurrenceRelease", {"keys": [k for k, _ in claimed], "fences": [f for _, f in claimed]}
+    )
     return {r["idempotency_key"] for r in rows}
 
 
@@ -220,8 +281,12 @@ async def reap(db: Database, *, limit: int) -> list[dict[str, Any]]:
     """Expired leases back to pending (AtLeastOnce) or dead (AtMostOnce / exhausted)."""
     async with db.transaction() as conn:
         rows = await db.fetch("LeaseReap", {"limit": limit}, conn=conn)
-        await promote_waiting(db, conn, [r["job_id"] for r in rows
-                                         if r["state"] == "dead" and r["overlap"] in BUFFERED])
-        await notify_due(db, conn, [(r["pool"], r["run_at"]) for r in rows
-                                    if r["state"] == "pending"])
+        await promote_waiting(
+            db,
+            conn,
+            [r["job_id"] for r in rows if r["state"] == "dead" and r["overlap"] in BUFFERED],
+        )
+        await notify_due(
+            db, conn, [(r["pool"], r["run_at"]) for r in rows if r["state"] == "pending"]
+        )
     return [dict(r) for r in rows]

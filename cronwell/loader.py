@@ -48,10 +48,14 @@ def parse_document(doc: Any, source: str) -> ScheduledJob:
     try:
         return ScheduledJob.model_validate(doc)
     except pydantic.ValidationError as e:
-        name = (doc.get("metadata") or {}).get("name", "?") if isinstance(
-            doc.get("metadata"), dict) else "?"
-        raise SpecError(f"{source} (ScheduledJob {name}): {format_validation_error(e)}",
-                        source=source) from None
+        name = (
+            (doc.get("metadata") or {}).get("name", "?")
+            if isinstance(doc.get("metadata"), dict)
+            else "?"
+        )
+        raise SpecError(
+            f"{source} (ScheduledJob {name}): {format_validation_error(e)}", source=source
+        ) from None
 
 
 def _files(paths: Iterable[Path]) -> list[Path]:

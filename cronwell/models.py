@@ -229,7 +229,9 @@ class ScheduledJob(BaseModel):
 
     model_config = ConfigDict(extra="ignore", frozen=True, populate_by_name=True)
 
-    api_version: Literal["cronwell.dev/v1alpha1"] = Field(API_VERSION, alias="apiVersion")
+    api_version: Literal["cronwell.dev/v1alpha1"] = Field(
+        "cronwell.dev/v1alpha1", alias="apiVersion"
+    )
     kind: Literal["ScheduledJob"] = "ScheduledJob"
     metadata: ObjectMeta
     spec: ScheduledJobSpec

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import re
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -63,6 +64,14 @@ def load_zone(name: str) -> ZoneInfo:
             f"unknown time zone {name!r}: use an IANA name such as 'Europe/Paris' or 'UTC'",
             field="spec.timeZone",
         ) from e
+
+
+_HASHED = re.compile(r"(?<![A-Za-z])H(?![A-Za-z])")
+
+
+def uses_hash(expr: str) -> bool:
+    """True if the cron has an `H` field, so its instants depend on the job uid."""
+    return bool(_HASHED.search(expr))
 
 
 def _croniter_args(expr: str) -> dict[str, object]:
@@ -147,8 +156,11 @@ class CronSchedule:
         cand = _next_local(self.expr, self.hash_id, local_t)
         cand_utc = cand.replace(tzinfo=self.tz).astimezone(UTC)
         offset = t.astimezone(self.tz).utcoffset()
-        if (cand_utc > t and (t - _MAX_SHIFT).astimezone(self.tz).utcoffset() == offset
-                and (cand_utc + _MAX_SHIFT).astimezone(self.tz).utcoffset() == offset):
+        if (
+            cand_utc > t
+            and (t - _MAX_SHIFT).astimezone(self.tz).utcoffset() == offset
+            and (cand_utc + _MAX_SHIFT).astimezone(self.tz).utcoffset() == offset
+        ):
             return cand_utc
         cursor = local_t - _MAX_SHIFT
         best: datetime | None = None
@@ -181,7 +193,7 @@ class JobSchedule:
                 tz=load_zone(spec.time_zone),
                 spring_forward=SpringForward(spec.dst_policy.spring_forward),
                 fall_back=FallBack(spec.dst_policy.fall_back),
-                hash_id=str(job_id),
+                hash_id=str(job_id) if uses_hash(spec.schedule) else "",
             )
         return cls(cron=cron, run_at=spec.run_at, start_at=spec.start_at, end_at=spec.end_at)
 

@@ -36,12 +36,15 @@ class SchedulerSettings(_Settings):
         16, ge=1, le=4096, description="P: jobs are spread by hash(uid) % P; one owner each."
     )
     horizon_seconds: float = Field(
-        30.0, gt=0, description="Materialise this far ahead, so a :00 burst is in the table "
-        "before it is due and workers only claim."
+        30.0,
+        gt=0,
+        description="Materialise this far ahead, so a :00 burst is in the table "
+        "before it is due and workers only claim.",
     )
     partition_lease_seconds: float = Field(
-        10.0, gt=0, description="Partition lease TTL; a dead scheduler's partitions are "
-        "taken over within it."
+        10.0,
+        gt=0,
+        description="Partition lease TTL; a dead scheduler's partitions are taken over within it.",
     )
     tick_seconds: float = Field(
         1.0, gt=0, description="Pause between materialisation passes when nothing is due."
@@ -50,8 +53,10 @@ class SchedulerSettings(_Settings):
         1000, ge=1, description="Jobs per materialisation transaction (one NOTIFY each)."
     )
     misfire_threshold_seconds: float = Field(
-        60.0, gt=0, description="An instant later than this (or the job's "
-        "startingDeadlineSeconds) at materialisation has misfired (Quartz's default)."
+        60.0,
+        gt=0,
+        description="An instant later than this (or the job's "
+        "startingDeadlineSeconds) at materialisation has misfired (Quartz's default).",
     )
     reap_batch_size: int = Field(1000, ge=1, description="Expired leases reaped per pass.")
 

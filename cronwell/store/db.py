@@ -25,18 +25,32 @@ def redact(url: str) -> str:
 class Database:
     """A pool of async connections to one PostgreSQL, opened with a clear error."""
 
-    def __init__(self, url: str, *, min_size: int = 1, max_size: int = 8,
-                 connect_timeout_seconds: float = 10.0, application_name: str = "cronwell"):
+    def __init__(
+        self,
+        url: str,
+        *,
+        min_size: int = 1,
+        max_size: int = 8,
+        connect_timeout_seconds: float = 10.0,
+        application_name: str = "cronwell",
+    ):
         self.url = url
         self._timeout = connect_timeout_seconds
+        self.statements = 0
+        """Statements sent (each one database round trip); benchmarks read it."""
+        self.transactions = 0
+        """Transactions opened (BEGIN and COMMIT are one more round trip each)."""
         self.pool: AsyncConnectionPool[Conn] = AsyncConnectionPool(
             url,
             min_size=min_size,
             max_size=max_size,
             open=False,
             timeout=connect_timeout_seconds,
-            kwargs={"row_factory": dict_row, "autocommit": True,
-                    "application_name": application_name},
+            kwargs={
+                "row_factory": dict_row,
+                "autocommit": True,
+                "application_name": application_name,
+            },
             connection_class=psycopg.AsyncConnection[DictRow],
         )
 
@@ -84,25 +98,31 @@ class Database:
 
     @contextlib.asynccontextmanager
     async def transaction(self) -> AsyncIterator[Conn]:
+        self.transactions += 1
         async with self.connection() as conn, conn.transaction():
             yield conn
 
-    async def fetch(self, name: str, params: dict[str, Any] | None = None,
-                    conn: Conn | None = None) -> list[DictRow]:
+    async def fetch(
+        self, name: str, params: dict[str, Any] | None = None, conn: Conn | None = None
+    ) -> list[DictRow]:
         """Run named query `name` and return its rows (on `conn`, or a pooled connection)."""
+        self.statements += 1
         if conn is not None:
             return await _fetch(conn, q(name), params)
         async with self.connection() as c:
             return await _fetch(c, q(name), params)
 
-    async def fetchone(self, name: str, params: dict[str, Any] | None = None,
-                       conn: Conn | None = None) -> DictRow | None:
+    async def fetchone(
+        self, name: str, params: dict[str, Any] | None = None, conn: Conn | None = None
+    ) -> DictRow | None:
         rows = await self.fetch(name, params, conn)
         return rows[0] if rows else None
 
-    async def execute(self, name: str, params: dict[str, Any] | None = None,
-                      conn: Conn | None = None) -> int:
+    async def execute(
+        self, name: str, params: dict[str, Any] | None = None, conn: Conn | None = None
+    ) -> int:
         """Run named query `name`; return the affected row count."""
+        self.statements += 1
         if conn is not None:
             return await _execute(conn, q(name), params)
         async with self.connection() as c:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import logging
 import re
 from importlib import resources
-from typing import LiteralString, cast
 
 from cronwell.errors import SchemaTooNew
 from cronwell.store.db import Database
@@ -44,7 +43,7 @@ async def migrate(db: Database) -> list[int]:
             if version in done:
                 continue
             log.info("applying migration", extra={"action": "migrate", "version": version})
-            await conn.execute(cast(LiteralString, sql))
+            await conn.execute(sql)
             await db.execute("MigrationRecord", {"version": version, "name": name}, conn=conn)
             applied.append(version)
     return applied

@@ -86,15 +86,15 @@ SELECT partition, holder, epoch, expires_at, expires_at > now() AS live
 FROM cronwell_partitions ORDER BY partition;
 
 -- name: JobDueClaim
--- Due jobs (next_run_at within the horizon) in partitions this holder owns right now at
--- its epochs, locked so concurrent materialisers never process a job twice.
+-- Due jobs (next_run_at within the horizon) of one partition this holder owns right now at
+-- this epoch, oldest first, locked so concurrent materialisers never process a job twice.
+-- One partition per query keeps it an ordered index range scan that stops at the limit.
 SELECT j.id, j.spec, j.spec_hash, j.pool, j.next_run_at, now() AS db_now
 FROM cronwell_jobs j
-WHERE j.partition = ANY((
-        SELECT array_agg(p.partition) FROM cronwell_partitions p
-        WHERE p.holder = %(holder)s AND p.expires_at > now()
-          AND (p.partition, p.epoch) IN
-              (SELECT * FROM unnest(%(partitions)s::int[], %(epochs)s::bigint[])))::int[])
+WHERE j.partition = %(partition)s
+  AND EXISTS (SELECT 1 FROM cronwell_partitions p
+              WHERE p.partition = %(partition)s AND p.holder = %(holder)s
+                AND p.epoch = %(epoch)s AND p.expires_at > now())
   AND NOT j.suspended AND j.deleted_at IS NULL AND j.next_run_at IS NOT NULL
   AND j.next_run_at <= now() + make_interval(secs => %(horizon)s)
 ORDER BY j.next_run_at

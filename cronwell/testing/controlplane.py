@@ -17,6 +17,7 @@ import atexit
 import base64
 import contextlib
 import ctypes
+import fcntl
 import os
 import secrets
 import shutil
@@ -32,6 +33,7 @@ import urllib.request
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
+from typing import IO
 
 import yaml
 
@@ -43,6 +45,7 @@ ADMIN_USER = "cronwell-admin"
 ADMIN_GROUP = "system:masters"
 SERVICE_CLUSTER_IP_RANGE = "10.0.0.0/24"
 SERVICE_ACCOUNT_ISSUER = "https://kubernetes.default.svc.cluster.local"
+DIR_PREFIX = "cronwell-controlplane-"
 MISSING_BINARIES_HINT = (
     "run `make envtest` (or `bash hack/envtest.sh`) to build them, set KUBEBUILDER_ASSETS "
     "to a directory that has them, or set E2E_KUBECONFIG to use an existing cluster"
@@ -162,6 +165,21 @@ def _stop(proc: subprocess.Popen[bytes], timeout: float) -> None:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
+
+
+def sweep_stale_dirs() -> None:
+    """Remove temp dirs left by control planes whose test process was killed.
+
+    Each live control plane holds an flock on its dir's owner.lock; a lock we can take
+    belongs to a dead process. etcd preallocates its WAL, so a leak is ~100 MiB each.
+    """
+    for lock in Path(tempfile.gettempdir()).glob(f"{DIR_PREFIX}*/owner.lock"):
+        try:
+            with lock.open("rb") as held:
+                fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:  # held by a live owner, or already gone
+            continue
+        shutil.rmtree(lock.parent, ignore_errors=True)
 
 
 # --------------------------------------------------------------------------------- PKI
@@ -357,6 +375,7 @@ class ControlPlane(Cluster):
         #: VmHWM of each server in KiB, recorded as it is stopped.
         self.peak_rss: dict[str, int] = {}
         self.processes: dict[str, subprocess.Popen[bytes]] = {}
+        self._lock: IO[bytes] | None = None
 
     # -- lifecycle
 
@@ -395,7 +414,12 @@ class ControlPlane(Cluster):
             raise
 
     def _start(self) -> None:
-        self.dir = Path(tempfile.mkdtemp(prefix="cronwell-controlplane-"))
+        sweep_stale_dirs()
+        self.dir = Path(tempfile.mkdtemp(prefix=DIR_PREFIX))
+        # Locked before it gets its final name, so a sweeper never sees it unlocked.
+        self._lock = (self.dir / ".owner.lock").open("wb")
+        fcntl.flock(self._lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        (self.dir / ".owner.lock").rename(self.dir / "owner.lock")
         pki = self.dir / "pki"
         generate_pki(pki)
         (self.dir / "tokens.csv").write_text(
@@ -502,3 +526,6 @@ class ControlPlane(Cluster):
             if self.dir is not None:
                 shutil.rmtree(self.dir, ignore_errors=True)
                 self.dir = None
+            if self._lock is not None:
+                self._lock.close()
+                self._lock = None
