@@ -18,6 +18,8 @@ from pydantic import (
 )
 from pydantic.alias_generators import to_camel
 
+from cronwell.cronexpr import load_zone, validate_cron
+
 GROUP = "cronwell.dev"
 VERSION = "v1alpha1"
 API_VERSION = f"{GROUP}/{VERSION}"
@@ -77,6 +79,8 @@ class FallBack(StrEnum):
 
 
 class DstPolicy(_Model):
+    """How the schedule treats daylight-saving transitions in `timeZone`."""
+
     spring_forward: SpringForward = Field(
         SpringForward.RUN_AT_GAP_END,
         description="Local times skipped by a DST jump: run at the end of the gap, or skip.",
@@ -88,32 +92,68 @@ class DstPolicy(_Model):
 
 
 class RetryPolicy(_Model):
+    """Retries of a failed attempt, under the same idempotency key."""
+
     max_attempts: int = Field(3, ge=1, le=100, description="Attempts before dead-lettering.")
-    initial_delay_seconds: float = Field(1.0, ge=0, le=86400)
-    factor: float = Field(2.0, ge=1, le=10)
-    max_delay_seconds: float = Field(300.0, ge=0, le=86400)
+    initial_delay_seconds: float = Field(
+        1.0, ge=0, le=86400, description="Backoff before the first retry, in seconds."
+    )
+    factor: float = Field(2.0, ge=1, le=10, description="Each retry waits this much longer.")
+    max_delay_seconds: float = Field(
+        300.0, ge=0, le=86400, description="Upper bound of the backoff, in seconds."
+    )
 
 
 class HttpTarget(_Model):
-    url: Annotated[str, Field(max_length=2048, pattern=r"^https?://")]
-    method: Literal["GET", "POST", "PUT", "PATCH", "DELETE"] = "POST"
-    headers: dict[str, str] = Field(default_factory=dict)
-    body: str | None = Field(None, max_length=65536)
-    connect_timeout_seconds: float = Field(5.0, gt=0, le=300)
-    verify_tls: bool = True
+    """An HTTP call; the occurrence's idempotency key is sent as the Idempotency-Key header."""
+
+    url: Annotated[
+        str, Field(max_length=2048, pattern=r"^https?://", description="http:// or https:// URL.")
+    ]
+    method: Literal["GET", "POST", "PUT", "PATCH", "DELETE"] = Field(
+        "POST", description="HTTP method."
+    )
+    headers: dict[str, str] = Field(default_factory=dict, description="Extra request headers.")
+    body: str | None = Field(None, max_length=65536, description="Request body.")
+    connect_timeout_seconds: float = Field(
+        5.0, gt=0, le=300, description="Connect timeout, in seconds."
+    )
+    verify_tls: bool = Field(True, description="Verify the server's TLS certificate.")
 
 
 class HandlerTarget(_Model):
-    name: Annotated[str, Field(min_length=1, max_length=253)]
-    payload: dict[str, Any] = Field(default_factory=dict)
+    """A function registered with @cronwell.handler in the pool's worker image."""
+
+    name: Annotated[
+        str, Field(min_length=1, max_length=253, description="The registered handler name.")
+    ]
+    payload: dict[str, Any] = Field(
+        default_factory=dict, description="JSON object passed to the handler."
+    )
 
 
 class LogTarget(_Model):
-    message: Annotated[str, Field(max_length=4096)] = "hello from cronwell"
+    """Log a line (for trying cronwell out)."""
+
+    message: Annotated[str, Field(max_length=4096, description="The line to log.")] = (
+        "hello from cronwell"
+    )
 
 
 class Target(_Model):
     """Exactly one of http, handler or log."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                {
+                    "rule": "[has(self.http), has(self.handler), has(self.log)]"
+                    ".filter(x, x).size() == 1",
+                    "message": "target needs exactly one of http, handler or log",
+                }
+            ]
+        }
+    )
 
     http: HttpTarget | None = None
     handler: HandlerTarget | None = None
@@ -135,6 +175,24 @@ class Target(_Model):
 
 
 class ScheduledJobSpec(_Model):
+    """What runs (target), when (schedule or runAt) and how (policies)."""
+
+    # Cross-field rules, enforced by the API server too (CEL) with the same messages.
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                {
+                    "rule": "has(self.schedule) != has(self.runAt)",
+                    "message": "set exactly one of spec.schedule (cron) or spec.runAt (one-shot)",
+                },
+                {
+                    "rule": "!has(self.startAt) || !has(self.endAt) || self.endAt > self.startAt",
+                    "message": "spec.endAt must be after spec.startAt",
+                },
+            ]
+        }
+    )
+
     schedule: str | None = Field(
         None,
         max_length=256,
@@ -144,41 +202,61 @@ class ScheduledJobSpec(_Model):
     run_at: datetime | None = Field(None, description="One-shot instant (RFC 3339).")
     time_zone: str = Field("UTC", max_length=64, description="IANA zone for the schedule.")
     dst_policy: DstPolicy = Field(default_factory=DstPolicy)
-    start_at: datetime | None = None
-    end_at: datetime | None = None
-    target: Target
-    pool: Annotated[str, Field(max_length=63, pattern=_NAME_RE.pattern)] = "default"
-    concurrency_policy: ConcurrencyPolicy = ConcurrencyPolicy.SKIP
-    misfire_policy: MisfirePolicy = MisfirePolicy.RUN_ONCE
+    start_at: datetime | None = Field(None, description="No occurrence before this instant.")
+    end_at: datetime | None = Field(None, description="No occurrence after this instant.")
+    target: Target = Field(description="What runs: exactly one of http, handler or log.")
+    pool: Annotated[
+        str,
+        Field(
+            max_length=63,
+            pattern=_NAME_RE.pattern,
+            description="Worker pool that runs it (a DNS-1123 label).",
+        ),
+    ] = "default"
+    concurrency_policy: ConcurrencyPolicy = Field(
+        ConcurrencyPolicy.SKIP,
+        description="When an occurrence comes due while an earlier one is still active.",
+    )
+    misfire_policy: MisfirePolicy = Field(
+        MisfirePolicy.RUN_ONCE,
+        description="What happens to instants missed beyond the starting deadline.",
+    )
     starting_deadline_seconds: int | None = Field(
         None, ge=1, le=31_536_000, description="Dispatch later than this is a misfire."
     )
     max_catchup: int = Field(100, ge=1, le=1000, description="RunAll: most missed instants run.")
     retry: RetryPolicy = Field(default_factory=RetryPolicy)
-    timeout_seconds: int = Field(3600, ge=1, le=86400 * 7)
-    jitter_seconds: int = Field(0, ge=0, le=3600)
-    delivery: Delivery = Delivery.AT_LEAST_ONCE
-    suspend: bool = False
-    suspend_after_failures: int | None = Field(None, ge=1, le=10000)
-    successful_jobs_history_limit: int = Field(100, ge=0, le=100000)
-    failed_jobs_history_limit: int = Field(100, ge=0, le=100000)
+    timeout_seconds: int = Field(3600, ge=1, le=86400 * 7, description="Per attempt, in seconds.")
+    jitter_seconds: int = Field(
+        0, ge=0, le=3600, description="Per-job delay of each run; never changes its identity."
+    )
+    delivery: Delivery = Field(
+        Delivery.AT_LEAST_ONCE,
+        description="AtMostOnce: an ambiguous attempt is dead-lettered, never retried.",
+    )
+    suspend: bool = Field(False, description="Stop scheduling (resuming applies misfirePolicy).")
+    suspend_after_failures: int | None = Field(
+        None, ge=1, le=10000, description="Suspend after this many dead-lettered runs in a row."
+    )
+    successful_jobs_history_limit: int = Field(
+        100, ge=0, le=100000, description="Succeeded runs kept in history."
+    )
+    failed_jobs_history_limit: int = Field(
+        100, ge=0, le=100000, description="Failed runs kept in history."
+    )
 
     @field_validator("schedule")
     @classmethod
     def _cron_parses(cls, v: str | None) -> str | None:
         if v is None:
             return v
-        from cronwell import schedule  # schedule imports models for enums only
-
-        schedule.validate_cron(v)
+        validate_cron(v)
         return v.strip()
 
     @field_validator("time_zone")
     @classmethod
     def _zone_exists(cls, v: str) -> str:
-        from cronwell import schedule
-
-        schedule.load_zone(v)
+        load_zone(v)
         return v
 
     @field_validator("run_at", "start_at", "end_at")
@@ -235,3 +313,68 @@ class ScheduledJob(BaseModel):
     kind: Literal["ScheduledJob"] = "ScheduledJob"
     metadata: ObjectMeta
     spec: ScheduledJobSpec
+
+
+# ---------------------------------------------------------------------------------- status
+# Written by the operator (status subresource) from the store; never read back as input.
+
+
+class LastResult(StrEnum):
+    """Outcome of the most recently finished occurrence."""
+
+    SUCCEEDED = "Succeeded"
+    DEAD = "Dead"
+    MISSED = "Missed"
+    SKIPPED = "Skipped"
+    CANCELLED = "Cancelled"
+
+
+class Condition(_Model):
+    """A Kubernetes condition (metav1.Condition)."""
+
+    type: str = Field(max_length=316, description="Ready, Suspended, Failing or DeadLettered.")
+    status: Literal["True", "False", "Unknown"]
+    reason: str = Field("", max_length=1024, description="CamelCase reason.")
+    message: str = Field("", max_length=32768, description="Human-readable details.")
+    last_transition_time: datetime | None = Field(None, description="When status last changed.")
+    observed_generation: int | None = Field(None, ge=0)
+
+
+class RunCounters(_Model):
+    """Occurrences by outcome, over the history the store keeps."""
+
+    succeeded: int = Field(0, ge=0, description="Occurrences that succeeded.")
+    failed: int = Field(0, ge=0, description="Failed attempts (each retry counts).")
+    dead: int = Field(0, ge=0, description="Occurrences dead-lettered.")
+    missed: int = Field(0, ge=0, description="Instants missed (misfire policy).")
+    skipped: int = Field(0, ge=0, description="Occurrences skipped (concurrency policy).")
+
+
+class ScheduledJobStatus(_Model):
+    """What the operator reports: computed from the store, written to the status subresource."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    observed_generation: int | None = Field(
+        None, ge=0, description="The metadata.generation the store runs."
+    )
+    next_schedule_time: datetime | None = Field(None, description="Next nominal instant.")
+    last_schedule_time: datetime | None = Field(
+        None, description="Nominal instant of the latest occurrence that started."
+    )
+    last_successful_time: datetime | None = Field(None, description="When a run last succeeded.")
+    last_failure_time: datetime | None = Field(None, description="When an attempt last failed.")
+    last_result: LastResult | None = Field(None, description="Outcome of the latest finished run.")
+    last_duration: str | None = Field(
+        None, max_length=64, description="Duration of the latest finished run, e.g. 1.5s."
+    )
+    consecutive_failures: int = Field(0, ge=0, description="Dead-lettered runs in a row.")
+    active: int = Field(0, ge=0, description="Occurrences running or waiting to retry.")
+    counters: RunCounters = Field(default_factory=RunCounters)
+    conditions: list[Condition] = Field(
+        default_factory=list,
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
+    )
+    kopf: dict[str, Any] | None = Field(
+        None, description="The operator framework's own bookkeeping (kopf); do not edit."
+    )

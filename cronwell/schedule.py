@@ -9,22 +9,19 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import re
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+from zoneinfo import ZoneInfo
 
 from croniter import croniter
-from croniter.croniter import CroniterError
 
-from cronwell.errors import SpecError
+from cronwell.cronexpr import croniter_args, load_zone, uses_hash
 from cronwell.models import FallBack, ScheduledJobSpec, SpringForward
 
 # Largest UTC-offset change at a DST/zone transition we look around (real ones are <= 2h).
 _MAX_SHIFT = timedelta(hours=3)
-_MACROS = {"@yearly", "@annually", "@monthly", "@weekly", "@daily", "@midnight", "@hourly"}
 
 
 def occurrence_key(job_id: uuid.UUID | str, scheduled_for: datetime) -> str:
@@ -55,59 +52,11 @@ def jitter_offset(job_id: uuid.UUID | str, jitter_seconds: int) -> timedelta:
     return timedelta(milliseconds=int.from_bytes(digest, "big") % (jitter_seconds * 1000))
 
 
-@functools.lru_cache(maxsize=1024)
-def load_zone(name: str) -> ZoneInfo:
-    try:
-        return ZoneInfo(name)
-    except (ZoneInfoNotFoundError, ValueError) as e:
-        raise SpecError(
-            f"unknown time zone {name!r}: use an IANA name such as 'Europe/Paris' or 'UTC'",
-            field="spec.timeZone",
-        ) from e
-
-
-_HASHED = re.compile(r"(?<![A-Za-z])H(?![A-Za-z])")
-
-
-def uses_hash(expr: str) -> bool:
-    """True if the cron has an `H` field, so its instants depend on the job uid."""
-    return bool(_HASHED.search(expr))
-
-
-def _croniter_args(expr: str) -> dict[str, object]:
-    fields = expr.split()
-    # Six fields: seconds come first (Quartz/Spring order), croniter wants that said.
-    return {"second_at_beginning": len(fields) == 6}
-
-
-def validate_cron(expr: str) -> None:
-    """Raise SpecError with the fix unless `expr` is a cron cronwell accepts."""
-    stripped = expr.strip()
-    if stripped.lower() in _MACROS:
-        return
-    if stripped.startswith("@"):
-        raise SpecError(
-            f"unknown cron macro {stripped!r}: use one of {', '.join(sorted(_MACROS))}",
-            field="spec.schedule",
-        )
-    n = len(stripped.split())
-    if n not in (5, 6):
-        raise SpecError(
-            f"cron {stripped!r} has {n} fields: use 5 (minute hour day month weekday) "
-            "or 6 with seconds first",
-            field="spec.schedule",
-        )
-    try:
-        croniter(stripped, datetime(2000, 1, 1), hash_id=b"validate", **_croniter_args(stripped))
-    except (CroniterError, ValueError, KeyError) as e:
-        raise SpecError(f"cron {stripped!r} does not parse: {e}", field="spec.schedule") from e
-
-
 @functools.lru_cache(maxsize=65536)
 def _next_local(expr: str, hash_id: str, after: datetime) -> datetime:
     """Next naive local time matching `expr` strictly after naive `after` (cached: a burst
     of jobs sharing a cron asks the same question thousands of times)."""
-    it = croniter(expr, after, hash_id=hash_id.encode(), **_croniter_args(expr))
+    it = croniter(expr, after, hash_id=hash_id.encode(), **croniter_args(expr))
     nxt: datetime = it.get_next(datetime)
     return nxt
 

@@ -20,7 +20,7 @@ from collections import OrderedDict
 from datetime import datetime, timedelta
 from typing import Any
 
-from cronwell import dispatch, schedule
+from cronwell import cronexpr, dispatch, schedule
 from cronwell.models import MisfirePolicy, ScheduledJobSpec
 from cronwell.plan import plan_job
 from cronwell.settings import SchedulerSettings
@@ -48,12 +48,14 @@ class SpecCache:
     def get(
         self, job_id: uuid.UUID, spec_hash: str, spec: dict[str, Any]
     ) -> tuple[ScheduledJobSpec, schedule.JobSchedule]:
-        parsed = _lru(self._specs, spec_hash, self._size,
-                      lambda: ScheduledJobSpec.model_validate(spec))
-        hashed = parsed.schedule is not None and schedule.uses_hash(parsed.schedule)
+        parsed = _lru(
+            self._specs, spec_hash, self._size, lambda: ScheduledJobSpec.model_validate(spec)
+        )
+        hashed = parsed.schedule is not None and cronexpr.uses_hash(parsed.schedule)
         key = (spec_hash, job_id if hashed else None)
-        sched = _lru(self._schedules, key, self._size,
-                     lambda: schedule.JobSchedule.from_spec(job_id, parsed))
+        sched = _lru(
+            self._schedules, key, self._size, lambda: schedule.JobSchedule.from_spec(job_id, parsed)
+        )
         return parsed, sched
 
 

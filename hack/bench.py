@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import statistics
@@ -25,6 +26,8 @@ import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+import psutil
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -43,6 +46,21 @@ import cronwell
 async def noop(ctx):
     return None
 """
+
+
+def _cpu(pid: int) -> float:
+    t = psutil.Process(pid).cpu_times()
+    return float(t.user + t.system)
+
+
+def _postgres_cpu() -> float:
+    """CPU seconds of every postgres process on the machine (the bench's server)."""
+    total = 0.0
+    for p in psutil.process_iter(["name"]):
+        if p.info["name"] == "postgres":
+            with contextlib.suppress(psutil.Error):
+                total += _cpu(p.pid)
+    return total
 
 
 async def seed(db: Database, n: int, due_sql: str, target: dict[str, Any]) -> None:
@@ -136,6 +154,7 @@ async def burst(
         )
         for _ in range(workers)
     ]
+    pg_cpu0 = _postgres_cpu()
     try:
         row = await db.fetchone("OccurrenceNextDue", {"pool": "default"})
         assert row is not None and row["next_due"] is not None
@@ -153,6 +172,8 @@ async def burst(
             if done >= n:
                 break
             await asyncio.sleep(0.25)
+        worker_cpu = sum(_cpu(p.pid) for p in procs)
+        pg_cpu = _postgres_cpu() - pg_cpu0
     finally:
         for p in procs:
             p.terminate()
@@ -188,6 +209,8 @@ async def burst(
         "start_lag_max_s": round(lags[-1], 3),
         "start_lag_mean_s": round(statistics.fmean(lags), 3),
         "all_succeeded_after_s": round(max(float(r["done_after"]) for r in rows), 3),
+        "worker_cpu_ms_per_occurrence": round(1000 * worker_cpu / n, 3),
+        "postgres_cpu_ms_per_occurrence": round(1000 * pg_cpu / n, 3),
     }
 
 

@@ -4,17 +4,19 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
+from cronwell.cronexpr import load_zone
 from cronwell.models import MisfirePolicy
 from cronwell.plan import plan_job
-from cronwell.schedule import CronSchedule, JobSchedule, load_zone
+from cronwell.schedule import CronSchedule, JobSchedule
 
 
 def utc(*a: int) -> datetime:
     return datetime(*a, tzinfo=UTC)
 
 
-def every_minute(start_at: datetime | None = None, end_at: datetime | None = None,
-                 expr: str = "* * * * *") -> JobSchedule:
+def every_minute(
+    start_at: datetime | None = None, end_at: datetime | None = None, expr: str = "* * * * *"
+) -> JobSchedule:
     return JobSchedule(CronSchedule(expr, load_zone("UTC")), None, start_at, end_at)
 
 
@@ -25,8 +27,16 @@ D60 = timedelta(seconds=60)
 
 def plan(policy: MisfirePolicy, next_run_at: datetime, **kw: object) -> object:
     sched = kw.pop("schedule", every_minute())
-    return plan_job(sched, next_run_at, now=NOW, horizon=H30, deadline=D60,  # type: ignore
-                    policy=policy, max_catchup=kw.pop("max_catchup", 100), **kw)  # type: ignore
+    return plan_job(
+        sched,
+        next_run_at,
+        now=NOW,
+        horizon=H30,
+        deadline=D60,  # type: ignore
+        policy=policy,
+        max_catchup=kw.pop("max_catchup", 100),
+        **kw,
+    )  # type: ignore
 
 
 def test_on_time_materialises_within_horizon() -> None:
@@ -69,8 +79,16 @@ def test_long_outage_is_worked_through_in_chunks() -> None:
     cursor, missed, runs, passes = utc(2026, 6, 1, 9, 0, 10), 0, [], 0
     while True:
         passes += 1
-        p = plan_job(sched, cursor, now=NOW, horizon=H30, deadline=D60,
-                     policy=MisfirePolicy.RUN_ONCE, max_catchup=1, limit=2000)
+        p = plan_job(
+            sched,
+            cursor,
+            now=NOW,
+            horizon=H30,
+            deadline=D60,
+            policy=MisfirePolicy.RUN_ONCE,
+            max_catchup=1,
+            limit=2000,
+        )
         missed += len(p.missed)
         runs += [t for t in p.run if t in p.catchup]
         assert p.next_run_at is not None
@@ -84,8 +102,11 @@ def test_long_outage_is_worked_through_in_chunks() -> None:
 
 
 def test_end_at_stops_the_schedule() -> None:
-    p = plan(MisfirePolicy.RUN_ONCE, utc(2026, 6, 1, 12, 0),
-             schedule=every_minute(end_at=utc(2026, 6, 1, 12, 0, 5)))
+    p = plan(
+        MisfirePolicy.RUN_ONCE,
+        utc(2026, 6, 1, 12, 0),
+        schedule=every_minute(end_at=utc(2026, 6, 1, 12, 0, 5)),
+    )
     assert p.run == [utc(2026, 6, 1, 12, 0)] and p.next_run_at is None
 
 

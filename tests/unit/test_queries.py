@@ -21,8 +21,11 @@ def test_every_query_has_a_description() -> None:
 
 def test_names_used_in_code_exist_and_all_are_used() -> None:
     used: set[str] = set()
-    for f in [*ROOT.glob("cronwell/**/*.py"), *ROOT.glob("worker/**/*.py"),
-              *ROOT.glob("operator/**/*.py")]:
+    for f in [
+        *ROOT.glob("cronwell/**/*.py"),
+        *ROOT.glob("worker/**/*.py"),
+        *ROOT.glob("operator/**/*.py"),
+    ]:
         used |= set(re.findall(r'"([A-Z][a-z]+(?:[A-Z][a-z]+)+)"', f.read_text()))
     known = set(queries())
     referenced = used & known
