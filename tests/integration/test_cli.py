@@ -1,0 +1,91 @@
+"""The CLI as users run it: real processes, real PostgreSQL, clear errors."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO
+
+
+def cli(
+    *args: str, url: str | None = None, timeout: float = 120
+) -> subprocess.CompletedProcess[str]:
+    pre = ["--database-url", url] if url else []
+    return subprocess.run(
+        [sys.executable, "-m", "cronwell", *pre, *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=REPO,
+        check=False,
+    )
+
+
+def test_apply_reports_bad_files_and_applies_the_rest(db_url: str, tmp_path: Path) -> None:
+    (tmp_path / "good.yaml").write_text(
+        "apiVersion: cronwell.dev/v1alpha1\nkind: ScheduledJob\nmetadata: {name: good}\n"
+        "spec: {schedule: '*/5 * * * *', target: {log: {message: hi}}}\n"
+    )
+    (tmp_path / "bad.yaml").write_text(
+        "apiVersion: cronwell.dev/v1alpha1\nkind: ScheduledJob\nmetadata: {name: bad}\n"
+        "spec: {schedule: '*/5 * * *', timeZone: Mars/Base, target: {log: {}}}\n"
+    )
+    r = cli("apply", "-f", str(tmp_path), url=db_url)
+    assert r.returncode == 1
+    assert "Traceback" not in r.stderr
+    assert (
+        f"{tmp_path / 'bad.yaml'} (ScheduledJob bad): spec.schedule: cron '*/5 * * *' "
+        "has 4 fields: use 5" in r.stderr
+    )
+    assert "spec.timeZone: unknown time zone 'Mars/Base'" in r.stderr
+    assert "scheduledjob.cronwell.dev/good created" in r.stdout
+    again = cli("apply", "-f", str(tmp_path / "good.yaml"), url=db_url)
+    assert again.returncode == 0 and "good unchanged" in again.stdout
+    listed = cli("jobs", url=db_url)
+    assert "default/good" in listed.stdout and "*/5 * * * *" in listed.stdout
+    assert "default/bad" not in listed.stdout
+
+
+def test_unreachable_database_is_one_clear_line() -> None:
+    r = cli("jobs", url="postgresql://nobody:secret@127.0.0.1:1/nothing")
+    assert r.returncode == 1
+    assert "Traceback" not in r.stderr
+    assert "cannot connect to PostgreSQL at postgresql://nobody:***@127.0.0.1:1/nothing" in r.stderr
+    assert "secret" not in r.stderr
+
+
+def test_unknown_job_is_a_clear_error(db_url: str) -> None:
+    r = cli("trigger", "nope", url=db_url)
+    assert r.returncode == 1 and "no ScheduledJob default/nope" in r.stderr
+    assert "Traceback" not in r.stderr
+
+
+@pytest.mark.slow
+def test_dev_runs_examples_and_runs_lists_them(db_url: str) -> None:
+    """`cronwell dev` applies examples/jobs, executes occurrences and prints a summary."""
+    r = cli("dev", "--jobs", "examples/jobs", "--duration", "20", url=db_url, timeout=90)
+    assert r.returncode == 0, r.stderr
+    assert "default/hello: created" in r.stdout
+    lines = [
+        ln for ln in r.stdout.splitlines() if ln.startswith("default/hello") and "succeeded" in ln
+    ]
+    assert len(lines) >= 1, r.stdout  # every 15 s: at least one in 20 s
+    assert "summary: succeeded=" in r.stdout
+    runs = cli("runs", "--job", "hello", "--json", url=db_url)
+    rows = [json.loads(x) for x in runs.stdout.splitlines()]
+    done = [x for x in rows if x["state"] == "succeeded"]
+    assert done and all(x["attempt"] == 1 and x["idempotency_key"].endswith("Z") for x in done)
+    status = cli("status", url=db_url)
+    assert "partitions (16)" in status.stdout and "succeeded=" in status.stdout
+
+
+def test_version_and_help() -> None:
+    assert cli("version").stdout.startswith("cronwell ")
+    out = cli("--help").stdout
+    for cmd in ("apply", "delete", "dev", "migrate", "runs", "scheduler", "trigger", "worker"):
+        assert cmd in out
