@@ -22,8 +22,12 @@ def pg_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedPost
     """A real PostgreSQL server for the session (durability off: tests, not benchmarks)."""
     server = EmbeddedPostgres(
         tmp_path_factory.mktemp("pg"),
-        settings={"fsync": "off", "synchronous_commit": "off", "full_page_writes": "off",
-                  "max_connections": "400"},
+        settings={
+            "fsync": "off",
+            "synchronous_commit": "off",
+            "full_page_writes": "off",
+            "max_connections": "400",
+        },
     )
     server.start()
     yield server

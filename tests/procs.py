@@ -8,13 +8,18 @@ import sys
 from pathlib import Path
 
 
-def spawn(*args: str, env: dict[str, str] | None = None, log: Path | None = None,
-          ) -> subprocess.Popen[bytes]:
+def spawn(
+    *args: str,
+    env: dict[str, str] | None = None,
+    log: Path | None = None,
+) -> subprocess.Popen[bytes]:
     """Start `python -m cronwell ARGS` in its own process group, output to `log`."""
     out = open(log, "ab") if log else subprocess.DEVNULL  # noqa: SIM115 - closed with the process
     return subprocess.Popen(
         [sys.executable, "-m", "cronwell", *args],
-        env=os.environ | (env or {}), stdout=out, stderr=subprocess.STDOUT,
+        env=os.environ | (env or {}),
+        stdout=out,
+        stderr=subprocess.STDOUT,
         start_new_session=True,
     )
 

@@ -43,13 +43,16 @@ def kube() -> Iterator[Cluster]:
     try:
         assets = find_assets()
     except ControlPlaneError as exc:
-        pytest.fail(
-            f"e2e tests need a Kubernetes API server and none is available: {exc}\n"
-            f"(in short: run `make envtest`, or export E2E_KUBECONFIG)",
-            pytrace=False,
-        )
-    with ControlPlane(assets) as plane:
-        yield plane
+        problem = str(exc)
+    else:
+        with ControlPlane(assets) as plane:
+            yield plane
+        return
+    pytest.fail(
+        f"e2e tests need a Kubernetes API server and none is available: {problem}\n"
+        "(in short: run `make envtest`, or export E2E_KUBECONFIG)",
+        pytrace=False,
+    )
 
 
 @pytest.fixture(scope="session")

@@ -7,6 +7,7 @@ checked with an assertion that fails against anything less than the real thing.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import queue
 import threading
@@ -157,40 +158,48 @@ def test_watch_sees_added_and_modified(kube_api: Any, namespace: str) -> None:
     listed = core.list_namespaced_config_map(namespace)
     assert listed.metadata is not None
     start_rv = listed.metadata.resource_version
-    events: queue.Queue[tuple[str, str, dict[str, str] | None]] = queue.Queue()
+    Event = tuple[str, str, dict[str, str] | None]
+    events: queue.Queue[Event] = queue.Queue()
     stream = watch.Watch()
+    stopping = threading.Event()
 
     def pump() -> None:
-        for event in stream.stream(
-            core.list_namespaced_config_map,
-            namespace,
-            resource_version=start_rv,
-            timeout_seconds=30,
-        ):
-            obj = event["object"]
-            events.put((event["type"], obj.metadata.name, obj.data))
+        try:
+            for event in stream.stream(
+                core.list_namespaced_config_map,
+                namespace,
+                resource_version=start_rv,
+                timeout_seconds=30,
+            ):
+                obj = event["object"]
+                events.put((event["type"], obj.metadata.name, obj.data))
+        except Exception as exc:  # Watch.stop() closes the response under our feet
+            if not stopping.is_set():
+                events.put(("ERROR", repr(exc), None))
 
     watcher = threading.Thread(target=pump, daemon=True)
     watcher.start()
+    seen: list[Event] = []
     try:
         core.create_namespaced_config_map(
             namespace,
             client.V1ConfigMap(metadata=client.V1ObjectMeta(name="watched"), data={"v": "1"}),
         )
         core.patch_namespaced_config_map("watched", namespace, {"data": {"v": "2"}})
-        seen: list[tuple[str, str, dict[str, str] | None]] = []
         deadline = time.monotonic() + 20
         while ("MODIFIED", "watched", {"v": "2"}) not in seen:
             remaining = deadline - time.monotonic()
             assert remaining > 0, f"no MODIFIED event within 20s; saw {seen}"
-            try:
+            with contextlib.suppress(queue.Empty):
                 seen.append(events.get(timeout=remaining))
-            except queue.Empty:
-                continue
-        assert seen[0] == ("ADDED", "watched", {"v": "1"})
+            if seen and seen[-1][0] == "ERROR":
+                pytest.fail(f"watch failed: {seen}")
     finally:
+        stopping.set()
         stream.stop()
-    watcher.join(timeout=35)
+        watcher.join(timeout=35)
+    assert seen == [("ADDED", "watched", {"v": "1"}), ("MODIFIED", "watched", {"v": "2"})]
+    assert not watcher.is_alive()
 
 
 def _gone(pid: int) -> bool:

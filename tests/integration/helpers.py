@@ -14,9 +14,13 @@ from cronwell.store.db import Database
 
 async def make_job(db: Database, name: str, partitions: int = 1, **spec: Any) -> jobs.Applied:
     spec.setdefault("target", {"log": {"message": name}})
-    return await jobs.apply_job(db, namespace="default", name=name,
-                                spec=ScheduledJobSpec.model_validate(spec),
-                                partitions=partitions)
+    return await jobs.apply_job(
+        db,
+        namespace="default",
+        name=name,
+        spec=ScheduledJobSpec.model_validate(spec),
+        partitions=partitions,
+    )
 
 
 async def set_cursor(db: Database, name: str, sql_instant: str) -> None:
@@ -24,7 +28,8 @@ async def set_cursor(db: Database, name: str, sql_instant: str) -> None:
     async with db.connection() as conn:
         await conn.execute(
             f"UPDATE cronwell_jobs SET next_run_at = {sql_instant} WHERE name = %s",  # type: ignore[arg-type]
-            (name,))
+            (name,),
+        )
 
 
 async def scheduler(db: Database, **settings: Any) -> Scheduler:
@@ -42,7 +47,9 @@ async def occurrences(db: Database, name: str | None = None) -> list[dict[str, A
         cur = await conn.execute(
             "SELECT o.*, j.name FROM cronwell_occurrences o JOIN cronwell_jobs j "
             "ON j.id = o.job_id WHERE %(name)s::text IS NULL OR j.name = %(name)s "
-            "ORDER BY o.scheduled_for, o.id", {"name": name})
+            "ORDER BY o.scheduled_for, o.id",
+            {"name": name},
+        )
         return [dict(r) for r in await cur.fetchall()]
 
 

@@ -73,8 +73,15 @@ async def test_buffer_all_runs_in_order(db: Database) -> None:
 async def test_buffer_all_promotes_after_dead(db: Database) -> None:
     await _due(db, "BufferAll", seconds_back=1)
     c = (await _claim(db))[0]
-    await dispatch.fail(db, key=c.key, fence=c.fence, next_state="dead", reason="Failed",
-                        error="boom", delay_seconds=0)
+    await dispatch.fail(
+        db,
+        key=c.key,
+        fence=c.fence,
+        next_state="dead",
+        reason="Failed",
+        error="boom",
+        delay_seconds=0,
+    )
     assert len(await _claim(db)) == 1
 
 
@@ -97,31 +104,38 @@ def _cand(i: int, job: uuid.UUID, policy: str, attempt: int = 0) -> Candidate:
     return Candidate(i, job, policy, attempt, datetime(2026, 1, 1, 0, 0, i))
 
 
-@pytest.mark.parametrize(("policy", "active_state", "expected"), [
-    ("Skip", "running", ([], ["skipped", "skipped"])),
-    ("BufferOne", "running", ([], ["waiting", "skipped"])),
-    ("BufferOne", "waiting", ([1], ["skipped"])),
-    ("BufferAll", "running", ([], ["waiting", "waiting"])),
-    ("BufferAll", "pending", ([], ["waiting", "waiting"])),  # a retry in backoff is active
-    ("Allow", "running", ([1, 2], [])),
-])
+@pytest.mark.parametrize(
+    ("policy", "active_state", "expected"),
+    [
+        ("Skip", "running", ([], ["skipped", "skipped"])),
+        ("BufferOne", "running", ([], ["waiting", "skipped"])),
+        ("BufferOne", "waiting", ([1], ["skipped"])),
+        ("BufferAll", "running", ([], ["waiting", "waiting"])),
+        ("BufferAll", "pending", ([], ["waiting", "waiting"])),  # a retry in backoff is active
+        ("Allow", "running", ([1, 2], [])),
+    ],
+)
 def test_decide_overlap_with_an_active_occurrence(
-        policy: str, active_state: str, expected: tuple[list[int], list[str]]) -> None:
+    policy: str, active_state: str, expected: tuple[list[int], list[str]]
+) -> None:
     job = uuid.uuid4()
-    run, settle = decide_overlap([_cand(1, job, policy), _cand(2, job, policy)],
-                                 [Active(99, job, active_state, "k")])
+    run, settle = decide_overlap(
+        [_cand(1, job, policy), _cand(2, job, policy)], [Active(99, job, active_state, "k")]
+    )
     assert (run, [s[1] for s in settle if s[0] != 99]) == expected
 
 
 def test_decide_overlap_retry_resumes_before_newer() -> None:
     job = uuid.uuid4()
     run, settle = decide_overlap([_cand(1, job, "Skip", attempt=2), _cand(2, job, "Skip")], [])
-    assert run == [1] and settle == [(2, "skipped",
-                                      "Overlap: an earlier occurrence is still active")]
+    assert run == [1] and settle == [
+        (2, "skipped", "Overlap: an earlier occurrence is still active")
+    ]
 
 
 def test_decide_overlap_jobs_are_independent() -> None:
     a, b = uuid.uuid4(), uuid.uuid4()
-    run, _ = decide_overlap([_cand(1, a, "Skip"), _cand(2, b, "Skip")],
-                            [Active(9, a, "running", "k")])
+    run, _ = decide_overlap(
+        [_cand(1, a, "Skip"), _cand(2, b, "Skip")], [Active(9, a, "running", "k")]
+    )
     assert run == [2]

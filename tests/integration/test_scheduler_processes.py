@@ -4,6 +4,7 @@ is materialised twice or lost."""
 from __future__ import annotations
 
 import asyncio
+import itertools
 import os
 import signal
 import time
@@ -41,12 +42,18 @@ async def _wait_for(cond, timeout: float = 30.0) -> float:  # type: ignore[no-un
 async def test_kill_minus_nine_a_scheduler(db: Database, db_url: str, tmp_path: Path) -> None:
     for i in range(40):
         await make_job(db, f"sec{i}", partitions=4, schedule="* * * * * *")
-    env = {"CRONWELL_DATABASE_URL": db_url, "CRONWELL_PARTITIONS": "4",
-           "CRONWELL_PARTITION_LEASE_SECONDS": "2", "CRONWELL_HORIZON_SECONDS": "1",
-           "CRONWELL_TICK_SECONDS": "0.2", "CRONWELL_LOG_LEVEL": "WARNING"}
+    env = {
+        "CRONWELL_DATABASE_URL": db_url,
+        "CRONWELL_PARTITIONS": "4",
+        "CRONWELL_PARTITION_LEASE_SECONDS": "2",
+        "CRONWELL_HORIZON_SECONDS": "1",
+        "CRONWELL_TICK_SECONDS": "0.2",
+        "CRONWELL_LOG_LEVEL": "WARNING",
+    }
     a = spawn("scheduler", env=env, log=tmp_path / "a.log")
     b = spawn("scheduler", env=env, log=tmp_path / "b.log")
     try:
+
         async def split() -> bool:
             o = await _owners(db)
             return len(o) == 2 and sorted(o.values()) == [2, 2]
@@ -69,8 +76,11 @@ async def test_kill_minus_nine_a_scheduler(db: Database, db_url: str, tmp_path: 
     for name, instants in by_job.items():
         assert len(instants) == len(set(instants)), f"{name}: duplicate instants"
         instants.sort()
-        gaps = [b - a for a, b in zip(instants, instants[1:], strict=False)
-                if b - a != timedelta(seconds=1)]
+        gaps = [
+            b - a
+            for a, b in itertools.pairwise(instants)
+            if b - a != timedelta(seconds=1)
+        ]
         assert not gaps, f"{name}: lost instants around {gaps}"
         assert instants[-1] > killed_at + timedelta(seconds=1), f"{name} stopped at the kill"
     assert not [o for o in occ if o["state"] == "missed"]
