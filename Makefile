@@ -64,6 +64,14 @@ test-fast: $(STAMP) ## Unit and integration tests only (no API server).
 envtest: ## Provide etcd, kube-apiserver, kubectl and helm (built from Go modules if absent); prints the path.
 	@bash hack/envtest.sh
 
+.PHONY: dev-cluster
+dev-cluster: $(STAMP) envtest ## Local API server + embedded PostgreSQL + operator, scheduler, worker; prints KUBECONFIG.
+	KUBEBUILDER_ASSETS="$$(bash hack/envtest.sh --print-path)" $(BIN)/python hack/dev_cluster.py
+
+.PHONY: kind-up
+kind-up: ## Create a kind cluster named cronwell (needs a Docker engine; not on this machine).
+	@bash hack/kind-up.sh
+
 ##@ Benchmarks
 
 .PHONY: bench
