@@ -20,6 +20,7 @@ import pydantic
 from cronwell import __version__, jobs, logs
 from cronwell.embedded import EmbeddedPostgres
 from cronwell.errors import CronwellError
+from cronwell.metrics import Metrics
 from cronwell.scheduler import Scheduler
 from cronwell.settings import DatabaseSettings, SchedulerSettings
 from cronwell.store import Database, migrate
@@ -166,6 +167,15 @@ def migrate_cmd(env: Env) -> None:
     click.echo(f"applied migrations {applied}" if applied else "schema is up to date")
 
 
+metrics_port_option = click.option(
+    "--metrics-port",
+    type=int,
+    default=0,
+    envvar="CRONWELL_METRICS_PORT",
+    help="Serve Prometheus /metrics on this port (0: off).",
+)
+
+
 @main.command("scheduler")
 @click.option("--partitions", type=int, help="P (default 16, env CRONWELL_PARTITIONS).")
 @click.option("--horizon-seconds", type=float, help="Materialise this far ahead (default 30).")
@@ -175,15 +185,18 @@ def migrate_cmd(env: Env) -> None:
     type=float,
     help="Partition lease TTL (default 10).",
 )
+@metrics_port_option
 @click.pass_obj
-def scheduler_cmd(env: Env, /, **opts: Any) -> None:
+def scheduler_cmd(env: Env, /, metrics_port: int, **opts: Any) -> None:
     """Run a scheduler replica: partition leases, materialisation, lease reaping."""
     settings = SchedulerSettings(**{k: v for k, v in opts.items() if v is not None})
+    metrics = Metrics()
+    metrics.serve(metrics_port)
     holder: list[Scheduler] = []
 
     async def go() -> None:
         async with env.database(migrate_first=True) as db:
-            s = Scheduler(db, settings)
+            s = Scheduler(db, settings, metrics=metrics)
             holder.append(s)
             await s.run()
 

@@ -15,12 +15,14 @@ import logging
 import math
 import os
 import socket
+import time
 import uuid
 from collections import OrderedDict
 from datetime import datetime, timedelta
 from typing import Any
 
 from cronwell import cronexpr, dispatch, schedule
+from cronwell.metrics import Metrics
 from cronwell.models import MisfirePolicy, ScheduledJobSpec
 from cronwell.plan import plan_job
 from cronwell.settings import SchedulerSettings
@@ -73,8 +75,16 @@ def _lru(cache: OrderedDict[Any, Any], key: Any, size: int, make: Any) -> Any:
 class Scheduler:
     """One scheduler replica."""
 
-    def __init__(self, db: Database, settings: SchedulerSettings, *, holder: str | None = None):
+    def __init__(
+        self,
+        db: Database,
+        settings: SchedulerSettings,
+        *,
+        holder: str | None = None,
+        metrics: Metrics | None = None,
+    ):
         self.db = db
+        self.metrics = metrics or Metrics()
         self.settings = settings
         self.holder = holder or process_id("scheduler")
         self.owned: dict[int, int] = {}  # partition -> epoch
@@ -118,6 +128,7 @@ class Scheduler:
             kept = {r["partition"]: r["epoch"] for r in rows}
             lost = set(self.owned) - set(kept)
             if lost:
+                self.metrics.partitions_lost.inc(len(lost))
                 log.warning(
                     "partition leases lost",
                     extra={"action": "partition_lost", "partitions": sorted(lost)},
@@ -148,6 +159,7 @@ class Scheduler:
             )
             for r in rows:
                 self.owned[r["partition"]] = r["epoch"]
+            self.metrics.partition_takeovers.inc(len(rows))
             if rows:
                 log.info(
                     "partitions acquired",
@@ -157,6 +169,18 @@ class Scheduler:
                     },
                 )
                 self._wake.set()
+
+    async def report_gauges(self) -> None:
+        """Global gauges (queue depth, jobs behind, DLQ), reported by the owner of
+        partition 0 only, so replicas do not report the same figure twice."""
+        m = self.metrics
+        m.partitions_owned.set(len(self.owned))
+        if 0 not in self.owned:
+            return
+        for r in await self.db.fetch("QueueDepthByPool"):
+            m.queue_depth.labels(r["pool"]).set(r["n"])
+        m.behind.set((await self.db.fetchone("JobsBehindCount") or {"n": 0})["n"])
+        m.dlq_size.set((await self.db.fetchone("DeadCount") or {"n": 0})["n"])
 
     async def resign(self) -> None:
         """Release every partition so the other replicas take over at once."""
@@ -177,6 +201,7 @@ class Scheduler:
         if epoch is None:
             return 0
         s = self.settings
+        started = time.perf_counter()
         async with self.db.transaction() as conn:
             jobs = await self.db.fetch(
                 "JobDueClaim",
@@ -271,6 +296,17 @@ class Scheduler:
             await dispatch.notify_due(self.db, conn, due)
         self.materialised_total += len(due)
         self.missed_total += sum(adv["missed"])
+        m = self.metrics
+        m.batch_size.observe(len(jobs))
+        m.batch_seconds.observe(time.perf_counter() - started)
+        m.missed.inc(sum(adv["missed"]))
+        for origin in set(occ["origins"]):
+            n = sum(
+                1
+                for o, st in zip(occ["origins"], occ["states"], strict=True)
+                if o == origin and st == "pending"
+            )
+            m.materialised.labels(origin).inc(n)
         return len(jobs)
 
     async def materialise_until_idle(self) -> int:
@@ -315,6 +351,7 @@ class Scheduler:
         while True:
             try:
                 await self.balance()
+                await self.report_gauges()
             except Exception as e:  # the database may be down: own nothing until it is back
                 if self.owned:
                     log.warning(
@@ -328,7 +365,8 @@ class Scheduler:
         while True:
             try:
                 await self.materialise_until_idle()
-                await dispatch.reap(self.db, limit=self.settings.reap_batch_size)
+                for r in await dispatch.reap(self.db, limit=self.settings.reap_batch_size):
+                    self.metrics.leases_reaped.labels(r["state"]).inc()
             except Exception as e:
                 log.warning(
                     "scheduler pass failed", extra={"action": "pass_failed", "error": str(e)}

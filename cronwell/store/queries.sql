@@ -376,3 +376,156 @@ WHERE f.fence <= excluded.fence;
 -- A message written in the job's transaction (published later by the relay).
 INSERT INTO cronwell_outbox (idempotency_key, topic, payload)
 VALUES (%(key)s, %(topic)s, %(payload)s);
+
+-- ==== worker: DLQ, outbox relay ====
+
+-- name: DeadList
+-- Dead-lettered occurrences (optionally of one job), newest first, with reason and error.
+SELECT j.namespace, j.name, o.idempotency_key, o.scheduled_for, o.state, o.reason,
+       o.last_error, o.attempt, o.max_attempts, o.fence, o.delivery, o.origin, o.started_at,
+       o.finished_at
+FROM cronwell_occurrences o JOIN cronwell_jobs j ON j.id = o.job_id
+WHERE o.state = 'dead'
+  AND (%(namespace)s::text IS NULL OR j.namespace = %(namespace)s)
+  AND (%(name)s::text IS NULL OR j.name = %(name)s)
+ORDER BY o.finished_at DESC NULLS LAST, o.id DESC
+LIMIT %(limit)s;
+
+-- name: OccurrenceGet
+-- One occurrence by idempotency key, with its job, for `cronwell dlq show`.
+SELECT j.namespace, j.name, j.deleted_at AS job_deleted_at, o.idempotency_key, o.job_id,
+       o.pool, o.scheduled_for, o.run_at, o.state, o.reason, o.last_error, o.origin,
+       o.overlap, o.delivery, o.attempt, o.max_attempts, o.fence, o.worker_id,
+       o.lease_expires_at, o.started_at, o.finished_at, o.created_at
+FROM cronwell_occurrences o JOIN cronwell_jobs j ON j.id = o.job_id
+WHERE o.idempotency_key = %(key)s;
+
+-- name: AttemptList
+-- Every recorded attempt of one key, in order (fences strictly increase along it).
+SELECT attempt, fence, worker_id, outcome, error, started_at, finished_at
+FROM cronwell_attempts WHERE idempotency_key = %(key)s ORDER BY id;
+
+-- name: DeadReplay
+-- Dead occurrences back to pending under the same key: attempt numbers continue, the budget
+-- grows by the job's retry.maxAttempts, the claim issues a new, higher fence. Ambiguous
+-- (AtMostOnce) ones only when asked; never for deleted jobs.
+UPDATE cronwell_occurrences o
+SET state = 'pending', reason = 'Replayed', run_at = now(), finished_at = NULL,
+    lease_expires_at = NULL, worker_id = NULL,
+    max_attempts = o.attempt + coalesce((j.spec -> 'retry' ->> 'maxAttempts')::int,
+                                        o.max_attempts)
+FROM cronwell_jobs j
+WHERE j.id = o.job_id AND o.state = 'dead' AND j.deleted_at IS NULL
+  AND (%(key)s::text IS NULL OR o.idempotency_key = %(key)s)
+  AND (%(namespace)s::text IS NULL OR j.namespace = %(namespace)s)
+  AND (%(name)s::text IS NULL OR j.name = %(name)s)
+  AND (%(include_ambiguous)s OR o.reason IS DISTINCT FROM 'Ambiguous')
+RETURNING o.idempotency_key, o.pool, o.run_at, o.attempt, o.max_attempts;
+
+-- name: DeadPurge
+-- Deletes dead occurrences finished longer ago than the cutoff (their attempts cascade).
+DELETE FROM cronwell_occurrences o USING cronwell_jobs j
+WHERE j.id = o.job_id AND o.state = 'dead'
+  AND o.finished_at < now() - make_interval(secs => %(older_than)s)
+  AND (%(namespace)s::text IS NULL OR j.namespace = %(namespace)s)
+  AND (%(name)s::text IS NULL OR j.name = %(name)s)
+RETURNING o.idempotency_key;
+
+-- name: OutboxClaimBatch
+-- Unpublished outbox messages, oldest first, locked so concurrent relays skip them; ids in
+-- `skip` are backing off in this relay.
+SELECT id, idempotency_key, topic, payload, created_at, attempts
+FROM cronwell_outbox
+WHERE published_at IS NULL AND NOT (id = ANY(%(skip)s::bigint[]))
+ORDER BY id
+LIMIT %(limit)s
+FOR UPDATE SKIP LOCKED;
+
+-- name: OutboxPublishedMark
+-- Marks relayed messages published (in the transaction that locked them).
+UPDATE cronwell_outbox SET published_at = now(), attempts = attempts + 1, last_error = NULL
+WHERE id = ANY(%(ids)s::bigint[]);
+
+-- name: OutboxFailedMark
+-- Records failed publish attempts; the messages stay unpublished and are retried.
+UPDATE cronwell_outbox o SET attempts = o.attempts + 1, last_error = t.error
+FROM unnest(%(ids)s::bigint[], %(errors)s::text[]) AS t(id, error)
+WHERE o.id = t.id;
+
+-- ==== operator: status write-back, drift repair ====
+
+-- name: StatusChangesRead
+-- The oldest logged status changes (the operator's writer coalesces them per job).
+SELECT id, job_id, occurrence_id, scheduled_for, state, reason, attempt, error, changed_at
+FROM cronwell_status_changes ORDER BY id LIMIT %(limit)s;
+
+-- name: StatusChangesDelete
+-- Forgets logged changes once the status they led to is written (or its CR is gone).
+DELETE FROM cronwell_status_changes WHERE id = ANY(%(ids)s::bigint[]);
+
+-- name: JobStatusBatch
+-- Everything the status of each given job shows, in one pass over its history.
+SELECT j.id, j.namespace, j.name, j.generation, j.suspended, j.suspended_reason,
+       j.consecutive_failures, j.missed_total, j.deleted_at,
+       CASE WHEN NOT j.suspended AND j.deleted_at IS NULL
+            THEN least(j.next_run_at, nxt.t) END AS next_schedule_time,
+       (j.next_run_at IS NULL AND nxt.t IS NULL) AS schedule_done,
+       ls.t AS last_schedule_time,
+       c.active, c.succeeded, c.dead, c.skipped, c.last_successful_time,
+       f.failed, f.last_failure_time, f.last_error,
+       fin.state AS last_state, fin.reason AS last_reason, fin.idempotency_key AS last_key,
+       fin.last_error AS last_state_error,
+       extract(epoch FROM fin.finished_at - fin.started_at) AS last_duration_seconds
+FROM cronwell_jobs j
+LEFT JOIN LATERAL (
+    SELECT min(o.scheduled_for) AS t FROM cronwell_occurrences o
+    WHERE o.job_id = j.id AND o.state = 'pending' AND o.attempt = 0) nxt ON true
+LEFT JOIN LATERAL (
+    SELECT o.scheduled_for AS t FROM cronwell_occurrences o
+    WHERE o.job_id = j.id AND o.started_at IS NOT NULL
+    ORDER BY o.scheduled_for DESC LIMIT 1) ls ON true
+LEFT JOIN LATERAL (
+    SELECT count(*) FILTER (WHERE o.state = 'running'
+                            OR (o.state = 'pending' AND o.attempt > 0)) AS active,
+           count(*) FILTER (WHERE o.state = 'succeeded') AS succeeded,
+           count(*) FILTER (WHERE o.state = 'dead') AS dead,
+           count(*) FILTER (WHERE o.state = 'skipped') AS skipped,
+           max(o.finished_at) FILTER (WHERE o.state = 'succeeded') AS last_successful_time
+    FROM cronwell_occurrences o WHERE o.job_id = j.id) c ON true
+LEFT JOIN LATERAL (
+    SELECT count(*) AS failed, max(a.finished_at) AS last_failure_time,
+           (array_agg(a.error ORDER BY a.finished_at DESC))[1] AS last_error
+    FROM cronwell_attempts a JOIN cronwell_occurrences o ON o.id = a.occurrence_id
+    WHERE o.job_id = j.id AND a.outcome IN ('failed', 'timeout', 'lease_expired')) f ON true
+LEFT JOIN LATERAL (
+    SELECT o.state, o.reason, o.idempotency_key, o.last_error, o.started_at, o.finished_at
+    FROM cronwell_occurrences o WHERE o.job_id = j.id AND o.finished_at IS NOT NULL
+    ORDER BY o.finished_at DESC, o.id DESC LIMIT 1) fin ON true
+WHERE j.id = ANY(%(ids)s::uuid[]);
+
+-- name: JobLiveIdsList
+-- Live jobs of some namespaces (all when NULL): drift repair compares them with the CRs.
+SELECT id, namespace, name FROM cronwell_jobs
+WHERE deleted_at IS NULL
+  AND (%(namespaces)s::text[] IS NULL OR namespace = ANY(%(namespaces)s::text[]));
+
+-- name: JobGenerationObserve
+-- A CR generation whose spec means the same (same hash) is applied: record it as observed.
+UPDATE cronwell_jobs SET generation = %(generation)s, updated_at = now()
+WHERE id = %(id)s AND deleted_at IS NULL AND generation < %(generation)s;
+
+-- ==== observability ====
+
+-- name: QueueDepthByPool
+-- Due occurrences not yet started, per pool (the leading indicator of an SLA miss).
+SELECT pool, count(*) AS n FROM cronwell_occurrences
+WHERE state = 'pending' AND run_at <= now() GROUP BY pool;
+
+-- name: JobsBehindCount
+-- Live jobs whose next instant is past but not materialised (scheduler behind / unowned).
+SELECT count(*) AS n FROM cronwell_jobs
+WHERE NOT suspended AND deleted_at IS NULL AND next_run_at < now() - interval '5 seconds';
+
+-- name: DeadCount
+-- Dead-lettered occurrences (DLQ size).
+SELECT count(*) AS n FROM cronwell_occurrences WHERE state = 'dead';
