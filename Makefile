@@ -9,13 +9,26 @@ STAMP := $(VENV)/.installed
 # Where `make envtest` caches etcd, kube-apiserver, kubectl and helm (outside the repo).
 ENVTEST_CACHE ?= $(HOME)/.cache/cronwell/envtest
 PYTEST_ARGS ?=
+IMG_REPO ?= cronwell
+IMG_TAG ?= $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
+IMG ?= $(IMG_REPO):$(IMG_TAG)
+CONTAINER_TOOL ?= docker
+KUBECTL ?= kubectl
+HELM ?= helm
+NAMESPACE ?= cronwell
+RELEASE ?= cronwell
+DB_SECRET ?= cronwell-database
+HELM_ARGS ?=
+# checkov (the chart's policy scanner) lives in its own venv: its pins clash with ours.
+CHECKOV_VENV ?= $(HOME)/.cache/cronwell/checkov
+CHECKOV_VERSION ?= 3.3.30
 
 ##@ General
 
 .PHONY: help
 help: ## Show this help.
 	@awk 'BEGIN {FS = ":.*##"; printf "Usage: make <target>\n"} \
-	  /^[a-zA-Z_-]+:.*?##/ { printf "  \033[36m%-16s\033[0m %s\n", $$1, $$2 } \
+	  /^[a-zA-Z0-9_-]+:.*?##/ { printf "  \033[36m%-16s\033[0m %s\n", $$1, $$2 } \
 	  /^##@/ { printf "\n\033[1m%s\033[0m\n", substr($$0, 5) }' $(MAKEFILE_LIST)
 
 ##@ Development
@@ -26,8 +39,8 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install -q -e '.[dev]'
 	touch $(STAMP)
 
-.PHONY: install
-install: $(STAMP) ## Create the virtualenv and install cronwell (editable) with dev tools.
+.PHONY: venv
+venv: $(STAMP) ## Create the virtualenv and install cronwell (editable) with dev tools.
 
 .PHONY: run
 run: $(STAMP) ## Run the scheduler + workers on examples/ with an embedded PostgreSQL (no cluster).
@@ -46,19 +59,33 @@ fmt: $(STAMP) ## Format the code and apply safe ruff fixes.
 	$(BIN)/ruff check --fix .
 
 .PHONY: manifests
-manifests: $(STAMP) ## Regenerate crds/ from the pydantic models.
+manifests: $(STAMP) ## Regenerate crds/ from the pydantic models, and the chart's copy.
 	$(BIN)/python -m cronwell.crdgen crds
+	rm -f charts/cronwell/crds-src/*.yaml
+	cp crds/*.yaml charts/cronwell/crds-src/
 
 ##@ Test
 
 .PHONY: test
-test: $(STAMP) envtest lint ## Lint, then every test: unit, integration (real PostgreSQL), e2e (real API server).
+test: $(STAMP) envtest checkov lint ## Lint, then every test: unit, integration (real PostgreSQL), e2e (real API server).
 	KUBEBUILDER_ASSETS="$$(bash hack/envtest.sh --print-path)" \
 	  $(BIN)/pytest $(PYTEST_ARGS)
 
 .PHONY: test-fast
 test-fast: $(STAMP) ## Unit and integration tests only (no API server).
 	$(BIN)/pytest -m 'not e2e' $(PYTEST_ARGS)
+
+.PHONY: e2e
+e2e: $(STAMP) envtest ## Only the e2e tests (real kube-apiserver + etcd; Helm chart install).
+	KUBEBUILDER_ASSETS="$$(bash hack/envtest.sh --print-path)" \
+	  $(BIN)/pytest -m e2e $(PYTEST_ARGS)
+
+.PHONY: checkov
+checkov: $(CHECKOV_VENV)/bin/checkov ## Install checkov (policy scanner for the chart and Dockerfile).
+
+$(CHECKOV_VENV)/bin/checkov:
+	$(PYTHON) -m venv $(CHECKOV_VENV)
+	$(CHECKOV_VENV)/bin/pip install -q checkov==$(CHECKOV_VERSION)
 
 .PHONY: envtest
 envtest: ## Provide etcd, kube-apiserver, kubectl and helm (built from Go modules if absent); prints the path.
@@ -71,6 +98,36 @@ dev-cluster: $(STAMP) envtest ## Local API server + embedded PostgreSQL + operat
 .PHONY: kind-up
 kind-up: ## Create a kind cluster named cronwell (needs a Docker engine; not on this machine).
 	@bash hack/kind-up.sh
+
+##@ Deployment
+
+.PHONY: install
+install: ## Install the CRDs into the cluster of the current kubeconfig context.
+	$(KUBECTL) apply --server-side -f crds/
+
+.PHONY: uninstall
+uninstall: ## Delete the CRDs from the cluster (this deletes every ScheduledJob!).
+	$(KUBECTL) delete --ignore-not-found -f crds/
+
+.PHONY: deploy
+deploy: ## Install/upgrade the chart: IMG_REPO, IMG_TAG, NAMESPACE, RELEASE, DB_SECRET, HELM_ARGS.
+	$(KUBECTL) create namespace $(NAMESPACE) --dry-run=client -o yaml | $(KUBECTL) apply -f -
+	$(KUBECTL) label --overwrite namespace $(NAMESPACE) pod-security.kubernetes.io/enforce=restricted
+	$(HELM) upgrade --install $(RELEASE) charts/cronwell --namespace $(NAMESPACE) \
+	  --set image.repository=$(IMG_REPO) --set image.tag=$(IMG_TAG) \
+	  --set database.existingSecret=$(DB_SECRET) $(HELM_ARGS)
+
+.PHONY: undeploy
+undeploy: ## Uninstall the chart (the CRDs and ScheduledJobs are kept; see `make uninstall`).
+	$(HELM) uninstall $(RELEASE) --namespace $(NAMESPACE)
+
+.PHONY: docker-build
+docker-build: ## Build the image IMG (default cronwell:<version>).
+	$(CONTAINER_TOOL) build -t $(IMG) .
+
+.PHONY: docker-push
+docker-push: ## Push the image IMG.
+	$(CONTAINER_TOOL) push $(IMG)
 
 ##@ Benchmarks
 

@@ -41,8 +41,23 @@ class Env:
         self.embedded: EmbeddedPostgres | None = None
 
     def url(self) -> str:
-        if self.db_settings.database_url:
-            return self.db_settings.database_url
+        s = self.db_settings
+        if s.database_url_file is not None:
+            if s.database_url:
+                raise CronwellError(
+                    "set CRONWELL_DATABASE_URL or CRONWELL_DATABASE_URL_FILE, not both"
+                )
+            try:
+                url = s.database_url_file.read_text().strip()
+            except OSError as e:
+                raise CronwellError(
+                    f"cannot read CRONWELL_DATABASE_URL_FILE {s.database_url_file}: {e.strerror}"
+                ) from None
+            if not url:
+                raise CronwellError(f"CRONWELL_DATABASE_URL_FILE {s.database_url_file} is empty")
+            return url
+        if s.database_url:
+            return s.database_url
         self.embedded = EmbeddedPostgres(self.db_settings.data_dir)
         if not self.embedded.is_running():
             click.echo(f"starting embedded PostgreSQL in {self.db_settings.data_dir}", err=True)

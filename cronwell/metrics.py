@@ -74,7 +74,7 @@ class Metrics:
             registry=r,
         )
         self.outcomes = Counter(
-            "cronwell_attempts",
+            "cronwell_occurrences",
             "Finished attempts by outcome (succeeded, retry, dead, lease_lost, stale).",
             ["pool", "outcome"],
             registry=r,

@@ -184,10 +184,12 @@ class ScheduledJobSpec(_Model):
                 {
                     "rule": "has(self.schedule) != has(self.runAt)",
                     "message": "set exactly one of spec.schedule (cron) or spec.runAt (one-shot)",
+                    "fieldPath": ".schedule",
                 },
                 {
                     "rule": "!has(self.startAt) || !has(self.endAt) || self.endAt > self.startAt",
                     "message": "spec.endAt must be after spec.startAt",
+                    "fieldPath": ".endAt",
                 },
             ]
         }

@@ -18,6 +18,9 @@ class DatabaseSettings(_Settings):
     database_url: str | None = Field(
         None, description="PostgreSQL URL. Unset: an embedded PostgreSQL in data_dir."
     )
+    database_url_file: Path | None = Field(
+        None, description="File holding the URL (a mounted Secret); excludes database_url."
+    )
     data_dir: Path = Field(
         Path(platformdirs.user_data_dir("cronwell")),
         description="Where the embedded PostgreSQL keeps its data (reused across runs).",

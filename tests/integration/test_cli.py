@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import functools
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -89,3 +91,29 @@ def test_version_and_help() -> None:
     out = cli("--help").stdout
     for cmd in ("apply", "delete", "dev", "migrate", "runs", "scheduler", "trigger", "worker"):
         assert cmd in out
+
+
+def test_database_url_from_a_file(db_url: str, tmp_path: Path) -> None:
+    """In Kubernetes the URL comes from a mounted Secret (CRONWELL_DATABASE_URL_FILE)."""
+    f = tmp_path / "url"
+    f.write_text(db_url + "\n")
+    env = {k: v for k, v in os.environ.items() if k != "CRONWELL_DATABASE_URL"}
+    run = functools.partial(
+        subprocess.run, capture_output=True, text=True, cwd=REPO, timeout=60, check=False
+    )
+    ok = run(
+        [sys.executable, "-m", "cronwell", "jobs"], env=env | {"CRONWELL_DATABASE_URL_FILE": str(f)}
+    )
+    assert ok.returncode == 0 and "NAME" in ok.stdout, ok.stderr
+    both = run(
+        [sys.executable, "-m", "cronwell", "jobs"],
+        env=env | {"CRONWELL_DATABASE_URL_FILE": str(f), "CRONWELL_DATABASE_URL": db_url},
+    )
+    assert both.returncode == 1 and "not both" in both.stderr
+    (tmp_path / "empty").write_text("  \n")
+    empty = run(
+        [sys.executable, "-m", "cronwell", "jobs"],
+        env=env | {"CRONWELL_DATABASE_URL_FILE": str(tmp_path / "empty")},
+    )
+    assert empty.returncode == 1 and "is empty" in empty.stderr
+    assert "Traceback" not in both.stderr + empty.stderr

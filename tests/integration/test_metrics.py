@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
 import urllib.request
 
+from cronwell import jobs
 from cronwell.embedded import free_port
 from cronwell.metrics import Metrics
 from cronwell.scheduler import Scheduler
@@ -11,6 +13,7 @@ from cronwell.settings import SchedulerSettings
 from cronwell.store.db import Database
 
 from .helpers import make_job, set_cursor
+from .worker_helpers import running_worker
 
 
 def value(m: Metrics, name: str, **labels: str) -> float:
@@ -36,7 +39,8 @@ async def test_scheduler_metrics_follow_materialisation(db: Database) -> None:
     assert value(m, "cronwell_jobs_behind") == 0
     port = free_port()
     m.serve(port, addr="127.0.0.1")
-    body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+    url = f"http://127.0.0.1:{port}/metrics"
+    body = await asyncio.to_thread(lambda: urllib.request.urlopen(url, timeout=5).read().decode())
     assert "cronwell_occurrences_materialised_total" in body
     assert "cronwell_start_lag_seconds_bucket" not in body or "pool=" in body
 
@@ -50,3 +54,14 @@ async def test_jobs_behind_counts_an_unowned_partition(db: Database) -> None:
     await s.balance()
     await s.report_gauges()  # before materialising: one job behind
     assert value(m, "cronwell_jobs_behind") == 1
+
+
+async def test_worker_metrics_follow_attempts(db: Database, db_url: str) -> None:
+    await make_job(db, "logme", schedule="0 0 1 1 *", target={"log": {"message": "m"}})
+    key, _ = await jobs.trigger_job(db, namespace="default", name="logme", trigger_id="m1")
+    async with running_worker(db_url) as rw:
+        await rw.outcome(key)
+        m = rw.worker.metrics
+        assert value(m, "cronwell_start_lag_seconds_count", pool="default") == 1
+        assert value(m, "cronwell_occurrences_total", pool="default", outcome="succeeded") == 1
+        assert value(m, "cronwell_occurrences_total", pool="default", outcome="dead") == 0

@@ -1,23 +1,28 @@
 """Worker commands, added to `cronwell` through the `cronwell.cli` entry points:
-`worker`, `workers` and `dev` (scheduler + workers + YAML on one machine)."""
+`worker`, `workers`, `outbox-relay` and `dev` (scheduler + workers + YAML on one
+machine); `dlq` lives in cronwell_worker.dlq."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import importlib
 import statistics
 import sys
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import click
 
 from cronwell import jobs
-from cronwell.cli import Env, _fmt_time, _load_or_fail, run, run_until_signal
+from cronwell.cli import Env, _fmt_time, _load_or_fail, metrics_port_option, run, run_until_signal
 from cronwell.errors import CronwellError
+from cronwell.metrics import Metrics
 from cronwell.scheduler import Scheduler
 from cronwell.settings import SchedulerSettings, WorkerSettings
+from cronwell_worker.outbox import HttpPublisher, Relay, RelaySettings, load_hook
 from cronwell_worker.runtime import Outcome, Worker
 
 
@@ -31,31 +36,168 @@ def _import(modules: tuple[str, ...]) -> None:
             raise click.ClickException(f"cannot import handler module {m!r}: {e}") from None
 
 
-_import_opt = click.option("--import", "imports", multiple=True, metavar="MODULE",
-                           help="Python module defining @cronwell.handler functions.")
+_import_opt = click.option(
+    "--import",
+    "imports",
+    multiple=True,
+    metavar="MODULE",
+    help="Python module defining @cronwell.handler functions.",
+)
 
 
 @click.command("worker")
 @click.option("--pool", default=None, help="Pool to serve (default 'default').")
 @click.option("--concurrency", type=int, default=None, help="Attempts at once (default 64).")
 @click.option("--lease-seconds", type=float, default=None, help="Lease (default 60).")
+@click.option(
+    "--shutdown-grace-seconds",
+    type=float,
+    default=None,
+    help="On SIGTERM, how long running attempts may finish (default 30).",
+)
+@click.option(
+    "--outbox-url",
+    default=None,
+    metavar="URL",
+    help="Also run the outbox relay in this process, publishing to URL.",
+)
 @_import_opt
+@metrics_port_option
 @click.pass_obj
-def worker(env: Env, pool: str | None, concurrency: int | None, lease_seconds: float | None,
-           imports: tuple[str, ...]) -> None:
-    """Run a worker: claim due occurrences of a pool and execute them."""
+def worker(
+    env: Env,
+    metrics_port: int,
+    pool: str | None,
+    concurrency: int | None,
+    lease_seconds: float | None,
+    shutdown_grace_seconds: float | None,
+    outbox_url: str | None,
+    imports: tuple[str, ...],
+) -> None:
+    """Run a worker: claim due occurrences of a pool and execute them.
+
+    SIGTERM stops claiming and lets running attempts finish within the grace period; a
+    second SIGTERM cancels them (each is recorded, and retried unless AtMostOnce)."""
     _import(imports)
-    opts = {"pool": pool, "concurrency": concurrency, "lease_seconds": lease_seconds}
+    opts: dict[str, Any] = {
+        "pool": pool,
+        "concurrency": concurrency,
+        "lease_seconds": lease_seconds,
+        "shutdown_grace_seconds": shutdown_grace_seconds,
+    }
     settings = WorkerSettings(**{k: v for k, v in opts.items() if v is not None})
-    holder: list[Worker] = []
+    stoppers: list[Callable[[], None]] = []
 
     async def go() -> None:
         async with env.database(max_size=8, migrate_first=True) as db:
-            w = Worker(db, settings)
-            holder.append(w)
-            await w.run()
+            metrics = Metrics()
+            metrics.serve(metrics_port)
+            w = Worker(db, settings, metrics=metrics)
+            stoppers.append(w.stop)
+            if outbox_url is None:
+                await w.run()
+                return
+            publisher = HttpPublisher(outbox_url)
+            relay = Relay(db, publisher)
+            stoppers.append(relay.stop)
+            try:
+                relay_task = asyncio.create_task(relay.run())
+                try:
+                    await w.run()
+                finally:
+                    relay.stop()
+                    # Cancelled mid-batch, its transaction rolls back: those messages are
+                    # published again later (at least once).
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(relay_task, 15.0)
+            finally:
+                await publisher.aclose()
 
-    run_until_signal(go, lambda: holder[0].stop() if holder else None)
+    def on_signal() -> None:
+        for stop in stoppers:
+            stop()
+
+    run_until_signal(go, on_signal)
+
+
+@click.command("outbox-relay")
+@click.option("--url", default=None, metavar="URL", help="POST each message as JSON to URL.")
+@click.option(
+    "--hook",
+    default=None,
+    metavar="MODULE:FUNCTION",
+    help="Or call this Python function with each OutboxMessage (sync or async).",
+)
+@click.option(
+    "--header",
+    "headers",
+    multiple=True,
+    metavar="NAME:VALUE",
+    help="Extra HTTP header (repeatable).",
+)
+@click.option("--batch-size", type=int, default=None, help="Messages per pass (default 100).")
+@click.option("--poll-seconds", type=float, default=None, help="Idle pause (default 1).")
+@click.option(
+    "--drain",
+    is_flag=True,
+    help="Publish what is waiting, then exit (status 1 if some could not be published).",
+)
+@click.option("--drain-timeout", type=float, default=60.0, show_default=True, help="With --drain.")
+@click.pass_obj
+def outbox_relay(
+    env: Env,
+    url: str | None,
+    hook: str | None,
+    headers: tuple[str, ...],
+    batch_size: int | None,
+    poll_seconds: float | None,
+    drain: bool,
+    drain_timeout: float,
+) -> None:
+    """Publish transactional-outbox messages at least once (Idempotency-Key:
+    <occurrence key>:outbox:<id>, the same on every re-publication)."""
+    if (url is None) == (hook is None):
+        raise click.UsageError("give exactly one of --url or --hook")
+    extra: dict[str, str] = {}
+    for h in headers:
+        k, sep, v = h.partition(":")
+        if not sep or not k.strip():
+            raise click.UsageError(f"--header {h!r}: expected NAME:VALUE")
+        extra[k.strip()] = v.strip()
+    opts: dict[str, Any] = {"batch_size": batch_size, "poll_seconds": poll_seconds}
+    settings = RelaySettings(**{k: v for k, v in opts.items() if v is not None})
+    if hook is not None:
+        sys.path.insert(0, str(Path.cwd()))
+        try:
+            publish = load_hook(hook)
+        except CronwellError as e:
+            raise click.ClickException(str(e)) from None
+    holder: list[Relay] = []
+    left: list[int] = []
+
+    async def go() -> None:
+        http = HttpPublisher(url, headers=extra) if url is not None else None
+        async with env.database(max_size=4) as db:
+            relay = Relay(db, http or publish, settings)
+            holder.append(relay)
+            try:
+                if drain:
+                    n = await relay.drain(drain_timeout)
+                    click.echo(f"published {n} message(s)")
+                    left.append(relay.backing_off)
+                else:
+                    await relay.run()
+            finally:
+                if http is not None:
+                    await http.aclose()
+
+    if drain:
+        run(go())  # bounded by --drain-timeout; Ctrl-C interrupts it
+    else:
+        run_until_signal(go, lambda: holder[0].stop() if holder else None)
+    if left and left[0]:
+        click.echo(f"{left[0]} message(s) could not be published yet; see the log", err=True)
+        sys.exit(1)
 
 
 @click.command("workers")
@@ -71,9 +213,16 @@ def workers(env: Env) -> None:
     fmt = "{:<44} {:<12} {:>8} {:<8} {:<20} {}"
     click.echo(fmt.format("WORKER", "POOL", "RUNNING", "VERSION", "HEARTBEAT (UTC)", "LIVE"))
     for r in rows:
-        click.echo(fmt.format(r["id"], r["pool"] or "-", f"{r['running']}/{r['concurrency']}",
-                              r["version"] or "-", _fmt_time(r["heartbeat_at"]),
-                              "yes" if r["live"] else "no"))
+        click.echo(
+            fmt.format(
+                r["id"],
+                r["pool"] or "-",
+                f"{r['running']}/{r['concurrency']}",
+                r["version"] or "-",
+                _fmt_time(r["heartbeat_at"]),
+                "yes" if r["live"] else "no",
+            )
+        )
 
 
 class LiveView:
@@ -92,31 +241,49 @@ class LiveView:
         color = {"succeeded": "green", "retry": "yellow"}.get(o.result, "red")
         click.echo(
             f"{c.namespace}/{c.name:<24} scheduled {_fmt_time(c.scheduled_for)}  "
-            f"lag {lag:7.3f}s  " + click.style(f"{o.result:<10}", fg=color)
-            + f" attempt {c.attempt}" + (f"  {o.error[:80]}" if o.error else ""))
+            f"lag {lag:7.3f}s  "
+            + click.style(f"{o.result:<10}", fg=color)
+            + f" attempt {c.attempt}"
+            + (f"  {o.error[:80]}" if o.error else "")
+        )
 
     def summary(self) -> str:
         parts = [f"{k}={v}" for k, v in sorted(self.outcomes.items())] or ["no attempts"]
         if self.lags:
             lags = sorted(self.lags)
             p99 = lags[min(len(lags) - 1, int(len(lags) * 0.99))]
-            parts.append(f"start lag p50={statistics.median(lags):.3f}s p99={p99:.3f}s "
-                         f"max={lags[-1]:.3f}s")
+            parts.append(
+                f"start lag p50={statistics.median(lags):.3f}s p99={p99:.3f}s max={lags[-1]:.3f}s"
+            )
         return "summary: " + ", ".join(parts)
 
 
 @click.command("dev")
-@click.option("--jobs", "jobs_dir", type=click.Path(path_type=Path), default=Path("examples"),
-              show_default=True, help="Folder (or file) of ScheduledJob YAML.")
-@click.option("--duration", type=float, default=0, help="Stop after this many seconds "
-              "(0: until Ctrl-C).")
+@click.option(
+    "--jobs",
+    "jobs_dir",
+    type=click.Path(path_type=Path),
+    default=Path("examples"),
+    show_default=True,
+    help="Folder (or file) of ScheduledJob YAML.",
+)
+@click.option(
+    "--duration", type=float, default=0, help="Stop after this many seconds (0: until Ctrl-C)."
+)
 @click.option("--workers", "n_workers", type=int, default=2, show_default=True)
-@click.option("--pool", "pools", multiple=True, help="Pools to serve (default: every pool "
-              "the jobs name).")
+@click.option(
+    "--pool", "pools", multiple=True, help="Pools to serve (default: every pool the jobs name)."
+)
 @_import_opt
 @click.pass_obj
-def dev(env: Env, jobs_dir: Path, duration: float, n_workers: int, pools: tuple[str, ...],
-        imports: tuple[str, ...]) -> None:
+def dev(
+    env: Env,
+    jobs_dir: Path,
+    duration: float,
+    n_workers: int,
+    pools: tuple[str, ...],
+    imports: tuple[str, ...],
+) -> None:
     """Apply YAML and run a scheduler and workers in one process, printing each attempt."""
     _import(imports)
     loaded, n_errors = _load_or_fail((jobs_dir,))
@@ -128,25 +295,31 @@ def dev(env: Env, jobs_dir: Path, duration: float, n_workers: int, pools: tuple[
     async def go() -> None:
         async with env.database(max_size=10, migrate_first=True) as db:
             for item in loaded:
-                a = await jobs.apply_job(db, namespace=item.job.metadata.namespace,
-                                         name=item.job.metadata.name, spec=item.job.spec,
-                                         partitions=settings.partitions)
-                click.echo(f"{a.namespace}/{a.name}: {a.action}, next run "
-                           f"{_fmt_time(a.next_run_at)} UTC")
+                a = await jobs.apply_job(
+                    db,
+                    namespace=item.job.metadata.namespace,
+                    name=item.job.metadata.name,
+                    spec=item.job.spec,
+                    partitions=settings.partitions,
+                )
+                click.echo(
+                    f"{a.namespace}/{a.name}: {a.action}, next run {_fmt_time(a.next_run_at)} UTC"
+                )
             if n_errors:
                 click.secho(f"{n_errors} invalid document(s) skipped (see above)", fg="yellow")
             sched = Scheduler(db, settings)
-            ws = [Worker(db, WorkerSettings(pool=p, concurrency=16), on_outcome=view)
-                  for p in serve for _ in range(max(1, n_workers))]
-            tasks = [asyncio.create_task(sched.run())] + [asyncio.create_task(w.run())
-                                                            for w in ws]
-            click.echo(f"running 1 scheduler and {len(ws)} worker(s) for pools "
-                       f"{', '.join(serve)}" + (f" for {duration:g}s" if duration else
-                                                 " (Ctrl-C to stop)"))
-            try:
+            ws = [
+                Worker(db, WorkerSettings(pool=p, concurrency=16), on_outcome=view)
+                for p in serve
+                for _ in range(max(1, n_workers))
+            ]
+            tasks = [asyncio.create_task(sched.run())] + [asyncio.create_task(w.run()) for w in ws]
+            click.echo(
+                f"running 1 scheduler and {len(ws)} worker(s) for pools "
+                f"{', '.join(serve)}" + (f" for {duration:g}s" if duration else " (Ctrl-C to stop)")
+            )
+            with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), duration or None)
-            except TimeoutError:
-                pass
             sched.stop()
             for w in ws:
                 w.stop()

@@ -3,7 +3,11 @@ heartbeats, completes them conditionally on their fence, retries with backoff, a
 dead-letters after the last attempt.
 
 A heartbeat that renews nothing means the lease was taken over: the attempt is cancelled at
-once and can never be recorded as a success (its fence is stale, invariant 3).
+once and can never be recorded as a success (its fence is stale, invariant 3). A worker
+that cannot renew at all (database unreachable, process paused) fences itself: an attempt
+whose lease may have run out, judged by the local monotonic clock from the moment the last
+successful renewal was *sent*, is cancelled before another worker can be handed the
+occurrence.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from cronwell import dispatch
 from cronwell.dispatch import Claimed
 from cronwell.errors import LeaseLost
 from cronwell.handlers import Context
+from cronwell.metrics import Metrics
 from cronwell.models import Delivery, RetryPolicy, ScheduledJobSpec
 from cronwell.scheduler import process_id
 from cronwell.settings import WorkerSettings
@@ -35,37 +40,62 @@ from cronwell_worker import targets
 
 log = logging.getLogger("cronwell.worker")
 
+# Why the runtime cancelled an attempt.
+ABORT_LEASE_LOST = "lease_lost"  # a heartbeat renewed nothing: someone else owns it now
+ABORT_SELF_FENCE = "self_fenced"  # no renewal within the lease: it may be someone else's
+ABORT_SHUTDOWN = "shutdown"  # forced shutdown (second signal, or grace period over)
+
 
 @dataclass
 class Outcome:
     """What happened to one attempt (for the live view, tests and metrics)."""
 
     claimed: Claimed
-    result: str  # succeeded | retry | dead | lease_lost | stale
+    result: str  # succeeded | retry | dead | lease_lost | stale | cancelled | released
     error: str | None = None
     finished_monotonic: float = field(default_factory=time.monotonic)
 
 
 def backoff_seconds(policy: RetryPolicy, attempt: int, rng: random.Random | None = None) -> float:
     """Exponential backoff with jitter: base * factor^(attempt-1), capped, times [0.5, 1)."""
-    base = min(policy.max_delay_seconds,
-               policy.initial_delay_seconds * policy.factor ** max(0, attempt - 1))
+    base = min(
+        policy.max_delay_seconds,
+        policy.initial_delay_seconds * policy.factor ** max(0, attempt - 1),
+    )
     return base * (0.5 + 0.5 * (rng or random).random())
+
+
+def self_fence_margin(lease_seconds: float) -> float:
+    """How long before the local lease deadline an unrenewed attempt is abandoned."""
+    return min(1.0, lease_seconds * 0.1)
 
 
 @dataclass
 class _Running:
     claimed: Claimed
     ctx: Context
+    deadline: float
+    """Monotonic instant by which the lease has surely ended unless renewed since: the
+    send time of the claim or last successful heartbeat, plus the lease."""
     task: asyncio.Task[None] | None = None
+    completing: bool = False
+    """The target returned; only the fenced completion is left (never aborted)."""
+    abort: str | None = None
 
 
 class Worker:
-    def __init__(self, db: Database, settings: WorkerSettings, *,
-                 worker_id: str | None = None,
-                 on_outcome: Callable[[Outcome], None] | None = None):
+    def __init__(
+        self,
+        db: Database,
+        settings: WorkerSettings,
+        *,
+        worker_id: str | None = None,
+        on_outcome: Callable[[Outcome], None] | None = None,
+        metrics: Metrics | None = None,
+    ):
         self.db = db
         self.settings = settings
+        self.metrics = metrics or Metrics()
         self.id = worker_id or process_id("worker")
         self.on_outcome = on_outcome
         self.running: dict[str, _Running] = {}
@@ -73,18 +103,29 @@ class Worker:
         self._wake = asyncio.Event()
         self._done: list[tuple[str, int, asyncio.Future[bool]]] = []
         self._flush_now = asyncio.Event()
-        self._last_heartbeat_ok = time.monotonic()
         self._http: httpx.AsyncClient | None = None
+        self._http_insecure: httpx.AsyncClient | None = None
 
     # -- lifecycle --------------------------------------------------------------------
 
     async def run(self) -> None:
         """Run until stop(); then drain within the grace period and release what is left."""
         self._http = httpx.AsyncClient(follow_redirects=False)
-        tasks = [asyncio.create_task(c(), name=c.__name__) for c in
-                 (self._listen, self._heartbeat_loop, self._complete_loop, self._registry_loop)]
-        log.info("worker started", extra={"action": "worker_start", "worker": self.id,
-                                           "pool": self.settings.pool})
+        await self._register()
+        tasks = [
+            asyncio.create_task(c(), name=c.__name__)
+            for c in (
+                self._listen,
+                self._heartbeat_loop,
+                self._watchdog_loop,
+                self._complete_loop,
+                self._registry_loop,
+            )
+        ]
+        log.info(
+            "worker started",
+            extra={"action": "worker_start", "worker": self.id, "pool": self.settings.pool},
+        )
         try:
             await self._claim_loop()
         finally:
@@ -96,40 +137,73 @@ class Worker:
             with contextlib.suppress(Exception):
                 await self.db.execute("ProcessDelete", {"id": self.id})
             await self._http.aclose()
+            if self._http_insecure is not None:
+                await self._http_insecure.aclose()
             log.info("worker stopped", extra={"action": "worker_stop", "worker": self.id})
 
     def stop(self) -> None:
-        """First call: stop claiming and drain. Second call: cancel running attempts."""
+        """First call: stop claiming and let running attempts finish within the grace
+        period. Second call: cancel running attempts now (each is recorded as cancelled)."""
         if self._stopping.is_set():
             for r in list(self.running.values()):
-                if r.task is not None:
-                    r.task.cancel()
+                self._cancel(r, ABORT_SHUTDOWN, "second stop signal")
         self._stopping.set()
         self._wake.set()
 
+    @property
+    def stopping(self) -> bool:
+        return self._stopping.is_set()
+
     async def _drain(self) -> None:
         tasks = [r.task for r in self.running.values() if r.task is not None]
-        if tasks:
-            _, pending = await asyncio.wait(tasks, timeout=self.settings.shutdown_grace_seconds)
-            for t in pending:
-                t.cancel()
-            await asyncio.gather(*pending, return_exceptions=True)
+        if not tasks:
+            return
+        log.info(
+            "draining running attempts",
+            extra={
+                "action": "worker_drain",
+                "running": len(tasks),
+                "grace_seconds": self.settings.shutdown_grace_seconds,
+            },
+        )
+        _, pending = await asyncio.wait(tasks, timeout=self.settings.shutdown_grace_seconds)
+        if pending:
+            for r in list(self.running.values()):
+                self._cancel(r, ABORT_SHUTDOWN, "shutdown grace period is over")
+            # A handler that swallows its cancellation is abandoned (its lease will lapse).
+            _, stuck = await asyncio.wait(pending, timeout=10.0)
+            if stuck:
+                log.error(
+                    "attempts ignored cancellation; leaving them to the reaper",
+                    extra={"action": "worker_drain_stuck", "n": len(stuck)},
+                )
 
     # -- claiming ---------------------------------------------------------------------
 
     async def _claim_loop(self) -> None:
         s = self.settings
         while not self._stopping.is_set():
+            # Cleared before the claim: a NOTIFY arriving while it runs wakes the next one.
+            self._wake.clear()
             free = s.concurrency - len(self.running)
-            claimed: list[Claimed] = []
             delay = s.poll_seconds
             try:
                 if free > 0:
                     want = min(free, s.claim_batch_size)
-                    claimed = await dispatch.claim(self.db, pool=s.pool, worker_id=self.id,
-                                                   limit=want, lease_seconds=s.lease_seconds)
+                    sent = time.monotonic()
+                    claimed = await dispatch.claim(
+                        self.db,
+                        pool=s.pool,
+                        worker_id=self.id,
+                        limit=want,
+                        lease_seconds=s.lease_seconds,
+                    )
+                    if self._stopping.is_set():
+                        # Stopped while the claim was in flight: give them back unstarted.
+                        await self._release(claimed)
+                        break
                     for c in claimed:
-                        self._start(c)
+                        self._start(c, sent + s.lease_seconds)
                     if len(claimed) == want:
                         continue
                     row = await self.db.fetchone("OccurrenceNextDue", {"pool": s.pool})
@@ -138,10 +212,28 @@ class Worker:
             except Exception as e:
                 log.warning("claim failed", extra={"action": "claim_failed", "error": str(e)})
                 delay = 1.0
-            self._wake.clear()
-            if delay > 0:
+            if delay > 0 and not self._stopping.is_set():
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._wake.wait(), min(delay, s.poll_seconds))
+
+    async def _release(self, claimed: list[Claimed]) -> None:
+        """Give claimed-but-unstarted occurrences back: pending now, attempt not consumed."""
+        if not claimed:
+            return
+        try:
+            released = await dispatch.release(self.db, [(c.key, c.fence) for c in claimed])
+        except Exception as e:
+            log.error(
+                "could not release claimed occurrences; their leases will expire and be reaped",
+                extra={"action": "release_failed", "error": str(e), "n": len(claimed)},
+            )
+            released = set()
+        for c in claimed:
+            log.info(
+                "released unstarted occurrence",
+                extra={"action": "released", "key": c.key, "fence": c.fence},
+            )
+            self._report(Outcome(c, "released" if c.key in released else "stale"))
 
     async def _listen(self) -> None:
         """LISTEN cronwell_due on a dedicated connection; wake the claim loop when a batch
@@ -157,51 +249,125 @@ class Worker:
                             if self.settings.pool in json.loads(n.payload):
                                 self._wake.set()
             except (psycopg.Error, OSError) as e:
-                log.info("listen connection lost; polling until it is back",
-                         extra={"action": "listen_lost", "error": str(e)})
+                log.info(
+                    "listen connection lost; polling until it is back",
+                    extra={"action": "listen_lost", "error": str(e)},
+                )
                 await asyncio.sleep(1.0)
 
     # -- running ----------------------------------------------------------------------
 
-    def _start(self, c: Claimed) -> None:
-        ctx = Context(key=c.key, fence=c.fence, scheduled_for=c.scheduled_for,
-                      attempt=c.attempt, namespace=c.namespace, name=c.name, db=self.db)
-        r = _Running(c, ctx)
+    def _start(self, c: Claimed, deadline: float) -> None:
+        pool = self.settings.pool
+        if c.attempt == 1:
+            self.metrics.start_lag.labels(pool).observe(
+                (c.started_at - c.scheduled_for).total_seconds()
+            )
+        ctx = Context(
+            key=c.key,
+            fence=c.fence,
+            scheduled_for=c.scheduled_for,
+            attempt=c.attempt,
+            namespace=c.namespace,
+            name=c.name,
+            db=self.db,
+        )
+        old = self.running.get(c.key)
+        if old is not None:
+            # Claimed again: the attempt this worker still runs for the key lost its lease.
+            self._cancel(old, ABORT_LEASE_LOST, "the occurrence was claimed again")
+        r = _Running(c, ctx, deadline)
         self.running[c.key] = r
         r.task = asyncio.create_task(self._execute(r), name=f"attempt {c.key}")
 
+    def _client(self, spec: ScheduledJobSpec) -> httpx.AsyncClient:
+        assert self._http is not None
+        if spec.target.http is not None and not spec.target.http.verify_tls:
+            if self._http_insecure is None:
+                self._http_insecure = httpx.AsyncClient(follow_redirects=False, verify=False)
+            return self._http_insecure
+        return self._http
+
     async def _execute(self, r: _Running) -> None:
+        try:
+            await self._attempt(r)
+        finally:
+            # The same key may have been claimed again meanwhile (a new attempt under a
+            # new fence after this one lost its lease): remove only this attempt.
+            if self.running.get(r.claimed.key) is r:
+                del self.running[r.claimed.key]
+            self._wake.set()
+
+    async def _attempt(self, r: _Running) -> None:
         c, ctx = r.claimed, r.ctx
-        extra = {"job": f"{c.namespace}/{c.name}", "key": c.key, "attempt": c.attempt,
-                 "fence": c.fence}
+        extra = {
+            "job": f"{c.namespace}/{c.name}",
+            "key": c.key,
+            "attempt": c.attempt,
+            "fence": c.fence,
+        }
         try:
             spec = ScheduledJobSpec.model_validate(c.spec)
         except Exception as e:
-            await self._failed(c, targets.TargetError(
-                f"stored spec is invalid: {e}", retryable=False, sent=False,
-                reason="InvalidTarget"), extra)
+            await self._failed(
+                c,
+                targets.TargetError(
+                    f"stored spec is invalid: {e}",
+                    retryable=False,
+                    sent=False,
+                    reason="InvalidTarget",
+                ),
+                extra,
+            )
             return
+        error: targets.TargetError | None = None
+        outcome = "failed"
         try:
-            assert self._http is not None
             await asyncio.wait_for(
-                targets.run(spec.target, ctx, self._http, c.timeout_seconds), c.timeout_seconds)
-        except (asyncio.CancelledError, LeaseLost):
+                targets.run(spec.target, ctx, self._client(spec), c.timeout_seconds),
+                c.timeout_seconds,
+            )
+        except asyncio.CancelledError:
             ctx.cancelled.set()
-            log.warning("attempt aborted: lease lost or cancelled", extra=extra)
-            self._report(Outcome(c, "lease_lost"))
-            self.running.pop(c.key, None)
+            r.completing = True
+            if r.abort == ABORT_SHUTDOWN:
+                await self._failed(
+                    c,
+                    targets.TargetError(
+                        "cancelled: the worker shut down before the attempt finished",
+                        reason="WorkerShutdown",
+                    ),
+                    extra,
+                    outcome="cancelled",
+                    retry=spec.retry,
+                    immediate=True,
+                )
+                return
+            log.warning(
+                "attempt aborted: lease lost", extra=extra | {"why": r.abort or "cancelled"}
+            )
+            self._report(Outcome(c, "lease_lost", error=r.abort))
+            return
+        except LeaseLost as e:
+            # Raised by the handler: ctx.check_cancelled(), or ctx.transaction() whose
+            # fenced completion matched nothing (its effect was rolled back).
+            ctx.cancelled.set()
+            log.warning("attempt aborted: lease lost", extra=extra | {"error": str(e)})
+            self._report(Outcome(c, "lease_lost", error=str(e)))
             return
         except TimeoutError:
-            await self._failed(c, targets.TargetError(
-                f"attempt timed out after {c.timeout_seconds}s", reason="Timeout"), extra,
-                outcome="timeout", retry=spec.retry)
-            return
+            error = targets.TargetError(
+                f"attempt timed out after {c.timeout_seconds}s", reason="Timeout"
+            )
+            outcome = "timeout"
         except targets.TargetError as e:
-            await self._failed(c, e, extra, retry=spec.retry)
-            return
+            error = e
         except Exception as e:
-            await self._failed(c, targets.TargetError(f"{type(e).__name__}: {e}"), extra,
-                               retry=spec.retry)
+            error = targets.TargetError(f"{type(e).__name__}: {e}")
+        # The target is over; what is left (recording it) is never aborted.
+        r.completing = True
+        if error is not None:
+            await self._failed(c, error, extra, outcome=outcome, retry=spec.retry)
             return
         if ctx.completed_in_transaction:
             ok = True
@@ -210,36 +376,75 @@ class Worker:
         self._report(Outcome(c, "succeeded" if ok else "stale"))
         if not ok:
             log.warning("completion rejected: fence is stale", extra=extra)
-        self.running.pop(c.key, None)
 
-    async def _failed(self, c: Claimed, e: targets.TargetError, extra: dict[str, Any], *,
-                      outcome: str = "failed", retry: RetryPolicy | None = None) -> None:
+    async def _failed(
+        self,
+        c: Claimed,
+        e: targets.TargetError,
+        extra: dict[str, Any],
+        *,
+        outcome: str = "failed",
+        retry: RetryPolicy | None = None,
+        immediate: bool = False,
+    ) -> None:
+        """Record a failed attempt, fenced: retry after a backoff, or dead-letter it.
+
+        Not retried: errors retrying cannot fix (HTTP 4xx but 408/429, unknown handler,
+        invalid target), the last attempt, and under AtMostOnce any attempt that may have
+        had an effect (`sent`): that one is dead with reason Ambiguous."""
         at_most_once = c.delivery == Delivery.AT_MOST_ONCE
-        retry_ok = e.retryable and c.attempt < c.max_attempts and (e.sent is False or
-                                                                   not at_most_once)
-        reason = "Ambiguous" if at_most_once and e.sent and e.retryable else e.reason
+        ambiguous = at_most_once and e.sent and e.retryable
+        retry_ok = e.retryable and c.attempt < c.max_attempts and not ambiguous
+        reason = "Ambiguous" if ambiguous else e.reason
         if retry_ok:
-            state, delay = "pending", backoff_seconds(retry or RetryPolicy(), c.attempt)
+            delay = 0.0 if immediate else backoff_seconds(retry or RetryPolicy(), c.attempt)
+            state = "pending"
         else:
             state, delay = "dead", 0.0
-            if e.retryable and reason != "Ambiguous":
+            if e.retryable and not ambiguous:
                 reason = "AttemptsExhausted"
         try:
-            new = await dispatch.fail(self.db, key=c.key, fence=c.fence, next_state=state,
-                                      reason=reason, error=str(e), delay_seconds=delay,
-                                      outcome=outcome)
+            new = await dispatch.fail(
+                self.db,
+                key=c.key,
+                fence=c.fence,
+                next_state=state,
+                reason=reason,
+                error=str(e),
+                delay_seconds=delay,
+                outcome=outcome,
+            )
         except Exception as db_error:
-            log.error("could not record failure; the lease will expire and be reaped",
-                      extra=extra | {"error": str(db_error)})
+            log.error(
+                "could not record failure; the lease will expire and be reaped",
+                extra=extra | {"error": str(db_error)},
+            )
             new = None
-        log.warning("attempt failed", extra=extra | {"error": str(e), "next": new or "stale",
-                                                     "retry_in": round(delay, 3)})
-        self._report(Outcome(c, "retry" if new == "pending" else ("dead" if new else "stale"),
-                             error=str(e)))
-        self.running.pop(c.key, None)
-        self._wake.set()
+        if new == "dead":
+            log.error(
+                "occurrence dead-lettered",
+                extra=extra | {"action": "dead_letter", "reason": reason, "error": str(e)[:500]},
+            )
+        else:
+            log.warning(
+                "attempt failed",
+                extra=extra
+                | {"error": str(e), "next": new or "stale", "retry_in": round(delay, 3)},
+            )
+        result = {"pending": "retry", "dead": "dead", None: "stale"}[new]
+        if outcome == "cancelled" and new is not None:
+            result = "cancelled"
+        self._report(Outcome(c, result, error=str(e)))
 
     def _report(self, outcome: Outcome) -> None:
+        m, pool = self.metrics, self.settings.pool
+        m.outcomes.labels(pool, outcome.result).inc()
+        if outcome.result == "lease_lost":
+            m.lease_lost.labels(pool).inc()
+        elif outcome.result == "stale":
+            m.fence_rejections.labels(pool).inc()
+        m.running.labels(pool).set(len(self.running))
+        m.utilisation.labels(pool).set(len(self.running) / self.settings.concurrency)
         self._wake.set()
         if self.on_outcome is not None:
             self.on_outcome(outcome)
@@ -269,59 +474,107 @@ class Worker:
                 ok = await dispatch.succeed(self.db, [(k, f) for k, f, _ in batch])
                 break
             except Exception as e:
-                log.warning("completion write failed; retrying",
-                            extra={"action": "complete_retry", "error": str(e)})
-                await asyncio.sleep(min(2.0, 0.1 * 2 ** attempt))
+                log.warning(
+                    "completion write failed; retrying",
+                    extra={"action": "complete_retry", "error": str(e)},
+                )
+                await asyncio.sleep(min(2.0, 0.1 * 2**attempt))
         else:
             ok = set()
         for k, _, fut in batch:
             if not fut.done():
                 fut.set_result(k in ok)
 
-    # -- heartbeats -------------------------------------------------------------------
+    # -- heartbeats and self-fencing --------------------------------------------------
 
     async def _heartbeat_loop(self) -> None:
         lease = self.settings.lease_seconds
         while True:
             await asyncio.sleep(lease / 3)
-            await self.heartbeat_once()
+            try:
+                # A hung renewal must not hold up the next one (the watchdog self-fences).
+                await asyncio.wait_for(self.heartbeat_once(), lease / 2)
+            except TimeoutError:
+                log.warning("heartbeat timed out", extra={"action": "heartbeat_failed"})
 
     async def heartbeat_once(self) -> None:
         lease = self.settings.lease_seconds
+        # Attempts that are only completing are renewed too (a slow completion write must
+        # not let the lease lapse), but a renewal they miss aborts nothing.
         held = [(k, r.claimed.fence) for k, r in self.running.items()]
-        try:
-            alive = await dispatch.heartbeat(self.db, worker_id=self.id, running=held,
-                                             lease_seconds=lease)
-            self._last_heartbeat_ok = time.monotonic()
-        except Exception as e:
-            log.warning("heartbeat failed", extra={"action": "heartbeat_failed",
-                                                    "error": str(e)})
-            # Self-fence: past our lease without a renewal, another worker may own them.
-            if time.monotonic() - self._last_heartbeat_ok > lease * 0.9:
-                self._abort([k for k, _ in held], "no heartbeat within the lease")
+        if not held:
             return
-        self._abort([k for k, _ in held if k not in alive], "lease lost")
-
-    def _abort(self, keys: list[str], why: str) -> None:
-        for k in keys:
+        sent = time.monotonic()
+        try:
+            alive = await dispatch.heartbeat(
+                self.db, worker_id=self.id, running=held, lease_seconds=lease
+            )
+        except Exception as e:
+            log.warning("heartbeat failed", extra={"action": "heartbeat_failed", "error": str(e)})
+            return
+        for k, fence in held:
             r = self.running.get(k)
-            if r is None or r.task is None or r.task.done():
+            if r is None or r.claimed.fence != fence:
                 continue
-            log.warning("LeaseLost: aborting attempt", extra={
-                "action": "lease_lost", "key": k, "fence": r.claimed.fence,
-                "attempt": r.claimed.attempt, "why": why})
-            r.ctx.cancelled.set()
-            r.task.cancel()
+            if k in alive:
+                r.deadline = max(r.deadline, sent + lease)
+            elif not (r.completing or r.ctx.completed_in_transaction):
+                self._cancel(r, ABORT_LEASE_LOST, "a heartbeat renewed nothing")
+
+    async def _watchdog_loop(self) -> None:
+        """Self-fencing: abandon attempts whose lease may have run out unrenewed."""
+        lease = self.settings.lease_seconds
+        margin = self_fence_margin(lease)
+        while True:
+            await asyncio.sleep(min(0.25, lease / 8))
+            now = time.monotonic()
+            for r in list(self.running.values()):
+                if not r.completing and now >= r.deadline - margin:
+                    self._cancel(
+                        r, ABORT_SELF_FENCE, "no heartbeat renewed the lease within its term"
+                    )
+
+    def _cancel(self, r: _Running, why: str, detail: str) -> None:
+        """Abort an attempt at once: flag for sync handlers, task cancellation for the rest
+        (a sync handler's thread also gets LeaseLost raised inside it)."""
+        if r.task is None or r.task.done() or r.abort is not None or r.completing:
+            return
+        log.warning(
+            "LeaseLost: aborting attempt" if why != ABORT_SHUTDOWN else "cancelling attempt",
+            extra={
+                "action": why,
+                "key": r.claimed.key,
+                "fence": r.claimed.fence,
+                "attempt": r.claimed.attempt,
+                "why": detail,
+            },
+        )
+        r.abort = why
+        r.ctx.cancelled.set()
+        r.task.cancel()
+
+    # -- registry ---------------------------------------------------------------------
+
+    async def _register(self) -> None:
+        with contextlib.suppress(Exception):
+            await self.db.execute(
+                "ProcessHeartbeat",
+                {
+                    "id": self.id,
+                    "role": "worker",
+                    "pool": self.settings.pool,
+                    "hostname": socket.gethostname(),
+                    "pid": os.getpid(),
+                    "version": _version(),
+                    "concurrency": self.settings.concurrency,
+                    "running": len(self.running),
+                },
+            )
 
     async def _registry_loop(self) -> None:
         while True:
-            with contextlib.suppress(Exception):
-                await self.db.execute("ProcessHeartbeat", {
-                    "id": self.id, "role": "worker", "pool": self.settings.pool,
-                    "hostname": socket.gethostname(), "pid": os.getpid(),
-                    "version": _version(), "concurrency": self.settings.concurrency,
-                    "running": len(self.running)})
             await asyncio.sleep(5.0)
+            await self._register()
 
 
 def _version() -> str:

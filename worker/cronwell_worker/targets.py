@@ -27,8 +27,9 @@ class TargetError(Exception):
     """A failed attempt. `retryable` False means retrying cannot help (HTTP 4xx, bad config);
     `sent` False means the effect certainly did not start (safe even for AtMostOnce)."""
 
-    def __init__(self, message: str, *, retryable: bool = True, sent: bool = True,
-                 reason: str = "Failed"):
+    def __init__(
+        self, message: str, *, retryable: bool = True, sent: bool = True, reason: str = "Failed"
+    ):
         super().__init__(message)
         self.retryable = retryable
         self.sent = sent
@@ -41,15 +42,20 @@ def _expand(value: str) -> str:
     def sub(m: re.Match[str]) -> str:
         name = m.group(1)
         if name not in os.environ:
-            raise TargetError(f"header refers to unset environment variable {name}",
-                              retryable=False, sent=False, reason="InvalidTarget")
+            raise TargetError(
+                f"header refers to unset environment variable {name}",
+                retryable=False,
+                sent=False,
+                reason="InvalidTarget",
+            )
         return os.environ[name]
 
     return _ENV_REF.sub(sub, value)
 
 
-async def run_http(target: HttpTarget, ctx: Context, client: httpx.AsyncClient,
-                   timeout_seconds: float) -> None:
+async def run_http(
+    target: HttpTarget, ctx: Context, client: httpx.AsyncClient, timeout_seconds: float
+) -> None:
     headers = {k: _expand(v) for k, v in target.headers.items()}
     headers |= {
         "Idempotency-Key": ctx.key,
@@ -59,19 +65,25 @@ async def run_http(target: HttpTarget, ctx: Context, client: httpx.AsyncClient,
     }
     try:
         resp = await client.request(
-            target.method, target.url, headers=headers, content=target.body,
+            target.method,
+            target.url,
+            headers=headers,
+            content=target.body,
             timeout=httpx.Timeout(timeout_seconds, connect=target.connect_timeout_seconds),
         )
-    except httpx.ConnectError as e:
-        raise TargetError(f"connect to {target.url} failed: {e}", sent=False) from e
+    except (httpx.ConnectError, httpx.ConnectTimeout) as e:
+        # No connection, so no request: nothing was sent (safe to retry even AtMostOnce).
+        raise TargetError(f"connect to {target.url} failed: {e!r}", sent=False) from e
     except httpx.HTTPError as e:
         raise TargetError(f"{target.method} {target.url}: {type(e).__name__}: {e}") from e
     if 200 <= resp.status_code < 300:
         return
     retryable = not (400 <= resp.status_code < 500) or resp.status_code in (408, 429)
-    raise TargetError(f"{target.method} {target.url} answered {resp.status_code}: "
-                      f"{resp.text[:200]}", retryable=retryable,
-                      reason=f"HTTP{resp.status_code}")
+    raise TargetError(
+        f"{target.method} {target.url} answered {resp.status_code}: {resp.text[:200]}",
+        retryable=retryable,
+        reason=f"HTTP{resp.status_code}",
+    )
 
 
 async def run_handler(name: str, ctx: Context) -> None:
@@ -80,7 +92,11 @@ async def run_handler(name: str, ctx: Context) -> None:
         raise TargetError(
             f"no handler named {name!r} is registered in this worker (registered: "
             f"{', '.join(handlers.registered()) or 'none'}); import the module that "
-            "defines it with --import", retryable=False, sent=False, reason="UnknownHandler")
+            "defines it with --import",
+            retryable=False,
+            sent=False,
+            reason="UnknownHandler",
+        )
     if asyncio.iscoroutinefunction(fn):
         await fn(ctx)
         return
@@ -98,7 +114,7 @@ async def _run_sync(fn: Any, ctx: Context) -> None:
         ident.append(threading.get_ident())
         try:
             fn(ctx)
-        except BaseException as e:  # noqa: BLE001 - handed to the event loop
+        except BaseException as e:
             loop.call_soon_threadsafe(_settle, done, e)
         else:
             loop.call_soon_threadsafe(_settle, done, None)
@@ -110,8 +126,9 @@ async def _run_sync(fn: Any, ctx: Context) -> None:
     except asyncio.CancelledError:
         ctx.cancelled.set()
         if ident:
-            ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(ident[0]),
-                                                       ctypes.py_object(LeaseLost))
+            ctypes.pythonapi.PyThreadState_SetAsyncExc(
+                ctypes.c_ulong(ident[0]), ctypes.py_object(LeaseLost)
+            )
         raise
 
 
@@ -124,8 +141,9 @@ def _settle(fut: asyncio.Future[None], exc: BaseException | None) -> None:
         fut.set_exception(exc)
 
 
-async def run(target: Target, ctx: Context, client: httpx.AsyncClient,
-              timeout_seconds: float) -> None:
+async def run(
+    target: Target, ctx: Context, client: httpx.AsyncClient, timeout_seconds: float
+) -> None:
     """Run one attempt of `target`."""
     if target.http is not None:
         await run_http(target.http, ctx, client, timeout_seconds)
@@ -133,6 +151,14 @@ async def run(target: Target, ctx: Context, client: httpx.AsyncClient,
         ctx.payload = dict(target.handler.payload)
         await run_handler(target.handler.name, ctx)
     elif target.log is not None:
-        log.info("%s", target.log.message, extra={
-            "action": "log_target", "job": f"{ctx.namespace}/{ctx.name}", "key": ctx.key,
-            "attempt": ctx.attempt, "fence": ctx.fence})
+        log.info(
+            "%s",
+            target.log.message,
+            extra={
+                "action": "log_target",
+                "job": f"{ctx.namespace}/{ctx.name}",
+                "key": ctx.key,
+                "attempt": ctx.attempt,
+                "fence": ctx.fence,
+            },
+        )

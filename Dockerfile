@@ -1,0 +1,52 @@
+# syntax=docker/dockerfile:1
+# cronwell image: one image for every process; the chart runs
+#   cronwell operator | cronwell scheduler | cronwell worker --pool NAME | cronwell migrate
+# Build: make docker-build IMG_REPO=registry.example/cronwell IMG_TAG=0.1.0
+#
+# Handler code (`--import MODULE`) goes in an image built FROM this one; /app is the working
+# directory and on PYTHONPATH, so a module copied there imports by name:
+#   FROM registry.example/cronwell:0.1.0
+#   USER root
+#   COPY requirements.txt /tmp/requirements.txt
+#   RUN pip install --no-cache-dir -r /tmp/requirements.txt   # the handlers' own dependencies
+#   USER 10001:10001
+#   COPY --chown=10001:10001 myhandlers/ /app/myhandlers/
+# and run `cronwell worker --pool NAME --import myhandlers` (chart: worker.pools[].imports).
+
+# checkov:skip=CKV_DOCKER_2: Kubernetes ignores HEALTHCHECK; the chart's probes check /metrics
+
+# ---- builder: wheels for cronwell and every dependency --------------------------------
+FROM python:3.11-slim-bookworm AS builder
+ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
+WORKDIR /src
+COPY pyproject.toml README.md ./
+COPY cronwell/ cronwell/
+COPY operator/ operator/
+COPY worker/ worker/
+RUN pip wheel --wheel-dir /wheels .
+
+# ---- runtime: a virtualenv with the wheels, run as an unprivileged user -----------------
+FROM python:3.11-slim-bookworm AS runtime
+ENV PYTHONDONTWRITEBYTECODE=1 \
+    PYTHONUNBUFFERED=1 \
+    PIP_NO_CACHE_DIR=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    VIRTUAL_ENV=/opt/cronwell \
+    PATH=/opt/cronwell/bin:$PATH \
+    PYTHONPATH=/app \
+    HOME=/tmp
+RUN groupadd --gid 10001 cronwell \
+ && useradd --uid 10001 --gid 10001 --no-create-home --home-dir /nonexistent \
+      --shell /usr/sbin/nologin cronwell \
+ && python -m venv /opt/cronwell \
+ && mkdir -p /app \
+ && chown 10001:10001 /app
+RUN --mount=type=bind,from=builder,source=/wheels,target=/wheels \
+    /opt/cronwell/bin/pip install --no-index --find-links=/wheels cronwell \
+ && /opt/cronwell/bin/cronwell --help > /dev/null
+WORKDIR /app
+# Numeric, so that Kubernetes' runAsNonRoot can check it without reading /etc/passwd.
+USER 10001:10001
+EXPOSE 9090 9443
+ENTRYPOINT ["cronwell"]
+CMD ["--help"]

@@ -1,0 +1,201 @@
+{{/* Names ------------------------------------------------------------------------------ */}}
+
+{{- define "cronwell.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* "<release>-cronwell", or the release name when it already contains the chart name. */}}
+{{- define "cronwell.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/* Component names: <fullname>-<component>, within 63 characters. Call with (list $ "x"). */}}
+{{- define "cronwell.componentName" -}}
+{{- $root := index . 0 }}
+{{- printf "%s-%s" (include "cronwell.fullname" $root | trunc 40 | trimSuffix "-") (index . 1) | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "cronwell.workerName" -}}
+{{- include "cronwell.componentName" (list (index . 0) (printf "worker-%s" (index . 1))) }}
+{{- end }}
+
+{{- define "cronwell.leaseName" -}}
+{{- include "cronwell.componentName" (list . "operator") }}
+{{- end }}
+
+{{- define "cronwell.webhookServiceName" -}}
+{{- include "cronwell.componentName" (list . "webhook") }}
+{{- end }}
+
+{{- define "cronwell.webhookSecretName" -}}
+{{- include "cronwell.componentName" (list . "webhook-tls") }}
+{{- end }}
+
+{{/* Labels ------------------------------------------------------------------------------ */}}
+
+{{- define "cronwell.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "cronwell.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end }}
+
+{{- define "cronwell.labels" -}}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{ include "cronwell.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/part-of: cronwell
+{{- with .Values.commonLabels }}
+{{ toYaml . }}
+{{- end }}
+{{- end }}
+
+{{/* Labels of one component. Call with (list $ "scheduler"). */}}
+{{- define "cronwell.componentLabels" -}}
+{{ include "cronwell.labels" (index . 0) }}
+app.kubernetes.io/component: {{ index . 1 }}
+{{- end }}
+
+{{- define "cronwell.componentSelectorLabels" -}}
+{{ include "cronwell.selectorLabels" (index . 0) }}
+app.kubernetes.io/component: {{ index . 1 }}
+{{- end }}
+
+{{/* Image -------------------------------------------------------------------------------- */}}
+
+{{/* repository@digest, or repository:tag (default: appVersion). Call with
+(dict "root" $ "image" $override): an override with a repository replaces the whole image
+(a handler image built FROM cronwell's), otherwise .Values.image is used. */}}
+{{- define "cronwell.image" -}}
+{{- $img := .root.Values.image }}
+{{- if and .image .image.repository }}
+{{- $img = .image }}
+{{- end }}
+{{- if $img.digest }}
+{{- printf "%s@%s" $img.repository $img.digest }}
+{{- else }}
+{{- printf "%s:%s" $img.repository (toString (default .root.Chart.AppVersion $img.tag)) }}
+{{- end }}
+{{- end }}
+
+{{/* Database access: required Secret, mounted as a file ------------------------------- */}}
+
+{{- define "cronwell.databaseSecret" -}}
+{{- required "database.existingSecret is required: the name of a Secret in the release namespace holding the PostgreSQL URL (see docs/deploy.md)" .Values.database.existingSecret }}
+{{- end }}
+
+{{/* Environment shared by every cronwell container. */}}
+{{- define "cronwell.env" -}}
+- name: CRONWELL_DATABASE_URL_FILE
+  value: /etc/cronwell/database/{{ .Values.database.secretKey }}
+- name: PGSSLMODE
+  value: {{ .Values.database.sslmode | quote }}
+{{- if has .Values.database.sslmode (list "verify-ca" "verify-full") }}
+- name: PGSSLROOTCERT
+  value: {{ if .Values.database.sslRootCert.existingSecret }}/etc/cronwell/database-ca/{{ .Values.database.sslRootCert.key }}{{ else }}system{{ end }}
+{{- end }}
+- name: CRONWELL_PARTITIONS
+  value: {{ .Values.config.partitions | quote }}
+- name: CRONWELL_LOG_LEVEL
+  value: {{ .Values.config.logLevel | quote }}
+- name: CRONWELL_LOG_FORMAT
+  value: {{ .Values.config.logFormat | quote }}
+- name: CRONWELL_METRICS_PORT
+  value: {{ .Values.metrics.port | quote }}
+- name: HOME
+  value: /tmp
+- name: POD_NAME
+  valueFrom:
+    fieldRef:
+      fieldPath: metadata.name
+- name: POD_NAMESPACE
+  valueFrom:
+    fieldRef:
+      fieldPath: metadata.namespace
+{{- with .Values.config.extraEnv }}
+{{ toYaml . }}
+{{- end }}
+{{- end }}
+
+{{- define "cronwell.volumeMounts" -}}
+- name: database
+  mountPath: /etc/cronwell/database
+  readOnly: true
+{{- if and .Values.database.sslRootCert.existingSecret (has .Values.database.sslmode (list "verify-ca" "verify-full")) }}
+- name: database-ca
+  mountPath: /etc/cronwell/database-ca
+  readOnly: true
+{{- end }}
+- name: tmp
+  mountPath: /tmp
+{{- end }}
+
+{{- define "cronwell.volumes" -}}
+- name: database
+  secret:
+    secretName: {{ include "cronwell.databaseSecret" . }}
+    defaultMode: 0440
+    items:
+      - key: {{ .Values.database.secretKey }}
+        path: {{ .Values.database.secretKey }}
+{{- if and .Values.database.sslRootCert.existingSecret (has .Values.database.sslmode (list "verify-ca" "verify-full")) }}
+- name: database-ca
+  secret:
+    secretName: {{ .Values.database.sslRootCert.existingSecret }}
+    defaultMode: 0444
+    items:
+      - key: {{ .Values.database.sslRootCert.key }}
+        path: {{ .Values.database.sslRootCert.key }}
+{{- end }}
+- name: tmp
+  emptyDir:
+    sizeLimit: {{ .Values.config.tmpSizeLimit }}
+{{- end }}
+
+{{/* Pod-level settings common to every pod. */}}
+{{- define "cronwell.podCommon" -}}
+securityContext:
+  {{- toYaml .Values.podSecurityContext | nindent 2 }}
+{{- with .Values.imagePullSecrets }}
+imagePullSecrets:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- end }}
+
+{{- define "cronwell.metricsPort" -}}
+- name: metrics
+  containerPort: {{ .Values.metrics.port }}
+  protocol: TCP
+{{- end }}
+
+{{/* Webhook TLS (Helm-generated) --------------------------------------------------------
+A CA and a serving certificate for the webhook Service, as YAML {ca.crt, tls.crt, tls.key}
+(base64). Reuses the existing Secret's when there is one (`helm upgrade` keeps the
+certificate); generated once per render and cached, so the Secret, the caBundle and the
+pods' checksum all see the same one. */}}
+{{- define "cronwell.webhookCert" -}}
+{{- $cache := .Values.operator.webhook }}
+{{- if not (hasKey $cache "_generated") }}
+{{- $secret := lookup "v1" "Secret" .Release.Namespace (include "cronwell.webhookSecretName" .) }}
+{{- if and $secret $secret.data (hasKey $secret.data "ca.crt") (hasKey $secret.data "tls.crt") (hasKey $secret.data "tls.key") }}
+{{- $_ := set $cache "_generated" (dict "ca.crt" (index $secret.data "ca.crt") "tls.crt" (index $secret.data "tls.crt") "tls.key" (index $secret.data "tls.key")) }}
+{{- else }}
+{{- $svc := include "cronwell.webhookServiceName" . }}
+{{- $ns := .Release.Namespace }}
+{{- $days := int .Values.operator.webhook.generatedCertDays }}
+{{- $ca := genCA (printf "%s-ca" $svc) $days }}
+{{- $dns := list $svc (printf "%s.%s" $svc $ns) (printf "%s.%s.svc" $svc $ns) (printf "%s.%s.svc.cluster.local" $svc $ns) }}
+{{- $cert := genSignedCert (printf "%s.%s.svc" $svc $ns) nil $dns $days $ca }}
+{{- $_ := set $cache "_generated" (dict "ca.crt" ($ca.Cert | b64enc) "tls.crt" ($cert.Cert | b64enc) "tls.key" ($cert.Key | b64enc)) }}
+{{- end }}
+{{- end }}
+{{- toYaml (get $cache "_generated") }}
+{{- end }}

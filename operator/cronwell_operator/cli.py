@@ -1,0 +1,97 @@
+"""`cronwell operator`, added to `cronwell` through the `cronwell.cli` entry points."""
+
+from __future__ import annotations
+
+import logging
+import sys
+from typing import Any
+
+import click
+
+from cronwell.cli import Env, metrics_port_option, run_until_signal
+from cronwell.metrics import Metrics
+from cronwell_operator.kube import Kube, api_client
+from cronwell_operator.leader import LeadershipLost
+from cronwell_operator.runner import Operator
+from cronwell_operator.settings import OperatorSettings
+
+
+def _drop_kopf_extras(record: logging.LogRecord) -> bool:
+    """kopf attaches its whole settings object and API references to every record; keep
+    the object's namespace/name and drop the rest (one readable line per event)."""
+    ref = record.__dict__.pop("k8s_ref", None)
+    for noise in ("settings", "k8s_skip"):
+        record.__dict__.pop(noise, None)
+    if isinstance(ref, dict) and "name" in ref:
+        record.__dict__["object"] = f"{ref.get('namespace', '')}/{ref['name']}"
+    return True
+
+
+@click.command("operator")
+@click.option(
+    "-n",
+    "--namespace",
+    "namespaces",
+    multiple=True,
+    help="Serve only this namespace (repeatable). Default: the whole cluster.",
+)
+@click.option("--kubeconfig", type=click.Path(dir_okay=False), help="Default: KUBECONFIG.")
+@click.option("--partitions", type=int, help="P of the schedulers (default 16).")
+@click.option(
+    "--leader-election/--no-leader-election",
+    default=None,
+    help="Hold a Lease so one replica reconciles at a time (default on).",
+)
+@click.option("--lease-namespace", help="Namespace of the Lease (default 'default').")
+@click.option("--lease-name", help="Name of the Lease (default 'cronwell-operator').")
+@click.option("--identity", help="Lease holder identity (default POD_NAME or host-pid).")
+@click.option("--lease-duration-seconds", type=float)
+@click.option("--renew-deadline-seconds", type=float)
+@click.option("--retry-period-seconds", type=float)
+@click.option("--status-qps", type=float, help="Status patches + Events per second (20).")
+@click.option("--status-burst", type=int, help="Burst above the QPS (40).")
+@click.option("--webhook-port", type=int, help="Serve the validating webhook (HTTPS).")
+@click.option("--webhook-addr", help="Listen address of the webhook (0.0.0.0).")
+@click.option(
+    "--webhook-host",
+    help="Host the API server calls; set it to let the operator manage the "
+    "ValidatingWebhookConfiguration 'cronwell.dev'.",
+)
+@click.option("--webhook-cert-dir", help="tls.crt/tls.key (self-signed if missing).")
+@metrics_port_option
+@click.pass_obj
+def operator(
+    env: Env,
+    /,
+    kubeconfig: str | None,
+    namespaces: tuple[str, ...],
+    metrics_port: int,
+    **opts: Any,
+) -> None:
+    """Run the Kubernetes operator: ScheduledJob CRs into the store (create, update, suspend,
+    trigger, delete with a finalizer, drift repair) and results back into their status."""
+    given = {k: v for k, v in opts.items() if v is not None}
+    if namespaces:
+        given["namespaces"] = list(namespaces)
+    settings = OperatorSettings(**given)
+    for h in logging.getLogger().handlers:
+        h.addFilter(_drop_kopf_extras)
+    # Served by every replica, leader or standby (readiness probes may point at it).
+    Metrics().serve(metrics_port)
+    holder: list[Operator] = []
+
+    async def go() -> None:
+        kube = Kube(api_client(kubeconfig))
+        try:
+            async with env.database(migrate_first=True) as db:
+                op = Operator(db, kube, settings)
+                holder.append(op)
+                await op.run()
+        finally:
+            kube.close()
+
+    try:
+        run_until_signal(go, lambda: holder[0].stop() if holder else None)
+    except LeadershipLost as e:
+        click.secho(f"error: {e}; exiting so that a restart rejoins as a standby", err=True)
+        sys.exit(3)

@@ -1,0 +1,225 @@
+"""The operator's own Kubernetes calls (status, Events, Lease, listing) outside kopf's handlers.
+
+The `kubernetes` client is synchronous: each call runs in a worker thread. Its errors are
+translated here into cronwell errors (KubeError and subclasses), raised `from` the original.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import uuid
+from collections.abc import Iterable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from kubernetes import client, config
+from kubernetes.client.exceptions import ApiException
+from urllib3.exceptions import HTTPError
+
+from cronwell.errors import CronwellError
+from cronwell.models import GROUP, VERSION
+
+PLURAL = "scheduledjobs"
+KIND = "ScheduledJob"
+COMPONENT = "cronwell-operator"
+
+
+class KubeError(CronwellError):
+    """The API server refused a request or could not be reached."""
+
+    def __init__(self, message: str, *, status: int | None = None):
+        self.status = status
+        super().__init__(message)
+
+
+class KubeNotFound(KubeError):
+    """The object does not exist (any more)."""
+
+
+class KubeConflict(KubeError):
+    """Optimistic concurrency: the object changed since it was read, or already exists."""
+
+
+def _translate(e: Exception, what: str) -> KubeError:
+    if isinstance(e, ApiException):
+        cls = {404: KubeNotFound, 409: KubeConflict}.get(e.status or 0, KubeError)
+        return cls(f"{what}: HTTP {e.status} {e.reason}", status=e.status)
+    return KubeError(f"{what}: {e}")
+
+
+@dataclass(frozen=True)
+class CRef:
+    """Identity of one ScheduledJob CR."""
+
+    uid: str
+    namespace: str
+    name: str
+
+
+def api_client(kubeconfig: str | None = None) -> client.ApiClient:
+    """In a Pod: the service account; elsewhere: KUBECONFIG (or ~/.kube/config)."""
+    if kubeconfig is None and os.environ.get("KUBERNETES_SERVICE_HOST"):
+        cfg = client.Configuration()
+        config.load_incluster_config(client_configuration=cfg)  # type: ignore[no-untyped-call]
+        return client.ApiClient(cfg)
+    api: client.ApiClient = config.new_client_from_config(  # type: ignore[no-untyped-call]
+        config_file=kubeconfig
+    )
+    return api
+
+
+class Kube:
+    """Async façade over the calls the operator makes besides kopf's own."""
+
+    def __init__(self, api: client.ApiClient):
+        self.api = api
+        self.custom = client.CustomObjectsApi(api)
+        self.core = client.CoreV1Api(api)
+        self.coordination = client.CoordinationV1Api(api)
+
+    def close(self) -> None:
+        self.api.close()  # type: ignore[no-untyped-call]
+
+    @staticmethod
+    async def _call(what: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return await asyncio.to_thread(fn, *args, **kwargs)
+        except (ApiException, HTTPError, OSError) as e:
+            raise _translate(e, what) from e
+
+    # -- ScheduledJobs
+
+    async def list_scheduledjobs(self, namespaces: Iterable[str] = ()) -> list[CRef]:
+        """Every ScheduledJob (paginated, each list a consistent snapshot)."""
+        out: list[CRef] = []
+        targets: list[str | None] = [*namespaces] or [None]
+        for ns in targets:
+            cont: str | None = None
+            while True:
+                kw: dict[str, Any] = {"limit": 500}
+                if cont:
+                    kw["_continue"] = cont
+                if ns is None:
+                    page = await self._call(
+                        "list ScheduledJobs",
+                        self.custom.list_cluster_custom_object,
+                        GROUP,
+                        VERSION,
+                        PLURAL,
+                        **kw,
+                    )
+                else:
+                    page = await self._call(
+                        f"list ScheduledJobs in {ns}",
+                        self.custom.list_namespaced_custom_object,
+                        GROUP,
+                        VERSION,
+                        ns,
+                        PLURAL,
+                        **kw,
+                    )
+                for item in page.get("items", []):
+                    meta = item["metadata"]
+                    out.append(CRef(meta["uid"], meta["namespace"], meta["name"]))
+                cont = page.get("metadata", {}).get("continue")
+                if not cont:
+                    break
+        return out
+
+    async def get_scheduledjob(self, namespace: str, name: str) -> dict[str, Any]:
+        obj: dict[str, Any] = await self._call(
+            f"get ScheduledJob {namespace}/{name}",
+            self.custom.get_namespaced_custom_object,
+            GROUP,
+            VERSION,
+            namespace,
+            PLURAL,
+            name,
+        )
+        return obj
+
+    async def patch_status(self, namespace: str, name: str, status: dict[str, Any]) -> None:
+        """Merge-patch the status subresource (keys set to None are removed)."""
+        await self._call(
+            f"patch status of ScheduledJob {namespace}/{name}",
+            self.custom.patch_namespaced_custom_object_status,
+            GROUP,
+            VERSION,
+            namespace,
+            PLURAL,
+            name,
+            {"status": status},
+            _content_type="application/merge-patch+json",
+        )
+
+    # -- Events
+
+    async def post_event(
+        self, ref: CRef, *, type_: str, reason: str, message: str, instance: str
+    ) -> None:
+        now = datetime.now(UTC)
+        event = client.CoreV1Event(
+            metadata=client.V1ObjectMeta(
+                name=f"{ref.name}.{uuid.uuid4().hex[:16]}", namespace=ref.namespace
+            ),
+            involved_object=client.V1ObjectReference(
+                api_version=f"{GROUP}/{VERSION}",
+                kind=KIND,
+                name=ref.name,
+                namespace=ref.namespace,
+                uid=ref.uid,
+            ),
+            reason=reason,
+            message=message[:1024],
+            type=type_,
+            count=1,
+            first_timestamp=now,
+            last_timestamp=now,
+            source=client.V1EventSource(component=COMPONENT),
+            reporting_component=COMPONENT,
+            reporting_instance=instance,
+        )
+        await self._call(
+            f"post Event {reason} for {ref.namespace}/{ref.name}",
+            self.core.create_namespaced_event,
+            ref.namespace,
+            event,
+        )
+
+    # -- Lease
+
+    async def get_lease(self, namespace: str, name: str) -> client.V1Lease | None:
+        try:
+            lease: client.V1Lease = await self._call(
+                f"get Lease {namespace}/{name}",
+                self.coordination.read_namespaced_lease,
+                name,
+                namespace,
+            )
+        except KubeNotFound:
+            return None
+        return lease
+
+    async def create_lease(self, namespace: str, lease: client.V1Lease) -> client.V1Lease:
+        assert lease.metadata is not None
+        created: client.V1Lease = await self._call(
+            f"create Lease {namespace}/{lease.metadata.name}",
+            self.coordination.create_namespaced_lease,
+            namespace,
+            lease,
+        )
+        return created
+
+    async def replace_lease(self, namespace: str, lease: client.V1Lease) -> client.V1Lease:
+        """Replace with the resourceVersion read: KubeConflict if anyone wrote it since."""
+        assert lease.metadata is not None
+        replaced: client.V1Lease = await self._call(
+            f"update Lease {namespace}/{lease.metadata.name}",
+            self.coordination.replace_namespaced_lease,
+            lease.metadata.name,
+            namespace,
+            lease,
+        )
+        return replaced

@@ -1,0 +1,86 @@
+"""Operator settings, from `cronwell operator` flags or CRONWELL_OPERATOR_* variables.
+Units are in the names; each default says why it is what it is."""
+
+from __future__ import annotations
+
+import os
+import socket
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+def _default_identity() -> str:
+    return os.environ.get("POD_NAME") or f"{socket.gethostname()}-{os.getpid()}"
+
+
+class OperatorSettings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="CRONWELL_OPERATOR_", extra="ignore", frozen=True)
+
+    namespaces: list[str] = Field(
+        default_factory=list,
+        description="Namespaces to serve; empty = the whole cluster. Drift repair only "
+        "tombstones store rows of these namespaces.",
+    )
+    partitions: int = Field(
+        16,
+        ge=1,
+        le=4096,
+        description="P of the schedulers (hash(uid) % P); must match CRONWELL_PARTITIONS.",
+    )
+    # -- leader election (coordination.k8s.io Lease), as client-go's defaults
+    leader_election: bool = Field(
+        True, description="Hold a Lease so that one replica reconciles at a time."
+    )
+    lease_name: str = Field("cronwell-operator", description="Name of the Lease object.")
+    lease_namespace: str = Field(
+        "default", description="Namespace of the Lease (the operator's own namespace)."
+    )
+    identity: str = Field(
+        default_factory=_default_identity, description="This replica's Lease holder identity."
+    )
+    lease_duration_seconds: float = Field(
+        15.0, gt=0, description="A standby takes over this long after the last renewal it saw."
+    )
+    renew_deadline_seconds: float = Field(
+        10.0,
+        gt=0,
+        description="The leader stops reconciling if it could not renew for this long (must "
+        "be below the lease duration, so it stops before anyone else can take over).",
+    )
+    retry_period_seconds: float = Field(
+        2.0, gt=0, description="How often the leader renews and standbys try to acquire."
+    )
+    # -- status write-back
+    status_qps: float = Field(
+        20.0,
+        gt=0,
+        description="Status patches + Events per second, for the whole operator "
+        "(controller-runtime's default QPS): a 50k burst must not flood the API server.",
+    )
+    status_burst: int = Field(40, ge=1, description="Requests allowed at once above the QPS.")
+    status_batch_size: int = Field(
+        2000, ge=1, description="Change-log rows read per pass (coalesced per job)."
+    )
+    status_poll_seconds: float = Field(
+        1.0, gt=0, description="Pause between passes when the change log is empty."
+    )
+    status_concurrency: int = Field(8, ge=1, description="Status requests in flight at once.")
+    # -- admission webhook
+    webhook_port: int | None = Field(
+        None, ge=1, le=65535, description="Serve the validating webhook on this port (HTTPS)."
+    )
+    webhook_addr: str = Field("0.0.0.0", description="Listen address of the webhook server.")
+    webhook_host: str | None = Field(
+        None,
+        description="Host the API server calls (a URL clientConfig). Unset with a port: "
+        "the webhook is served but the cluster's configuration is not managed.",
+    )
+    webhook_cert_dir: str | None = Field(
+        None,
+        description="tls.crt/tls.key (and ca.crt) for the webhook; missing files are "
+        "generated self-signed for webhook_host (local runs only).",
+    )
+    webhook_payload_max_bytes: int = Field(
+        65536, ge=1, description="Largest handler payload accepted (JSON bytes)."
+    )

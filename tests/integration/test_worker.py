@@ -1,0 +1,531 @@
+"""The worker runtime in-process against the real PostgreSQL: fenced completion, HTTP
+headers, error classification, backoff, dead-lettering and replay, suspendAfterFailures,
+AtMostOnce, LeaseLost aborts (async and sync handlers), self-fencing, graceful shutdown."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import socket
+import time
+from typing import Any
+
+import psycopg
+import pytest
+
+from cronwell import dispatch
+from cronwell.models import RetryPolicy
+from cronwell.schedule import format_instant
+from cronwell.store.db import Database
+from cronwell_worker.dlq import replay
+from cronwell_worker.runtime import backoff_seconds, self_fence_margin
+
+from .helpers import db_now, make_job
+from .worker_helpers import (
+    CONTROL,
+    EFFECTS_DDL,
+    FAR_FUTURE,
+    attempts,
+    handler_job,
+    http_server,
+    marks_of,
+    occurrence,
+    requeue,
+    running_worker,
+    sql,
+    started,
+    state_is,
+    steal,
+    trigger,
+    wait_for,
+)
+
+# -- pure logic -----------------------------------------------------------------------------
+
+
+def test_backoff_is_exponential_capped_and_jittered_into_half_to_full() -> None:
+    p = RetryPolicy(initial_delay_seconds=2, factor=3, max_delay_seconds=50)
+    rng = random.Random(7)
+    for attempt, base in [(1, 2), (2, 6), (3, 18), (4, 50), (9, 50)]:
+        for _ in range(200):
+            d = backoff_seconds(p, attempt, rng)
+            assert 0.5 * base <= d < base, (attempt, d)
+
+
+def test_self_fence_margin_is_below_the_lease() -> None:
+    assert self_fence_margin(1.0) == pytest.approx(0.1)
+    assert self_fence_margin(60.0) == 1.0
+
+
+# -- completion -----------------------------------------------------------------------------
+
+
+async def test_handler_job_completes_with_exactly_one_succeeded_attempt(
+    db: Database, db_url: str
+) -> None:
+    await sql(db, EFFECTS_DDL)
+    await handler_job(db, "ok", "t-sleepy-effect")
+    async with running_worker(db_url) as w:
+        key = await trigger(db, "ok")
+        o = await wait_for(lambda: state_is(db, key, "succeeded"))
+        assert (await w.outcome(key)).result == "succeeded"
+    atts = await attempts(db, key)
+    assert [(a["attempt"], a["outcome"], a["fence"]) for a in atts] == [
+        (1, "succeeded", o["fence"])
+    ]
+    assert atts[0]["worker_id"] == w.worker.id
+    assert await sql(db, "SELECT key, fence FROM test_effects") == [
+        {"key": key, "fence": o["fence"]}
+    ]
+    assert w.results(key) == ["succeeded"]
+
+
+async def test_http_target_sends_key_fence_instant_and_attempt(db: Database, db_url: str) -> None:
+    with http_server([503, 200]) as srv:
+        await make_job(
+            db,
+            "hook",
+            schedule=FAR_FUTURE,
+            target={"http": {"url": srv.url, "headers": {"X-Test": "yes"}, "body": "{}"}},
+            retry={"maxAttempts": 3, "initialDelaySeconds": 0},
+        )
+        async with running_worker(db_url):
+            key = await trigger(db, "hook")
+            o = await wait_for(lambda: state_is(db, key, "succeeded"))
+    atts = await attempts(db, key)
+    assert [a["outcome"] for a in atts] == ["failed", "succeeded"]
+    assert "503" in atts[0]["error"]
+    assert atts[0]["fence"] < atts[1]["fence"] == o["fence"]
+    assert len(srv.requests) == 2
+    for req, att in zip(srv.requests, atts, strict=True):
+        h = {k.lower(): v for k, v in req.headers.items()}
+        assert req.method == "POST" and req.body == b"{}"
+        assert h["idempotency-key"] == key
+        assert h["cronwell-fence-token"] == str(att["fence"])
+        assert h["cronwell-scheduled-for"] == format_instant(o["scheduled_for"])
+        assert h["cronwell-attempt"] == str(att["attempt"])
+        assert h["x-test"] == "yes"
+
+
+# -- error classification -------------------------------------------------------------------
+
+
+async def test_http_4xx_is_not_retried_but_408_429_and_5xx_are(db: Database, db_url: str) -> None:
+    expect = {400: False, 404: False, 408: True, 429: True, 500: True}
+    keys: dict[int, str] = {}
+    with http_server() as srv:
+        for status in expect:
+            await make_job(
+                db,
+                f"s{status}",
+                schedule=FAR_FUTURE,
+                target={"http": {"url": f"{srv.base}/status/{status}"}},
+                retry={"maxAttempts": 2, "initialDelaySeconds": 0},
+            )
+        async with running_worker(db_url):
+            for status in expect:
+                keys[status] = await trigger(db, f"s{status}")
+            for key in keys.values():
+                await wait_for(lambda key=key: state_is(db, key, "dead"))  # type: ignore[misc]
+    for status, retried in expect.items():
+        o = await occurrence(db, keys[status])
+        assert f"answered {status}" in o["last_error"]
+        if retried:
+            assert (o["attempt"], o["reason"]) == (2, "AttemptsExhausted"), status
+        else:
+            assert (o["attempt"], o["reason"]) == (1, f"HTTP{status}"), status
+
+
+async def test_unknown_handler_and_invalid_target_are_dead_with_a_reason_worker_goes_on(
+    db: Database, db_url: str
+) -> None:
+    await sql(db, EFFECTS_DDL)
+    await handler_job(db, "nohandler", "no-such-handler")
+    await make_job(
+        db,
+        "badenv",
+        schedule=FAR_FUTURE,
+        target={
+            "http": {
+                "url": "http://127.0.0.1:9/x",
+                "headers": {"Authorization": "Bearer ${env:CRONWELL_TEST_SURELY_UNSET}"},
+            }
+        },
+    )
+    await make_job(db, "corrupt", schedule=FAR_FUTURE)
+    bad = {"corrupt": await trigger(db, "corrupt")}
+    # The stored spec is damaged after the occurrence exists (the worker reads it at claim).
+    await sql(db, "UPDATE cronwell_jobs SET spec = spec - 'target' WHERE name = 'corrupt'")
+    await handler_job(db, "good", "t-sleepy-effect")
+    async with running_worker(db_url) as w:
+        bad |= {n: await trigger(db, n) for n in ("nohandler", "badenv")}
+        for key in bad.values():
+            await wait_for(lambda key=key: state_is(db, key, "dead"))  # type: ignore[misc]
+        good = await trigger(db, "good")
+        await wait_for(lambda: state_is(db, good, "succeeded"))
+        assert not w.task.done()
+    o = await occurrence(db, bad["nohandler"])
+    assert (o["reason"], o["attempt"]) == ("UnknownHandler", 1)
+    assert "no handler named 'no-such-handler'" in o["last_error"]
+    assert "--import" in o["last_error"]
+    o = await occurrence(db, bad["badenv"])
+    assert (o["reason"], o["attempt"]) == ("InvalidTarget", 1)
+    assert "CRONWELL_TEST_SURELY_UNSET" in o["last_error"]
+    o = await occurrence(db, bad["corrupt"])
+    assert (o["reason"], o["attempt"]) == ("InvalidTarget", 1)
+    assert "stored spec is invalid" in o["last_error"]
+
+
+# -- retries, dead-lettering, replay --------------------------------------------------------
+
+
+async def test_backoff_moves_run_at_then_dead_then_replay_keeps_the_key(
+    db: Database, db_url: str
+) -> None:
+    CONTROL["retrying"] = True
+    await handler_job(
+        db,
+        "retrying",
+        "t-fail-while",
+        retry={"maxAttempts": 3, "initialDelaySeconds": 10, "factor": 2},
+    )
+
+    async def attempt_recorded(n: int) -> list[dict[str, Any]] | None:
+        atts = await attempts(db, key)
+        return atts if len(atts) >= n else None
+
+    async with running_worker(db_url):
+        key = await trigger(db, "retrying")
+        for n, base in [(1, 10.0), (2, 20.0)]:
+            atts = await wait_for(lambda n=n: attempt_recorded(n))  # type: ignore[misc]
+            o = await occurrence(db, key)
+            assert (o["state"], o["reason"], o["attempt"]) == ("pending", "Failed", n)
+            assert "failing on purpose" in o["last_error"]
+            # The failure and the new run_at were written in one transaction: same now().
+            delay = (o["run_at"] - atts[-1]["finished_at"]).total_seconds()
+            assert 0.5 * base <= delay < base, (n, delay)
+            # Time passes (the test does not wait out the backoff).
+            await sql(
+                db, "UPDATE cronwell_occurrences SET run_at = now() WHERE idempotency_key = %s", key
+            )
+        o = await wait_for(lambda: state_is(db, key, "dead"))
+        assert (o["reason"], o["attempt"], o["max_attempts"]) == ("AttemptsExhausted", 3, 3)
+        assert "failing on purpose" in o["last_error"]
+        assert CONTROL["calls:retrying"] == 3
+
+        CONTROL["retrying"] = False
+        replayed = await replay(db, key=key)
+        assert [(r["idempotency_key"], r["max_attempts"]) for r in replayed] == [(key, 6)]
+        o = await wait_for(lambda: state_is(db, key, "succeeded"))
+    atts = await attempts(db, key)
+    assert [(a["attempt"], a["outcome"]) for a in atts] == [
+        (1, "failed"),
+        (2, "failed"),
+        (3, "failed"),
+        (4, "succeeded"),
+    ]
+    fences = [a["fence"] for a in atts]
+    assert fences == sorted(set(fences)), "fences must strictly increase"
+    assert o["fence"] == fences[-1] and o["idempotency_key"] == key
+    assert CONTROL["calls:retrying"] == 4
+
+
+async def test_suspend_after_failures_counts_dead_runs_in_a_row(db: Database, db_url: str) -> None:
+    await handler_job(db, "flaky", "t-fail-while", retry={"maxAttempts": 1}, suspendAfterFailures=2)
+
+    async def job() -> dict[str, Any]:
+        (row,) = await sql(
+            db,
+            "SELECT consecutive_failures, suspended, suspended_reason FROM cronwell_jobs "
+            "WHERE name = 'flaky'",
+        )
+        return row
+
+    async with running_worker(db_url):
+        for failing, expect in [
+            (True, (1, False, None)),
+            (False, (0, False, None)),  # a success resets the count
+            (True, (1, False, None)),
+            (True, (2, True, "SuspendedAfterFailures")),
+        ]:
+            CONTROL["flaky"] = failing
+            key = await trigger(db, "flaky")
+            await wait_for(lambda key=key: state_is(db, key, "dead", "succeeded"))  # type: ignore[misc]
+            j = await job()
+            assert (j["consecutive_failures"], j["suspended"], j["suspended_reason"]) == expect
+
+
+# -- AtMostOnce -----------------------------------------------------------------------------
+
+
+async def test_at_most_once_never_reruns_an_ambiguous_attempt(db: Database, db_url: str) -> None:
+    CONTROL["amo"] = True
+    await handler_job(
+        db,
+        "amo",
+        "t-fail-while",
+        delivery="AtMostOnce",
+        retry={"maxAttempts": 5, "initialDelaySeconds": 0},
+    )
+    await handler_job(db, "amo-lease", "t-fail-while", delivery="AtMostOnce")
+    port = _closed_port()
+    await make_job(
+        db,
+        "amo-refused",
+        schedule=FAR_FUTURE,
+        delivery="AtMostOnce",
+        target={"http": {"url": f"http://127.0.0.1:{port}/x"}},
+        retry={"maxAttempts": 2, "initialDelaySeconds": 0},
+    )
+    # A worker claimed "amo-lease" and vanished: its lease runs out, the reaper decides.
+    lease_key = await trigger(db, "amo-lease")
+    (c,) = await dispatch.claim(db, pool="default", worker_id="gone", limit=5, lease_seconds=60)
+    await sql(
+        db,
+        "UPDATE cronwell_occurrences SET lease_expires_at = now() - interval '1 second' "
+        "WHERE idempotency_key = %s",
+        lease_key,
+    )
+    reaped = await dispatch.reap(db, limit=10)
+    assert [(r["state"], r["reason"]) for r in reaped] == [("dead", "Ambiguous")]
+
+    async with running_worker(db_url):
+        key = await trigger(db, "amo")
+        o = await wait_for(lambda: state_is(db, key, "dead"))
+        refused = await trigger(db, "amo-refused")
+        r = await wait_for(lambda: state_is(db, refused, "dead"))
+        # Replays skip Ambiguous occurrences unless asked.
+        assert await replay(db, name="amo") == []
+        assert await replay(db, key=lease_key) == []
+        await asyncio.sleep(0.5)  # give the worker every chance to (wrongly) run them again
+    assert (o["reason"], o["attempt"]) == ("Ambiguous", 1)
+    assert CONTROL["calls:amo"] == 1, "an ambiguous AtMostOnce attempt ran again"
+    assert [a["outcome"] for a in await attempts(db, key)] == ["failed"]
+    lease = await occurrence(db, lease_key)
+    assert (lease["state"], lease["reason"], lease["attempt"]) == ("dead", "Ambiguous", 1)
+    assert CONTROL.get("calls:amo-lease", 0) == 0
+    assert [a["outcome"] for a in await attempts(db, lease_key)] == ["lease_expired"]
+    # Refused connections sent nothing: safe to retry even AtMostOnce.
+    assert (r["reason"], r["attempt"]) == ("AttemptsExhausted", 2)
+    assert c.key == lease_key
+
+
+def _closed_port() -> int:
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port: int = s.getsockname()[1]
+    s.close()
+    return port
+
+
+# -- LeaseLost ------------------------------------------------------------------------------
+
+
+async def test_lease_lost_cancels_an_async_handler_at_once(db: Database, db_url: str) -> None:
+    await handler_job(db, "waiter", "t-wait-event")
+    async with running_worker(db_url, lease_seconds=1.5) as w:
+        key = await trigger(db, "waiter")
+        first = await started(key)
+        thief = await steal(db, key)
+        stolen_at = time.monotonic()
+
+        async def cancelled() -> list[dict[str, Any]]:
+            return marks_of(None, "cancelled", key)
+
+        (m,) = await wait_for(cancelled, 5, "the handler to be cancelled")
+        # Caught by the next heartbeat (every lease/3 = 0.5 s).
+        assert m["t"] - stolen_at < 1.5
+        assert m["flag"] is True and m["fence"] == first["fence"] < thief.fence
+        outcome = await w.outcome(key)
+        assert (outcome.result, outcome.error) == ("lease_lost", "lease_lost")
+    o = await occurrence(db, key)
+    assert (o["state"], o["fence"], o["worker_id"]) == ("running", thief.fence, "thief")
+    assert await dispatch.succeed(db, [(key, thief.fence)]) == {key}
+    atts = await attempts(db, key)
+    assert [(a["outcome"], a["fence"]) for a in atts] == [
+        ("lease_expired", first["fence"]),
+        ("succeeded", thief.fence),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("handler", "event"),
+    [("t-sync-spin", "injected"), ("t-sync-polite", "saw-flag")],
+)
+async def test_lease_lost_stops_a_sync_handler(
+    db: Database, db_url: str, handler: str, event: str
+) -> None:
+    """t-sync-spin never looks at ctx.cancelled: LeaseLost raised inside its thread stops
+    it. t-sync-polite swallows exceptions: ctx.cancelled stops it."""
+    await handler_job(db, "sync", handler)
+    async with running_worker(db_url, lease_seconds=1.5) as w:
+        key = await trigger(db, "sync")
+        await started(key)
+        thief = await steal(db, key)
+        stolen_at = time.monotonic()
+        (m,) = await wait_for(lambda: _marks(event, key), 5, f"the handler to see {event}")
+        assert m["t"] - stolen_at < 1.5
+        assert (await w.outcome(key)).result == "lease_lost"
+    assert not marks_of(None, "done", key)
+    o = await occurrence(db, key)
+    assert (o["state"], o["fence"]) == ("running", thief.fence)
+
+
+async def _marks(event: str, key: str) -> list[dict[str, Any]]:
+    return marks_of(None, event, key)
+
+
+async def test_a_key_claimed_again_by_the_same_worker_aborts_the_old_attempt(
+    db: Database, db_url: str
+) -> None:
+    """The lease runs out and this very worker claims the key again: the old attempt is
+    aborted at once, and the new one (new fence) is tracked and renewed like any other."""
+    await handler_job(db, "again", "t-wait-event")
+    lease = 1.5
+    async with running_worker(db_url, lease_seconds=lease):
+        key = await trigger(db, "again")
+        first = await started(key)
+        await requeue(db, key)
+
+        async def second_start() -> dict[str, Any] | None:
+            return next((m for m in marks_of(None, "start", key) if m["attempt"] == 2), None)
+
+        second = await wait_for(second_start, 5, "the same worker to claim it again")
+        (m,) = await wait_for(lambda: _marks("cancelled", key), 5, "the old attempt to stop")
+        assert m["fence"] == first["fence"] < second["fence"]
+        await asyncio.sleep(lease + 0.5)  # longer than a lease: only renewals keep it
+        o = await occurrence(db, key)
+        assert (o["state"], o["fence"]) == ("running", second["fence"])
+        assert o["lease_expires_at"] > await db_now(db), "the new attempt is not renewed"
+        assert len(marks_of(None, "cancelled", key)) == 1
+        CONTROL[key].set()
+        await wait_for(lambda: state_is(db, key, "succeeded"))
+    atts = await attempts(db, key)
+    assert [(a["outcome"], a["fence"]) for a in atts] == [
+        ("lease_expired", first["fence"]),
+        ("succeeded", second["fence"]),
+    ]
+
+
+async def test_a_late_completion_is_rejected_by_its_fence(db: Database, db_url: str) -> None:
+    """Heartbeats far apart (lease 60 s): the attempt is taken over unnoticed and finishes
+    while the taker still runs. Only the fence tells them apart: the stale batched
+    completion matches nothing, and the taker's completion stands."""
+    await handler_job(db, "late", "t-wait-event")
+    async with running_worker(db_url, lease_seconds=60) as w:
+        key = await trigger(db, "late")
+        first = await started(key)
+        thief = await steal(db, key)
+        CONTROL[key].set()  # the stale attempt finishes now
+        assert (await w.outcome(key)).result == "stale"
+        o = await occurrence(db, key)
+        assert (o["state"], o["fence"], o["worker_id"]) == ("running", thief.fence, "thief")
+    assert await dispatch.succeed(db, [(key, thief.fence)]) == {key}
+    atts = await attempts(db, key)
+    assert [(a["outcome"], a["fence"]) for a in atts] == [
+        ("lease_expired", first["fence"]),
+        ("succeeded", thief.fence),
+    ]
+
+
+async def test_self_fences_when_heartbeats_cannot_renew(db: Database, db_url: str) -> None:
+    """Heartbeats hang (the occurrence row is locked): the worker abandons the attempt by
+    its own clock *before* the lease it last renewed runs out in the database."""
+    await handler_job(db, "fenced", "t-wait-event")
+    lease = 1.5
+    async with running_worker(db_url, lease_seconds=lease) as w:
+        key = await trigger(db, "fenced")
+        await started(key)
+        await asyncio.sleep(0.6)  # at least one renewal went through
+        async with await psycopg.AsyncConnection.connect(db_url) as locker:
+            cur = await locker.execute(
+                "SELECT clock_timestamp() AS t FROM cronwell_occurrences "
+                "WHERE idempotency_key = %s FOR UPDATE",
+                (key,),
+            )
+            row = await cur.fetchone()
+            assert row is not None
+            db_t0, mono_t0 = row[0], time.monotonic()
+            (m,) = await wait_for(lambda: _marks("cancelled", key), 5, "self-fencing")
+            cur = await locker.execute(
+                "SELECT lease_expires_at FROM cronwell_occurrences WHERE idempotency_key = %s",
+                (key,),
+            )
+            row = await cur.fetchone()
+            assert row is not None
+            expires = row[0]
+            await locker.rollback()
+        outcome = await w.outcome(key)
+        assert (outcome.result, outcome.error) == ("lease_lost", "self_fenced")
+    cancelled_db_time = (expires - db_t0).total_seconds()
+    assert m["t"] - mono_t0 < cancelled_db_time, "aborted only after the lease ran out"
+    assert m["t"] - mono_t0 < lease
+
+
+# -- graceful shutdown ----------------------------------------------------------------------
+
+
+async def test_stop_finishes_running_attempts_claims_nothing_and_deregisters(
+    db: Database, db_url: str
+) -> None:
+    await handler_job(db, "drain", "t-wait-event")
+    await handler_job(db, "after", "t-sleepy-effect")
+    async with running_worker(db_url) as w:
+        key = await trigger(db, "drain")
+        await started(key)
+        rows = await sql(db, "SELECT id FROM cronwell_processes WHERE role = 'worker'")
+        assert rows == [{"id": w.worker.id}]
+        w.worker.stop()
+        later = await trigger(db, "after")
+        await asyncio.sleep(0.5)
+        assert not w.task.done(), "stopped before its running attempt finished"
+        CONTROL[key].set()
+        await asyncio.wait_for(asyncio.shield(w.task), 5)
+    assert (await occurrence(db, key))["state"] == "succeeded"
+    assert (await occurrence(db, later))["state"] == "pending", "claimed after stop()"
+    assert await sql(db, "SELECT id FROM cronwell_processes") == []
+
+
+async def test_second_stop_cancels_and_records_the_attempt(db: Database, db_url: str) -> None:
+    await handler_job(db, "stuck", "t-wait-event", retry={"maxAttempts": 3})
+    async with running_worker(db_url) as w:
+        key = await trigger(db, "stuck")
+        first = await started(key)
+        w.worker.stop()
+        w.worker.stop()
+        await asyncio.wait_for(asyncio.shield(w.task), 5)
+        assert (await w.outcome(key)).result == "cancelled"
+    assert marks_of(None, "cancelled", key)
+    o = await occurrence(db, key)
+    assert (o["state"], o["reason"], o["attempt"]) == ("pending", "WorkerShutdown", 1)
+    atts = await attempts(db, key)
+    assert [(a["outcome"], a["fence"]) for a in atts] == [("cancelled", first["fence"])]
+
+
+async def test_stop_releases_claimed_but_unstarted_occurrences(db: Database, db_url: str) -> None:
+    """stop() arrives while a claim is in flight (held up by a lock on the job row): what
+    it claimed is given back, pending again with its attempt not consumed."""
+    await handler_job(db, "unstarted", "t-sleepy-effect")
+    key = await trigger(db, "unstarted")
+    async with await psycopg.AsyncConnection.connect(db_url) as locker:
+        await locker.execute("SELECT id FROM cronwell_jobs WHERE name = 'unstarted' FOR UPDATE")
+        async with running_worker(db_url) as w:
+
+            async def claim_blocked() -> bool:
+                rows = await sql(
+                    db,
+                    "SELECT 1 FROM pg_stat_activity WHERE datname = current_database() "
+                    "AND wait_event_type = 'Lock' AND query LIKE '%%cronwell_jobs%%FOR UPDATE%%'",
+                )
+                return bool(rows)
+
+            await wait_for(claim_blocked, 10, "the claim to wait for the job lock")
+            w.worker.stop()
+            await locker.rollback()
+            await asyncio.wait_for(asyncio.shield(w.task), 10)
+            assert (await w.outcome(key)).result == "released"
+    o = await occurrence(db, key)
+    assert (o["state"], o["attempt"], o["worker_id"]) == ("pending", 0, None)
+    assert o["fence"] is not None  # it was claimed...
+    assert not marks_of(None, "start", key)  # ...and never started
+    assert await attempts(db, key) == []

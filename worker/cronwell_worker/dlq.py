@@ -1,0 +1,273 @@
+"""`cronwell dlq`: the dead-letter queue, i.e. occurrences in state `dead` (attempts
+exhausted, an error retrying cannot fix, or an AtMostOnce attempt whose outcome is
+ambiguous). Dead occurrences keep their reason, last error and attempt history.
+
+Replay puts a dead occurrence back to `pending` under the **same idempotency key** (its
+identity never changes, so downstream deduplication still applies). Attempt numbers
+continue where they stopped (attempt 4 follows attempt 3, so `Cronwell-Attempt` and the
+attempt history never repeat a number) and the budget grows by the job's current
+`retry.maxAttempts`. The claim that runs it issues a new fence, higher than every fence
+issued before for that key. Ambiguous occurrences (AtMostOnce) are replayed only with
+`--include-ambiguous`: replaying one may repeat an effect that already happened.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+import click
+import psycopg
+
+from cronwell import dispatch
+from cronwell.cli import Env, _fmt_time, run
+from cronwell.store.db import Database
+
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+_DURATION = re.compile(r"(\d+(?:\.\d+)?)([smhdw])")
+
+
+def parse_duration(text: str) -> float:
+    """'90s', '15m', '12h', '7d', '2w', '1d12h' or plain seconds -> seconds."""
+    t = text.strip().lower()
+    try:
+        return float(t)
+    except ValueError:
+        pass
+    parts = _DURATION.findall(t)
+    if not parts or "".join(n + u for n, u in parts) != t:
+        raise ValueError(f"invalid duration {text!r} (examples: 90s, 15m, 12h, 7d, 1d12h)")
+    return sum(float(n) * _UNITS[u] for n, u in parts)
+
+
+def _duration(ctx: click.Context, param: click.Parameter, value: str) -> float:
+    try:
+        return parse_duration(value)
+    except ValueError as e:
+        raise click.BadParameter(str(e)) from None
+
+
+def _jsonable(row: dict[str, Any]) -> str:
+    return json.dumps(row, default=str)
+
+
+@click.group("dlq")
+def dlq() -> None:
+    """Dead-lettered occurrences: list, show, replay (same key, new fence), purge."""
+
+
+@dlq.command("list")
+@click.option("--job", "name", help="Only this job (NAME).")
+@click.option("-n", "--namespace", default=None, help="Only this namespace.")
+@click.option("--limit", default=100, show_default=True)
+@click.option("--json", "as_json", is_flag=True, help="One JSON object per line.")
+@click.pass_obj
+def list_cmd(env: Env, name: str | None, namespace: str | None, limit: int, as_json: bool) -> None:
+    """Dead occurrences, newest first, with their reason and last error."""
+
+    async def go() -> list[dict[str, Any]]:
+        async with env.database() as db:
+            rows = await db.fetch(
+                "DeadList", {"name": name, "namespace": namespace, "limit": limit}
+            )
+            return [dict(r) for r in rows]
+
+    rows = run(go())
+    if as_json:
+        for r in rows:
+            click.echo(_jsonable(r))
+        return
+    fmt = "{:<28} {:<60} {:<18} {:>5}  {:<20} {}"
+    click.echo(fmt.format("JOB", "KEY", "REASON", "TRIES", "FINISHED (UTC)", "ERROR"))
+    for r in rows:
+        click.echo(
+            fmt.format(
+                f"{r['namespace']}/{r['name']}"[:28],
+                r["idempotency_key"],
+                (r["reason"] or "-")[:18],
+                f"{r['attempt']}/{r['max_attempts']}",
+                _fmt_time(r["finished_at"]),
+                (r["last_error"] or "").replace("\n", " ")[:80],
+            )
+        )
+    if not rows:
+        click.echo("(no dead occurrences)", err=True)
+
+
+@dlq.command("show")
+@click.argument("key")
+@click.option("--json", "as_json", is_flag=True, help="One JSON document.")
+@click.pass_obj
+def show_cmd(env: Env, key: str, as_json: bool) -> None:
+    """An occurrence (dead or not) and every attempt of it."""
+
+    async def go() -> tuple[dict[str, Any] | None, list[dict[str, Any]]]:
+        async with env.database() as db:
+            occ = await db.fetchone("OccurrenceGet", {"key": key})
+            atts = await db.fetch("AttemptList", {"key": key})
+            return (dict(occ) if occ else None), [dict(a) for a in atts]
+
+    occ, atts = run(go())
+    if occ is None:
+        raise click.ClickException(f"no occurrence with key {key!r}")
+    if as_json:
+        click.echo(_jsonable(occ | {"attempts": atts}))
+        return
+    for k in (
+        "idempotency_key",
+        "namespace",
+        "name",
+        "state",
+        "reason",
+        "last_error",
+        "scheduled_for",
+        "origin",
+        "delivery",
+        "attempt",
+        "max_attempts",
+        "fence",
+        "worker_id",
+        "started_at",
+        "finished_at",
+    ):
+        v = occ[k]
+        click.echo(f"{k + ':':<17} {'-' if v is None else v}")
+    if occ["job_deleted_at"] is not None:
+        click.echo(f"{'job:':<17} deleted at {occ['job_deleted_at']} (cannot be replayed)")
+    click.echo("attempts:")
+    fmt = "  {:>4} {:>10} {:<14} {:<44} {:<20} {}"
+    click.echo(fmt.format("TRY", "FENCE", "OUTCOME", "WORKER", "FINISHED (UTC)", "ERROR"))
+    for a in atts:
+        click.echo(
+            fmt.format(
+                a["attempt"],
+                a["fence"],
+                a["outcome"],
+                (a["worker_id"] or "-")[:44],
+                _fmt_time(a["finished_at"]),
+                (a["error"] or "").replace("\n", " ")[:80],
+            )
+        )
+
+
+async def replay(
+    db: Database,
+    *,
+    key: str | None = None,
+    name: str | None = None,
+    namespace: str | None = None,
+    include_ambiguous: bool = False,
+) -> list[dict[str, Any]]:
+    """Dead occurrences back to pending (same key); wakes the pools' workers."""
+    async with db.transaction() as conn:
+        rows = await db.fetch(
+            "DeadReplay",
+            {
+                "key": key,
+                "name": name,
+                "namespace": namespace,
+                "include_ambiguous": include_ambiguous,
+            },
+            conn=conn,
+        )
+        await dispatch.notify_due(db, conn, [(r["pool"], r["run_at"]) for r in rows])
+    return [dict(r) for r in rows]
+
+
+@dlq.command("replay")
+@click.argument("key", required=False)
+@click.option("--job", "name", help="Every dead occurrence of this job (NAME).")
+@click.option("-n", "--namespace", default=None, help="With --job/--all: only this namespace.")
+@click.option("--all", "all_", is_flag=True, help="Every dead occurrence.")
+@click.option(
+    "--include-ambiguous",
+    is_flag=True,
+    help="Also replay AtMostOnce occurrences dead as Ambiguous (their effect may have "
+    "happened already).",
+)
+@click.pass_obj
+def replay_cmd(
+    env: Env,
+    key: str | None,
+    name: str | None,
+    namespace: str | None,
+    all_: bool,
+    include_ambiguous: bool,
+) -> None:
+    """Run dead occurrences again under the same key: KEY, --job NAME or --all.
+
+    Attempt numbers continue and the job's retry.maxAttempts is granted again; the next
+    attempt gets a new, higher fence."""
+    if (key is not None) + (name is not None) + all_ != 1:
+        raise click.UsageError("give exactly one of KEY, --job NAME or --all")
+
+    async def go() -> tuple[list[dict[str, Any]], dict[str, Any] | None]:
+        async with env.database() as db:
+            rows = await replay(
+                db, key=key, name=name, namespace=namespace, include_ambiguous=include_ambiguous
+            )
+            occ = None
+            if key is not None and not rows:
+                found = await db.fetchone("OccurrenceGet", {"key": key})
+                occ = dict(found) if found else None
+            return rows, occ
+
+    rows, occ = run(go())
+    for r in rows:
+        click.echo(
+            f"replayed {r['idempotency_key']} (next attempt {r['attempt'] + 1} of "
+            f"{r['max_attempts']})"
+        )
+    if key is not None and not rows:
+        if occ is None:
+            raise click.ClickException(f"no occurrence with key {key!r}")
+        if occ["state"] != "dead":
+            raise click.ClickException(f"{key} is {occ['state']}, not dead: nothing to replay")
+        if occ["job_deleted_at"] is not None:
+            raise click.ClickException(f"{key}: its job was deleted; it cannot be replayed")
+        if occ["reason"] == "Ambiguous":
+            raise click.ClickException(
+                f"{key} is dead as Ambiguous (delivery AtMostOnce: its effect may have "
+                "happened); pass --include-ambiguous to run it again anyway"
+            )
+    click.echo(f"{len(rows)} occurrence(s) replayed")
+
+
+@dlq.command("purge")
+@click.option(
+    "--older-than",
+    "older_than",
+    callback=_duration,
+    default="7d",
+    show_default=True,
+    help="Only occurrences dead for longer than this (90s, 15m, 12h, 7d, ...).",
+)
+@click.option("--job", "name", help="Only this job (NAME).")
+@click.option("-n", "--namespace", default=None, help="Only this namespace.")
+@click.option("--yes", is_flag=True, help="Delete for real (without it: count only).")
+@click.pass_obj
+def purge_cmd(
+    env: Env, older_than: float, name: str | None, namespace: str | None, yes: bool
+) -> None:
+    """Delete dead occurrences and their attempt history (asks for --yes)."""
+    params = {"older_than": older_than, "name": name, "namespace": namespace}
+
+    async def go() -> int:
+        async with env.database() as db:
+            async with db.transaction() as conn:
+                n = len(await db.fetch("DeadPurge", params, conn=conn))
+                if not yes:
+                    raise psycopg.Rollback()
+            return n
+
+    n = run(go())
+    if not yes:
+        click.echo(
+            f"would delete {n} dead occurrence(s) finished more than {older_than:g}s ago; "
+            "re-run with --yes to delete them"
+        )
+        if n:
+            raise SystemExit(1)
+        return
+    click.echo(f"deleted {n} dead occurrence(s)")
