@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import re
 import signal
 import sys
 from collections.abc import AsyncIterator, Callable, Coroutine
@@ -457,6 +458,117 @@ def status_cmd(env: Env) -> None:
             f"running={r['running']} {'live' if r['live'] else 'silent'}"
         )
     click.echo("occurrences: " + (", ".join(f"{r['state']}={r['n']}" for r in counts) or "none"))
+
+
+def _parse_seconds(value: str) -> float:
+    """`90`, `30s`, `5m`, `1h`, `1h30m`, `2d` -> seconds."""
+    text = value.strip().lower()
+    parts = re.findall(r"(\d+(?:\.\d+)?)([smhd]?)", text)
+    if not text or "".join(n + u for n, u in parts) != text:
+        raise click.BadParameter(f"{value!r}: use a duration such as 90s, 5m, 1h or 1h30m")
+    mult = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
+    return sum(float(n) * mult[u] for n, u in parts)
+
+
+@main.command("forecast")
+@click.option("--pool", default=None, help="Only this pool.")
+@click.option("--horizon", default="1h", show_default=True, help="How far ahead (e.g. 5m, 1h).")
+@click.option("--bucket", default="1m", show_default=True, help="Rows of the table (e.g. 10s).")
+@click.option("--slo", "slo_seconds", type=float, default=5.0, show_default=True,
+              help="Start SLO in seconds (WorkerPool startSLOSeconds).")  # fmt: skip
+@click.option("--concurrency-per-replica", type=int, default=64, show_default=True)
+@click.option("--min-replicas", type=int, default=1, show_default=True)
+@click.option("--max-replicas", type=int, default=10, show_default=True)
+@click.option("--png", type=click.Path(path_type=Path), help="Also plot it to this PNG file.")
+@click.pass_obj
+def forecast_cmd(
+    env: Env,
+    pool: str | None,
+    horizon: str,
+    bucket: str,
+    slo_seconds: float,
+    concurrency_per_replica: int,
+    min_replicas: int,
+    max_replicas: int,
+    png: Path | None,
+) -> None:
+    """Forecast each pool's due occurrences, the concurrency that starts them within the
+    SLO, and the worker replicas to plan (from the schedules, durations and backlog)."""
+    from cronwell import forecast
+    from cronwell.workerpool import WorkerPoolSpec
+
+    horizon_s, bucket_s = _parse_seconds(horizon), _parse_seconds(bucket)
+    if horizon_s <= 0 or bucket_s <= 0:
+        raise click.BadParameter("--horizon and --bucket must be positive")
+    try:
+        spec = WorkerPoolSpec.model_validate(
+            {
+                "scaleTargetRef": {"name": "-"},
+                "startSLOSeconds": slo_seconds,
+                "concurrencyPerReplica": concurrency_per_replica,
+                "minReplicas": min_replicas,
+                "maxReplicas": max_replicas,
+            }
+        )
+    except pydantic.ValidationError as e:
+        raise click.UsageError(str(e)) from None
+    plt: Any = None
+    if png is not None:
+        try:
+            import matplotlib
+
+            matplotlib.use("Agg")
+            import matplotlib.pyplot as plt
+        except ImportError:
+            raise click.ClickException("--png needs matplotlib: pip install matplotlib") from None
+
+    async def go() -> dict[str, forecast.PoolForecast]:
+        async with env.database() as db:
+            return await forecast.forecast_pools(
+                db, horizon_s, pool=pool, slo_seconds=spec.start_slo_seconds
+            )
+
+    pools = run(go())
+    if not pools:
+        click.echo("no live jobs" + (f" in pool {pool}" if pool else "") + " and no backlog")
+    step = max(1, round(bucket_s))
+    fmt = "{:<20} {:>10} {:>12} {:>9}"
+    for name, pf in sorted(pools.items()):
+        plan = forecast.plan_replicas(pf, spec, pf.start)
+        burst = plan.next_burst
+        click.echo(
+            f"pool {name}: {sum(pf.counts)} occurrences in {horizon}, backlog {pf.backlog}, "
+            f"replicas now {plan.replicas}, next burst "
+            + (f"{_fmt_time(burst.time)} ({burst.size} due)" if burst else "none")
+        )
+        click.echo(fmt.format("TIME (UTC)", "DUE", "CONCURRENCY", "REPLICAS"))
+        for i in range(0, len(pf.counts), step):
+            j = i + step
+            click.echo(
+                fmt.format(
+                    _fmt_time(pf.bucket_time(i)),
+                    sum(pf.counts[i:j]) + (pf.backlog if i == 0 else 0),
+                    max(pf.concurrency[i:j]),
+                    max(plan.series[i:j]),
+                )
+            )
+    if png is not None and pools:
+        fig, axes = plt.subplots(len(pools), 1, figsize=(10, 3 * len(pools)), squeeze=False)
+        for ax, (name, pf) in zip(axes[:, 0], sorted(pools.items()), strict=True):
+            plan = forecast.plan_replicas(pf, spec, pf.start)
+            times = [pf.bucket_time(i) for i in range(len(pf.counts))]
+            ax.step(times, pf.counts, where="post", label="due occurrences / s")
+            ax.step(times, pf.concurrency, where="post", label="required concurrency")
+            ax.set_title(f"pool {name}")
+            ax.set_ylabel("occurrences")
+            right = ax.twinx()
+            right.step(times, plan.series, where="post", color="tab:red", label="replicas")
+            right.set_ylabel("replicas")
+            ax.legend(loc="upper left")
+            right.legend(loc="upper right")
+        fig.tight_layout()
+        fig.savefig(png)
+        click.echo(f"wrote {png}")
 
 
 @main.group("db")

@@ -100,6 +100,19 @@ class Metrics:
             ["pool"],
             registry=r,
         )
+        # forecast (operator: WorkerPool pre-scaling)
+        self.forecast_demand = Gauge(
+            "cronwell_forecast_demand",
+            "Occurrences forecast over the horizon, per pool (backlog included).",
+            ["pool"],
+            registry=r,
+        )
+        self.planned_replicas = Gauge(
+            "cronwell_planned_replicas",
+            "Worker replicas the forecast plans for the pool now.",
+            ["pool"],
+            registry=r,
+        )
 
     def serve(self, port: int, addr: str = "0.0.0.0") -> None:
         """Expose /metrics on `port` (0 or None: do not serve)."""

@@ -529,3 +529,20 @@ WHERE NOT suspended AND deleted_at IS NULL AND next_run_at < now() - interval '5
 -- name: DeadCount
 -- Dead-lettered occurrences (DLQ size).
 SELECT count(*) AS n FROM cronwell_occurrences WHERE state = 'dead';
+
+-- ==== forecast ====
+
+-- name: ForecastJobList
+-- Live jobs of a pool (all when NULL) with the p90 duration of their last N successful runs.
+SELECT j.id, j.pool, j.spec, j.next_run_at, h.p90_seconds, h.runs
+FROM cronwell_jobs j
+CROSS JOIN LATERAL (
+    SELECT percentile_cont(0.9) WITHIN GROUP (ORDER BY r.secs) AS p90_seconds, count(*) AS runs
+    FROM (SELECT extract(epoch FROM o.finished_at - o.started_at)::float8 AS secs
+          FROM cronwell_occurrences o
+          WHERE o.job_id = j.id AND o.state = 'succeeded'
+            AND o.started_at IS NOT NULL AND o.finished_at IS NOT NULL
+          ORDER BY o.scheduled_for DESC
+          LIMIT %(history)s) r) h
+WHERE NOT j.suspended AND j.deleted_at IS NULL AND j.next_run_at IS NOT NULL
+  AND (%(pool)s::text IS NULL OR j.pool = %(pool)s);

@@ -1,0 +1,515 @@
+"""Demand forecast per worker pool, the concurrency it needs, and the replicas to plan.
+
+Pure logic except `forecast_pools`, which reads the store. The operator's WorkerPool loop
+calls `forecast_pools` then `plan_replicas` and scales the pool's Deployment ahead of bursts.
+
+The model, precisely:
+
+- **Arrivals.** An occurrence arrives (becomes claimable) at its nominal instant plus the
+  job's deterministic jitter (`schedule.jitter_offset`), as the scheduler sets `run_at`.
+  Instants come from `JobSchedule` (cron in its zone with the DST policy, or `runAt`,
+  bounded by `startAt`/`endAt`). Pending occurrences already due (the backlog) arrive at the
+  forecast's start. Arrivals are counted per bucket of `resolution` seconds; for the
+  concurrency computation an arrival is placed at the start of its bucket.
+- **Durations.** Each job's p90 of its recent successful runs, or the pool's default for
+  jobs without history; rounded up to 0.1 s so that equal work groups together.
+- **Service.** C identical slots (replicas x concurrency per replica), FIFO: occurrences
+  start in arrival order, each on the earliest free slot (the Kiefer-Wolfowitz recursion of
+  the G/G/C queue). The start SLO is met when every occurrence starts within `slo` of its
+  arrival. `required_concurrency` is the least such C (binary search; feasibility is
+  monotone in C and in load).
+- **Over time.** The concurrency needed at bucket t is the least C for the arrivals in
+  [t - (slo + longest duration), t]: occurrences that arrived earlier have finished by t
+  whenever the SLO is met (the window is capped at slo + MAX_WINDOW_SECONDS). Exact for
+  bursts further apart than that window; when loads overlap it counts only the window's
+  occurrences.
+- **Replicas.** ceil(concurrency / concurrencyPerReplica) clamped to [min, max]; the plan at
+  t is the largest need in [t - scaleDownDelay, t + leadTime]: up leadTime before a burst,
+  held through it, down scaleDownDelay after.
+
+Scale: jobs are grouped by their schedule fields (cron, zone, DST policy, runAt,
+startAt/endAt; the job uid too when the cron uses `H`), so each distinct schedule is
+enumerated once however many jobs share it.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+import uuid
+from collections import Counter, deque
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import TYPE_CHECKING, Any
+
+from croniter import croniter
+
+from cronwell.cronexpr import croniter_args, uses_hash
+from cronwell.models import ScheduledJobSpec
+from cronwell.schedule import _MAX_SHIFT, JobSchedule, jitter_offset
+from cronwell.workerpool import WorkerPoolSpec
+
+if TYPE_CHECKING:
+    from cronwell.metrics import Metrics
+    from cronwell.store.db import Database
+
+DEFAULT_SLO_SECONDS = 5.0
+"""WorkerPool startSLOSeconds default."""
+DEFAULT_DURATION_SECONDS = 1.0
+"""WorkerPool defaultDurationSeconds default."""
+DURATION_QUANTUM = 0.1
+"""Durations are rounded up to a multiple of this (seconds) before grouping."""
+HISTORY_RUNS = 20
+"""Recent successful runs per job whose p90 duration is the job's estimate."""
+MAX_WINDOW_SECONDS = 900.0
+"""Longest duration the per-bucket window covers (bounds the work for hour-long jobs)."""
+_EPS = 1e-6
+
+
+@dataclass(frozen=True)
+class ForecastJob:
+    """One live job as the forecast sees it: the stored (camelCase) spec document."""
+
+    id: str
+    pool: str
+    spec: Mapping[str, Any]
+    duration: float | None = None
+    """p90 of recent runs in seconds; None: the pool's default."""
+
+    @classmethod
+    def of(
+        cls, job_id: uuid.UUID | str, spec: ScheduledJobSpec, duration: float | None = None
+    ) -> ForecastJob:
+        return cls(str(job_id), spec.pool, spec.model_dump(mode="json", by_alias=True), duration)
+
+
+@dataclass
+class PoolForecast:
+    """One pool's demand over [start, start + len(counts) * resolution)."""
+
+    pool: str
+    start: datetime
+    resolution: float
+    counts: list[int]
+    """Occurrences arriving in each bucket (scheduled, not the backlog)."""
+    backlog: int = 0
+    """Pending occurrences already due at `start`."""
+    arrivals: Counter[tuple[int, float]] = field(default_factory=Counter)
+    """(bucket, duration) -> occurrences; the backlog is in bucket 0."""
+    concurrency: list[int] = field(default_factory=list)
+    """Concurrency needed per bucket (filled by `concurrency_timeline`)."""
+
+    def bucket_time(self, i: int) -> datetime:
+        return self.start + timedelta(seconds=i * self.resolution)
+
+    @property
+    def horizon_seconds(self) -> float:
+        return len(self.counts) * self.resolution
+
+
+def _quantise(d: float) -> float:
+    if d <= 0:
+        return 0.0
+    return round(math.ceil(d / DURATION_QUANTUM - 1e-9) * DURATION_QUANTUM, 6)
+
+
+def _schedule_key(job: ForecastJob) -> tuple[Any, ...]:
+    s = job.spec
+    cron = s.get("schedule")
+    dst = s.get("dstPolicy") or {}
+    return (
+        cron,
+        s.get("runAt"),
+        s.get("timeZone", "UTC"),
+        dst.get("springForward"),
+        dst.get("fallBack"),
+        s.get("startAt"),
+        s.get("endAt"),
+        job.id if cron is not None and uses_hash(cron) else None,
+    )
+
+
+@dataclass
+class _Group:
+    rep: ForecastJob
+    members: Counter[tuple[str, float, int]] = field(default_factory=Counter)
+    """(pool, duration, jitter in ms) -> jobs."""
+    max_jitter_ms: int = 0
+
+
+def _duration_for(job: ForecastJob, default: float | Mapping[str, float]) -> float:
+    if job.duration is not None:
+        return job.duration
+    if isinstance(default, Mapping):
+        return float(default.get(job.pool, DEFAULT_DURATION_SECONDS))
+    return float(default)
+
+
+def instants(sched: JobSchedule, lo: datetime, hi: datetime) -> list[datetime]:
+    """Nominal instants of `sched` in [lo, hi), in order: the same as `sched.iter_from(lo)`
+    up to `hi`, but crons are enumerated in one pass over local wall-clock time (each
+    local match mapped to UTC by the DST policy) instead of one `next_after` per instant,
+    which rescans hours of candidates near a DST transition."""
+    if sched.cron is None:
+        out: list[datetime] = []
+        for inst in sched.iter_from(lo):
+            if inst >= hi:
+                break
+            out.append(inst)
+        return out
+    cron = sched.cron
+    if sched.start_at is not None:
+        lo = max(lo, sched.start_at)
+    if sched.end_at is not None:
+        hi = min(hi, sched.end_at + timedelta(microseconds=1))
+    if lo >= hi:
+        return []
+    offset = lo.astimezone(cron.tz).utcoffset()
+    if hi - lo <= timedelta(days=7) and all(
+        t.astimezone(cron.tz).utcoffset() == offset for t in (lo - _MAX_SHIFT, hi + _MAX_SHIFT)
+    ):
+        # No transition near (they are months apart): local order is UTC order, 1:1.
+        local_lo = lo.astimezone(cron.tz).replace(tzinfo=None) - timedelta(microseconds=1)
+        local_hi = hi.astimezone(cron.tz).replace(tzinfo=None)
+    else:
+        local_lo = (lo - _MAX_SHIFT).astimezone(cron.tz).replace(tzinfo=None)
+        local_hi = (hi + _MAX_SHIFT).astimezone(cron.tz).replace(tzinfo=None)
+    it = croniter(cron.expr, local_lo, hash_id=cron.hash_id.encode(), **croniter_args(cron.expr))
+    found: set[datetime] = set()
+    while True:
+        local: datetime = it.get_next(datetime)
+        if local > local_hi:
+            break
+        for inst in cron._to_utc(local):
+            if lo <= inst < hi:
+                found.add(inst)
+    return sorted(found)
+
+
+def demand(
+    jobs: Iterable[ForecastJob],
+    start: datetime,
+    horizon_seconds: float,
+    resolution: float = 1,
+    *,
+    backlog: Mapping[str, int] | None = None,
+    default_duration: float | Mapping[str, float] = DEFAULT_DURATION_SECONDS,
+) -> dict[str, PoolForecast]:
+    """Per pool, the occurrences arriving in each `resolution`-second bucket of
+    [start, start + horizon) (nominal instant + jitter), plus the backlog already due."""
+    if resolution <= 0 or horizon_seconds <= 0:
+        raise ValueError("resolution and horizon must be positive")
+    start = start.astimezone(UTC)
+    n = math.ceil(horizon_seconds / resolution - 1e-9)
+    horizon = n * resolution
+    end = start + timedelta(seconds=horizon)
+    out: dict[str, PoolForecast] = {}
+
+    def pool_forecast(pool: str) -> PoolForecast:
+        pf = out.get(pool)
+        if pf is None:
+            pf = out[pool] = PoolForecast(pool, start, resolution, [0] * n)
+        return pf
+
+    groups: dict[tuple[Any, ...], _Group] = {}
+    for job in jobs:
+        key = _schedule_key(job)
+        g = groups.get(key)
+        if g is None:
+            g = groups[key] = _Group(job)
+        jit = int(job.spec.get("jitterSeconds") or 0)
+        jms = jitter_offset(job.id, jit) // timedelta(milliseconds=1) if jit else 0
+        g.members[(job.pool, _quantise(_duration_for(job, default_duration)), jms)] += 1
+        g.max_jitter_ms = max(g.max_jitter_ms, jms)
+
+    for g in groups.values():
+        sched = JobSchedule.from_spec(g.rep.id, ScheduledJobSpec.model_validate(g.rep.spec))
+        offsets = [
+            (inst - start).total_seconds()
+            for inst in instants(sched, start - timedelta(milliseconds=g.max_jitter_ms), end)
+        ]
+        if not offsets:
+            continue
+        for (pool, dur, jms), cnt in g.members.items():
+            pf = pool_forecast(pool)
+            counts, arrivals = pf.counts, pf.arrivals
+            j = jms / 1000.0
+            for off in offsets:
+                t = off + j
+                if 0 <= t < horizon:
+                    b = min(int(t // resolution), n - 1)
+                    counts[b] += cnt
+                    arrivals[(b, dur)] += cnt
+
+    for pool, k in (backlog or {}).items():
+        if k > 0:
+            pf = pool_forecast(pool)
+            pf.backlog += k
+            d = (
+                default_duration.get(pool, DEFAULT_DURATION_SECONDS)
+                if isinstance(default_duration, Mapping)
+                else default_duration
+            )
+            pf.arrivals[(0, _quantise(float(d)))] += k
+    return out
+
+
+# ------------------------------------------------------------------------ concurrency
+
+
+def _meets_slo(groups: Sequence[tuple[float, float, int]], c: int, slo: float) -> bool:
+    """FIFO with `c` slots: does every occurrence start within `slo` of its arrival?
+    `groups` are (arrival, duration, count) sorted by arrival. Slots are a heap of
+    (free at, how many), so a burst of identical occurrences costs one step per wave."""
+    free: list[tuple[float, int]] = [(-math.inf, c)]
+    for a, d, k in groups:
+        idle = 0
+        while free and free[0][0] <= a:
+            idle += heapq.heappop(free)[1]
+        if idle:
+            heapq.heappush(free, (a, idle))
+        while k > 0:
+            f, m = heapq.heappop(free)
+            if f - a > slo + _EPS:
+                return False
+            if d <= 0:  # instant work: the slot is free again at once
+                heapq.heappush(free, (f, m))
+                break
+            use = min(m, k)
+            heapq.heappush(free, (f + d, use))
+            if m > use:
+                heapq.heappush(free, (f, m - use))
+            k -= use
+    return True
+
+
+def _required(
+    groups: Sequence[tuple[float, float, int]], slo: float, hint: int | None = None
+) -> int:
+    total = sum(k for _, _, k in groups)
+    if total == 0:
+        return 0
+    # Lower bound: k identical arrivals at once fit in floor(slo/d)+1 waves of C.
+    lo = max(math.ceil(k / (math.floor(slo / d + _EPS) + 1)) if d > 0 else 1 for _, d, k in groups)
+    hi = total  # every occurrence on its own slot starts on arrival
+    lo = min(lo, hi)
+    if hint is not None and lo < hint < hi:
+        # Gallop from the previous answer (neighbouring windows need similar concurrency).
+        if _meets_slo(groups, hint, slo):
+            hi, step = hint, 1
+            while hi - step > lo and _meets_slo(groups, hi - step, slo):
+                hi, step = hi - step, step * 2
+            lo = max(lo, hi - step + 1) if hi - step > lo else lo
+        else:
+            lo, step = hint + 1, 1
+            while lo + step < hi and not _meets_slo(groups, lo + step, slo):
+                lo, step = lo + step + 1, step * 2
+            hi = min(hi, lo + step) if lo + step < hi else hi
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if _meets_slo(groups, mid, slo):
+            hi = mid
+        else:
+            lo = mid + 1
+    return lo
+
+
+def _grouped(
+    arrivals: Sequence[float], durations: Sequence[float] | float, counts: Sequence[int] | None
+) -> list[tuple[float, float, int]]:
+    if isinstance(durations, int | float):
+        durs: Sequence[float] = [float(durations)] * len(arrivals)
+    else:
+        durs = durations
+    if len(durs) != len(arrivals) or (counts is not None and len(counts) != len(arrivals)):
+        raise ValueError("arrivals, durations and counts must have the same length")
+    g: Counter[tuple[float, float]] = Counter()
+    for i, (a, d) in enumerate(zip(arrivals, durs, strict=True)):
+        g[(float(a), max(0.0, float(d)))] += 1 if counts is None else counts[i]
+    return sorted((a, d, k) for (a, d), k in g.items() if k > 0)
+
+
+def required_concurrency(
+    arrivals: Sequence[float],
+    durations: Sequence[float] | float,
+    slo_seconds: float,
+    counts: Sequence[int] | None = None,
+) -> int:
+    """The least concurrency C such that, with C slots and FIFO start order, every
+    occurrence starts within `slo_seconds` of its arrival. `arrivals` in seconds (any
+    order), `durations` per arrival (or one for all), `counts` occurrences per arrival
+    (default 1 each). 0 when there is nothing to run."""
+    if slo_seconds < 0:
+        raise ValueError("slo_seconds must be >= 0")
+    return _required(_grouped(arrivals, durations, counts), slo_seconds)
+
+
+def meets_slo(
+    arrivals: Sequence[float],
+    durations: Sequence[float] | float,
+    slo_seconds: float,
+    concurrency: int,
+    counts: Sequence[int] | None = None,
+) -> bool:
+    """Whether `concurrency` FIFO slots start every occurrence within the SLO."""
+    if concurrency <= 0:
+        return not any(k for _, _, k in _grouped(arrivals, durations, counts))
+    return _meets_slo(_grouped(arrivals, durations, counts), concurrency, slo_seconds)
+
+
+def concurrency_timeline(pf: PoolForecast, slo_seconds: float) -> list[int]:
+    """Concurrency needed in each bucket of `pf` (see the module docstring); also stored
+    in `pf.concurrency`."""
+    n = len(pf.counts)
+    res = pf.resolution
+    by_bucket: dict[int, list[tuple[float, float, int]]] = {}
+    longest = 0.0
+    for (b, d), k in pf.arrivals.items():
+        by_bucket.setdefault(b, []).append((b * res, d, k))
+        longest = max(longest, d)
+    window = math.ceil((slo_seconds + min(longest, MAX_WINDOW_SECONDS)) / res - 1e-9)
+    conc = [0] * n
+    present: deque[int] = deque()
+    last = 0
+    for i in range(n):
+        changed = False
+        if i in by_bucket:
+            present.append(i)
+            changed = True
+        while present and present[0] < i - window:
+            present.popleft()
+            changed = True
+        if not present:
+            last = 0
+            continue
+        if changed:
+            groups = sorted(x for b in present for x in by_bucket[b])
+            last = _required(groups, slo_seconds, hint=last or None)
+        conc[i] = last
+    pf.concurrency = conc
+    return conc
+
+
+# --------------------------------------------------------------------------- replicas
+
+
+@dataclass(frozen=True)
+class Burst:
+    time: datetime
+    """Start of the first bucket that needs more than minReplicas."""
+    size: int
+    """Occurrences arriving in that run of buckets (plus the backlog if it starts now)."""
+    replicas: int
+    """The most replicas it needs."""
+
+
+@dataclass(frozen=True)
+class ReplicaPlan:
+    replicas: int
+    """Replicas wanted now."""
+    next_burst: Burst | None
+    series: list[int]
+    """Planned replicas per bucket of the forecast."""
+    need: list[int]
+    """Replicas the concurrency alone needs per bucket (no lead time or delay)."""
+
+
+def replicas_for(concurrency: int, spec: WorkerPoolSpec) -> int:
+    return min(
+        spec.max_replicas,
+        max(spec.min_replicas, math.ceil(concurrency / spec.concurrency_per_replica)),
+    )
+
+
+def _window_max(values: Sequence[int], back: int, ahead: int) -> list[int]:
+    """out[i] = max(values[i - back .. i + ahead]) (clipped), with a monotonic deque."""
+    n = len(values)
+    out = [0] * n
+    dq: deque[int] = deque()
+    nxt = 0
+    for i in range(n):
+        while nxt < n and nxt <= i + ahead:
+            while dq and values[dq[-1]] <= values[nxt]:
+                dq.pop()
+            dq.append(nxt)
+            nxt += 1
+        while dq[0] < i - back:
+            dq.popleft()
+        out[i] = values[dq[0]]
+    return out
+
+
+def plan_replicas(timeline: PoolForecast, spec: WorkerPoolSpec, now: datetime) -> ReplicaPlan:
+    """Replicas over time for a pool whose `concurrency_timeline` is computed: up
+    `leadTimeSeconds` before a burst, held through it, down `scaleDownDelaySeconds` after;
+    always within [minReplicas, maxReplicas]."""
+    n = len(timeline.counts)
+    if n and len(timeline.concurrency) != n:
+        raise ValueError("compute concurrency_timeline(timeline, slo) first")
+    res = timeline.resolution
+    need = [replicas_for(c, spec) for c in timeline.concurrency]
+    if not n:
+        return ReplicaPlan(spec.min_replicas, None, [], [])
+    ahead = math.ceil(spec.lead_time_seconds / res - 1e-9)
+    back = math.ceil(spec.scale_down_delay_seconds / res - 1e-9)
+    series = _window_max(need, back, ahead)
+    idx = min(n - 1, max(0, math.floor((now - timeline.start).total_seconds() / res)))
+    burst = None
+    j = next((k for k in range(idx, n) if need[k] > spec.min_replicas), None)
+    if j is not None:
+        e = j
+        while e < n and need[e] > spec.min_replicas:
+            e += 1
+        size = sum(timeline.counts[j:e]) + (timeline.backlog if j == 0 else 0)
+        burst = Burst(timeline.bucket_time(j), size, max(need[j:e]))
+    return ReplicaPlan(series[idx], burst, series, need)
+
+
+def export_metrics(metrics: Metrics, pf: PoolForecast, plan: ReplicaPlan) -> None:
+    """Set the forecast gauges of one pool."""
+    metrics.forecast_demand.labels(pf.pool).set(sum(pf.counts) + pf.backlog)
+    metrics.planned_replicas.labels(pf.pool).set(plan.replicas)
+
+
+# ----------------------------------------------------------------------------- store
+
+
+async def forecast_pools(
+    db: Database,
+    horizon_seconds: float,
+    *,
+    pool: str | None = None,
+    resolution: float = 1.0,
+    pools: Mapping[str, WorkerPoolSpec] | None = None,
+    history: int = HISTORY_RUNS,
+    slo_seconds: float = DEFAULT_SLO_SECONDS,
+) -> dict[str, PoolForecast]:
+    """Forecast every pool (or `pool`) from the store, starting at the database's now:
+    live jobs with their p90 durations, plus each pool's backlog of due pending
+    occurrences; concurrency per bucket uses each pool's SLO and default duration from
+    `pools` (WorkerPool specs); other pools use `slo_seconds` and the default duration."""
+    pools = pools or {}
+    row = await db.fetchone("ClockNow")
+    assert row is not None
+    now: datetime = row["now"]
+    jobs = [
+        ForecastJob(
+            str(r["id"]),
+            r["pool"],
+            r["spec"],
+            float(r["p90_seconds"]) if r["p90_seconds"] is not None else None,
+        )
+        for r in await db.fetch("ForecastJobList", {"pool": pool, "history": history})
+    ]
+    backlog = {
+        r["pool"]: int(r["n"])
+        for r in await db.fetch("QueueDepthByPool")
+        if pool is None or r["pool"] == pool
+    }
+    defaults = {p: s.default_duration_seconds for p, s in pools.items()}
+    out = demand(jobs, now, horizon_seconds, resolution, backlog=backlog, default_duration=defaults)
+    for p, pf in out.items():
+        spec = pools.get(p)
+        concurrency_timeline(pf, spec.start_slo_seconds if spec else slo_seconds)
+    return out

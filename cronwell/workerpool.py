@@ -1,0 +1,131 @@
+"""Pydantic model of the `WorkerPool` resource: which Deployment runs a pool and how the
+operator pre-scales it ahead of known bursts (see cronwell.forecast). The pool is the
+WorkerPool's `metadata.name` (the `pool` of the ScheduledJobs it runs)."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any, Literal
+
+from pydantic import AliasGenerator, BaseModel, ConfigDict, Field, model_validator
+from pydantic.alias_generators import to_camel
+
+from cronwell.models import Condition, ObjectMeta
+
+
+class _Model(BaseModel):
+    """camelCase on the wire, snake_case in Python (as cronwell.models)."""
+
+    model_config = ConfigDict(
+        alias_generator=AliasGenerator(validation_alias=to_camel, serialization_alias=to_camel),
+        populate_by_name=True,
+        extra="forbid",
+        frozen=True,
+        use_enum_values=True,
+    )
+
+
+class ScaleTargetRef(_Model):
+    """The workload the operator scales through its scale subresource."""
+
+    api_version: str = Field("apps/v1", max_length=253, description="API group/version.")
+    kind: str = Field("Deployment", max_length=63, description="Kind with a scale subresource.")
+    name: str = Field(min_length=1, max_length=253, description="Name, in the pool's namespace.")
+
+
+class WorkerPoolSpec(_Model):
+    """How many workers a pool may have and how far ahead of a burst they must be ready."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                {
+                    "rule": "self.maxReplicas >= self.minReplicas",
+                    "message": "spec.maxReplicas must be >= spec.minReplicas",
+                    "fieldPath": ".maxReplicas",
+                }
+            ]
+        }
+    )
+
+    scale_target_ref: ScaleTargetRef = Field(description="The worker Deployment of this pool.")
+    min_replicas: int = Field(1, ge=0, le=10000, description="Never fewer replicas.")
+    max_replicas: int = Field(10, ge=1, le=10000, description="Never more replicas.")
+    concurrency_per_replica: int = Field(
+        64, ge=1, le=100000, description="Attempts one worker runs at once (its --concurrency)."
+    )
+    lead_time_seconds: int = Field(
+        60, ge=0, le=3600, description="Pod start + warm-up: scale up this long before a burst."
+    )
+    scale_down_delay_seconds: int = Field(
+        120, ge=0, le=86400, description="Hold the replicas this long after the last need."
+    )
+    start_slo_seconds: float = Field(
+        5.0,
+        gt=0,
+        le=3600,
+        validation_alias="startSLOSeconds",
+        serialization_alias="startSLOSeconds",
+        description="Each occurrence should start within this of its time.",
+    )
+    default_duration_seconds: float = Field(
+        1.0, gt=0, le=86400, description="Duration assumed for jobs without history."
+    )
+
+    @model_validator(mode="after")
+    def _max_ge_min(self) -> WorkerPoolSpec:
+        if self.max_replicas < self.min_replicas:
+            raise ValueError(
+                f"spec.maxReplicas ({self.max_replicas}) must be >= "
+                f"spec.minReplicas ({self.min_replicas})"
+            )
+        return self
+
+
+class NextBurst(_Model):
+    time: datetime = Field(description="When the next burst starts (UTC).")
+    size: int = Field(ge=0, description="Occurrences due in it.")
+
+
+class LastPreScale(_Model):
+    time: datetime = Field(description="When the operator last scaled up ahead of a burst.")
+    replicas: int = Field(ge=0, description="Replicas it asked for.")
+    landed_before_burst: bool | None = Field(
+        None, description="Whether the replicas were ready before the burst started."
+    )
+
+
+class WorkerPoolStatus(_Model):
+    """What the operator reports for a pool (status subresource)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    observed_generation: int | None = Field(None, ge=0)
+    desired_replicas: int | None = Field(None, ge=0, description="Replicas the plan wants now.")
+    current_replicas: int | None = Field(None, ge=0, description="Replicas the target has.")
+    next_burst: NextBurst | None = None
+    last_pre_scale: LastPreScale | None = None
+    conditions: list[Condition] = Field(
+        default_factory=list,
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
+    )
+    kopf: dict[str, Any] | None = Field(
+        None, description="The operator framework's own bookkeeping (kopf); do not edit."
+    )
+
+
+class WorkerPool(BaseModel):
+    """A whole WorkerPool document."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True, populate_by_name=True)
+
+    api_version: Literal["cronwell.dev/v1alpha1"] = Field(
+        "cronwell.dev/v1alpha1", alias="apiVersion"
+    )
+    kind: Literal["WorkerPool"] = "WorkerPool"
+    metadata: ObjectMeta
+    spec: WorkerPoolSpec
+
+    @property
+    def pool(self) -> str:
+        return self.metadata.name
