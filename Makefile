@@ -67,13 +67,19 @@ manifests: $(STAMP) ## Regenerate crds/ from the pydantic models, and the chart'
 ##@ Test
 
 .PHONY: test
-test: $(STAMP) envtest checkov lint ## Lint, then every test: unit, integration (real PostgreSQL), e2e (real API server).
+test: $(STAMP) sysdeps envtest checkov lint ## Lint, then every test: unit, integration (real PostgreSQL), e2e (real API server).
 	KUBEBUILDER_ASSETS="$$(bash hack/envtest.sh --print-path)" \
 	  $(BIN)/pytest $(PYTEST_ARGS)
 
 .PHONY: test-fast
 test-fast: $(STAMP) ## Unit and integration tests only (no API server).
 	$(BIN)/pytest -m 'not e2e' $(PYTEST_ARGS)
+
+.PHONY: sysdeps
+sysdeps: ## Debian tools the tests use: faketime (chaos clock skew), openssl (test PKI).
+	@command -v faketime >/dev/null && command -v openssl >/dev/null || \
+	  { [ "$$(id -u)" = 0 ] && apt-get update -qq && apt-get install -y -qq faketime openssl >/dev/null; } || \
+	  echo "warning: install faketime and openssl (apt-get install faketime openssl)" >&2
 
 .PHONY: e2e
 e2e: $(STAMP) envtest ## Only the e2e tests (real kube-apiserver + etcd; Helm chart install).
@@ -98,6 +104,10 @@ dev-cluster: $(STAMP) envtest ## Local API server + embedded PostgreSQL + operat
 .PHONY: kind-up
 kind-up: ## Create a kind cluster named cronwell (needs a Docker engine; not on this machine).
 	@bash hack/kind-up.sh
+
+.PHONY: chaos
+chaos: $(STAMP) ## Chaos run: faults against real processes; checks exactly-once effect (SEED, JOBS, DURATION).
+	$(BIN)/python hack/chaos.py --seed $(or $(SEED),1) --jobs $(or $(JOBS),2000) --duration $(or $(DURATION),180)
 
 ##@ Deployment
 
