@@ -64,6 +64,14 @@ manifests: $(STAMP) ## Regenerate crds/ from the pydantic models, and the chart'
 	rm -f charts/cronwell/crds-src/*.yaml
 	cp crds/*.yaml charts/cronwell/crds-src/
 
+.PHONY: manifests-check
+manifests-check: $(STAMP) ## Fail if crds/ differs from the pydantic models.
+	$(BIN)/python -m cronwell.crdgen crds --check
+
+.PHONY: run-operator
+run-operator: $(STAMP) ## Run the operator against $$KUBECONFIG (CRDs installed first: make install).
+	$(BIN)/cronwell operator
+
 ##@ Test
 
 .PHONY: test

@@ -63,11 +63,13 @@ def _postgres_cpu() -> float:
     return total
 
 
-async def seed(db: Database, n: int, due_sql: str, target: dict[str, Any]) -> None:
+async def seed(
+    db: Database, n: int, due_sql: str, target: dict[str, Any], schedule: str = "0 0 1 1 *"
+) -> None:
     """n jobs whose next_run_at is the same instant (bulk SQL: seeding is not measured)."""
     spec = jobs.spec_document(
         ScheduledJobSpec.model_validate(
-            {"schedule": "0 0 1 1 *", "target": target, "concurrencyPolicy": "Skip"}
+            {"schedule": schedule, "target": target, "concurrencyPolicy": "Skip"}
         )
     )
     async with db.connection() as conn:
@@ -112,10 +114,8 @@ async def materialise(db: Database, n: int) -> dict[str, Any]:
     }
 
 
-async def burst(
-    db: Database, url: str, n: int, workers: int, concurrency: int, lead: float
-) -> dict[str, Any]:
-    """Materialise n occurrences due at T = now + lead, then let worker processes run them."""
+async def prepare_burst(db: Database, n: int, lead: float) -> None:
+    """n occurrences due at T = now + lead, materialised by one scheduler (not measured)."""
     await seed(
         db,
         n,
@@ -129,6 +129,20 @@ async def burst(
     await s.materialise_until_idle()
     keep.cancel()
     await s.resign()
+
+
+async def burst(
+    db: Database,
+    url: str,
+    n: int,
+    workers: int,
+    concurrency: int,
+    lead: float,
+    profile: Path | None = None,
+) -> dict[str, Any]:
+    """Materialise n occurrences due at T = now + lead, then let worker processes run them.
+    With `profile`, py-spy samples every worker process (raw collapsed stacks there)."""
+    await prepare_burst(db, n, lead)
     mod_dir = Path(tempfile.mkdtemp())
     (mod_dir / "cronwell_bench_noop.py").write_text(NOOP_MODULE)
     env = os.environ | {
@@ -154,6 +168,7 @@ async def burst(
         )
         for _ in range(workers)
     ]
+    spies: list[subprocess.Popen[bytes]] = []
     pg_cpu0 = _postgres_cpu()
     try:
         row = await db.fetchone("OccurrenceNextDue", {"pool": "default"})
@@ -161,6 +176,30 @@ async def burst(
         due_in = (row["next_due"] - row["db_now"]).total_seconds()
         if due_in < 1:
             print(f"warning: materialisation left only {due_in:.2f}s before T", file=sys.stderr)
+        if profile is not None:
+            # Sample from just before T: worker start-up (imports) is not the hot path.
+            profile.mkdir(parents=True, exist_ok=True)  # noqa: ASYNC240
+            await asyncio.sleep(max(0.0, due_in - 1.0))
+            spies = [
+                subprocess.Popen(  # noqa: ASYNC220
+                    [
+                        str(Path(sys.executable).parent / "py-spy"),
+                        "record",
+                        "--format",
+                        "raw",
+                        "--rate",
+                        "200",
+                        "--nonblocking",
+                        "-o",
+                        str(profile / f"worker-{i}.txt"),
+                        "-p",
+                        str(p.pid),
+                    ],
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.DEVNULL,
+                )
+                for i, p in enumerate(procs)
+            ]
         deadline = time.monotonic() + due_in + 300
         while time.monotonic() < deadline:
             async with db.connection() as conn:
@@ -179,6 +218,11 @@ async def burst(
             p.terminate()
         for p in procs:
             p.wait(30)
+        for spy in spies:
+            try:
+                spy.wait(30)
+            except subprocess.TimeoutExpired:
+                spy.terminate()
     async with db.connection() as conn:
         cur = await conn.execute(
             "SELECT extract(epoch FROM o.started_at - o.scheduled_for) AS lag,"
@@ -211,7 +255,96 @@ async def burst(
         "all_succeeded_after_s": round(max(float(r["done_after"]) for r in rows), 3),
         "worker_cpu_ms_per_occurrence": round(1000 * worker_cpu / n, 3),
         "postgres_cpu_ms_per_occurrence": round(1000 * pg_cpu / n, 3),
+        "per_second": round(
+            len(lags) / max(float(max(float(r["done_after"]) for r in rows)), 1e-3)
+        ),
+        "_lags": lags,
     }
+
+
+SECTIONS = ("materialise", "burst", "ceiling", "peer", "sustained", "growth", "profile")
+COMPARED = (
+    "per_second",
+    "start_lag_p50_s",
+    "start_lag_p95_s",
+    "start_lag_p99_s",
+    "start_lag_max_s",
+    "all_succeeded_after_s",
+)
+
+
+def worker_env(url: str) -> dict[str, str]:
+    mod_dir = Path(tempfile.mkdtemp())
+    (mod_dir / "cronwell_bench_noop.py").write_text(NOOP_MODULE)
+    return os.environ | {
+        "PYTHONPATH": str(mod_dir),
+        "CRONWELL_DATABASE_URL": url,
+        "CRONWELL_LOG_LEVEL": "WARNING",
+        "CRONWELL_CLAIM_BATCH_SIZE": "500",
+    }
+
+
+def ratio(a: Any, b: Any) -> str:
+    if not isinstance(a, int | float) or not isinstance(b, int | float) or not b:
+        return "-"
+    return f"{a / b:.2f}x"
+
+
+def _table(title: str, cw: dict[str, Any], peer: dict[str, Any], ceil: dict[str, Any]) -> None:
+    print(f"\n{title}")
+    print(
+        f"{'figure':<24}{'cronwell':>12}{'peer':>12}{'ceiling':>12}"
+        f"{'cw/peer':>10}{'cw/ceiling':>12}"
+    )
+    for k in COMPARED:
+        a, b, c = cw.get(k, "-"), peer.get(k, "-"), ceil.get(k, "-")
+        print(f"{k:<24}{a!s:>12}{b!s:>12}{c!s:>12}{ratio(a, b):>10}{ratio(a, c):>12}")
+
+
+def report(results: dict[str, Any]) -> None:
+    cw, peer, ceil = (results.get(k, {}) for k in ("burst", "peer", "ceiling"))
+    small = results.get("burst_at_peer_n")
+    if small:
+        _table(f"burst of {small.get('occurrences')} due at T (cronwell vs peer)", small, peer, {})
+        peer = {}
+    if cw:
+        _table(f"burst of {cw.get('occurrences')} due at T", cw, peer, ceil)
+        goal = cw.get("start_lag_p99_s")
+        if isinstance(goal, int | float):
+            verdict = "meets" if goal <= 5 else "MISSES"
+            print(f"goal p99 start lag <= 5 s: {verdict} ({goal} s)")
+    print(f"\n{'figure':<56} value")
+    for section, figs in results.items():
+        for k, v in figs.items():
+            if isinstance(v, dict):
+                for k2, v2 in v.items():
+                    print(f"{section + '.' + k + '.' + k2:<56} {v2}")
+            else:
+                print(f"{section + '.' + k:<56} {v}")
+
+
+def plot(lags: dict[str, list[float]], path: Path) -> Path | None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for name, xs in lags.items():
+        if xs:
+            xs = sorted(xs)
+            ax.plot(xs, [(i + 1) / len(xs) for i in range(len(xs))], label=name)
+    ax.axvline(5, color="grey", linestyle=":", label="goal: p99 <= 5 s")
+    ax.axhline(0.99, color="lightgrey", linestyle=":")
+    ax.set_xlabel("start lag (s, database clock)")
+    ax.set_ylabel("fraction of occurrences started")
+    ax.set_title("Start-lag CDF, burst due at T")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    return path
 
 
 async def main() -> None:
@@ -220,35 +353,160 @@ async def main() -> None:
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--concurrency", type=int, default=500)
     ap.add_argument("--lead", type=float, default=40.0, help="burst T = now + lead seconds")
-    ap.add_argument("--only", default="materialise,burst")
+    ap.add_argument("--only", default=",".join(SECTIONS), help=f"any of {','.join(SECTIONS)}")
+    ap.add_argument(
+        "--peer-jobs",
+        type=int,
+        default=10_000,
+        help="burst size for the peer (0: same as --jobs); when it differs, cronwell's burst"
+        " is also run at this size so the ratios compare like with like",
+    )
+    ap.add_argument("--peer-lead", type=float, default=15.0)
+    ap.add_argument(
+        "--peer-poll", type=float, default=1.0, help="procrastinate fetch polling interval"
+    )
+    ap.add_argument("--ceiling-batch", type=int, default=500)
+    ap.add_argument("--sustained-jobs", type=int, default=2000)
+    ap.add_argument("--sustained-seconds", type=float, default=40.0)
+    ap.add_argument("--sustained-warmup", type=float, default=10.0)
+    ap.add_argument("--growth-sizes", default="10000,100000,1000000")
+    ap.add_argument("--growth-history", type=int, default=1, help="succeeded occurrences per job")
+    ap.add_argument("--growth-reps", type=int, default=7)
+    ap.add_argument("--profile-jobs", type=int, default=20_000)
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
     args = ap.parse_args()
     only = set(args.only.split(","))
+    unknown = only - set(SECTIONS)
+    if unknown:
+        ap.error(f"unknown sections: {', '.join(sorted(unknown))}")
     server = EmbeddedPostgres(
         Path(tempfile.mkdtemp(prefix="cronwell-bench-")),
         settings={"max_connections": "300", "shared_buffers": "512MB"},
     )
     url = server.start()
     results: dict[str, Any] = {"machine": {"cpus": os.cpu_count()}}
+    lags: dict[str, list[float]] = {}
+    args.out.mkdir(parents=True, exist_ok=True)
+
+    def done(name: str, figs: dict[str, Any]) -> None:
+        if "_lags" in figs:
+            lags[name] = figs.pop("_lags")
+        results[name] = figs
+        print(f"{name}:", json.dumps(figs), flush=True)
+
+    t_all = time.perf_counter()
     try:
         async with Database(url, max_size=4) as db:
             await migrate(db)
             if "materialise" in only:
-                results["materialise"] = await materialise(db, args.jobs)
-                print("materialise:", json.dumps(results["materialise"]), flush=True)
+                done("materialise", await materialise(db, args.jobs))
             if "burst" in only:
-                results["burst"] = await burst(
-                    db, url, args.jobs, args.workers, args.concurrency, args.lead
+                done(
+                    "burst",
+                    await burst(db, url, args.jobs, args.workers, args.concurrency, args.lead),
                 )
-                print("burst:", json.dumps(results["burst"]), flush=True)
+            if "ceiling" in only:
+                import bench_ceiling
+
+                await prepare_burst(db, args.jobs, args.lead)
+                done(
+                    "ceiling",
+                    await bench_ceiling.ceiling(
+                        db, url, args.jobs, args.workers, args.ceiling_batch
+                    ),
+                )
+            peer_n = args.peer_jobs or args.jobs
+            if "peer" in only and peer_n != args.jobs:
+                done(
+                    "burst_at_peer_n",
+                    await burst(db, url, peer_n, args.workers, args.concurrency, args.peer_lead),
+                )
+            if "peer" in only:
+                import bench_peer
+
+                done(
+                    "peer",
+                    await bench_peer.peer_burst(
+                        url,
+                        peer_n,
+                        args.workers,
+                        args.concurrency,
+                        args.peer_lead,
+                        args.peer_poll,
+                    ),
+                )
+            if "sustained" in only:
+                import bench_sustained
+
+                done(
+                    "sustained",
+                    await bench_sustained.sustained(
+                        db,
+                        url,
+                        seed,
+                        worker_env(url),
+                        args.sustained_jobs,
+                        args.workers,
+                        args.concurrency,
+                        args.sustained_seconds,
+                        args.sustained_warmup,
+                    ),
+                )
+            if "growth" in only:
+                import bench_growth
+
+                spec = jobs.spec_document(
+                    ScheduledJobSpec.model_validate(
+                        {"schedule": "* * * * *", "target": {"handler": {"name": "bench.noop"}}}
+                    )
+                )
+                sizes = [int(x) for x in args.growth_sizes.split(",") if x]
+                done(
+                    "growth",
+                    await bench_growth.growth(
+                        db, spec, sizes, args.growth_history, args.growth_reps
+                    ),
+                )
+            if "profile" in only:
+                import bench_profile
+
+                pdir = args.out / "profile"
+                for f in pdir.glob("worker-*.txt"):
+                    f.unlink()
+                figs = await burst(
+                    db,
+                    url,
+                    args.profile_jobs,
+                    args.workers,
+                    args.concurrency,
+                    args.lead,
+                    profile=pdir,
+                )
+                prof = bench_profile.analyse(sorted(pdir.glob("worker-*.txt")))
+                done(
+                    "profile",
+                    {
+                        "occurrences": args.profile_jobs,
+                        "per_second_under_py_spy": figs.get("per_second"),
+                        "start_lag_p99_s": figs.get("start_lag_p99_s"),
+                    }
+                    | prof,
+                )
     finally:
         server.stop("fast")
-    args.out.mkdir(parents=True, exist_ok=True)
+    results["machine"]["total_seconds"] = round(time.perf_counter() - t_all, 1)
     (args.out / "bench.json").write_text(json.dumps(results, indent=2))
-    print(f"\n{'figure':<40} value")
-    for section, figs in results.items():
-        for k, v in figs.items():
-            print(f"{section + '.' + k:<40} {v}")
+    if lags:
+        (args.out / "start_lags.json").write_text(json.dumps(lags))
+        cdf = {
+            f"{k} (n={results[k].get('occurrences')})": v
+            for k, v in lags.items()
+            if k in ("burst", "burst_at_peer_n", "peer")
+        }
+        png = plot(cdf, args.out / "start_lag_cdf.png") if cdf else None
+        if png:
+            print(f"plot: {png}")
+    report(results)
 
 
 if __name__ == "__main__":

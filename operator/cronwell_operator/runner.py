@@ -60,12 +60,16 @@ class Operator:
     def stop(self) -> None:
         self.stop_event.set()
 
-    def _take_back_signals(self) -> None:
+    async def _take_back_signals(self) -> None:
         """kopf installs its own SIGTERM/SIGINT handlers when it starts; route them back to
         stop() so that a shutdown goes through our stop flag (kopf then exits at once
-        instead of waiting 5 s for its stop-flag waiter, and the Lease is released)."""
+        instead of waiting 5 s for its stop-flag waiter, and the Lease is released).
+
+        kopf installs them at the end of its start-up, which can finish just after its
+        ready flag is set: yield a moment first so that ours are the last installed."""
         if threading.current_thread() is not threading.main_thread():
             return
+        await asyncio.sleep(0.1)
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             with contextlib.suppress(NotImplementedError, RuntimeError):
@@ -123,7 +127,7 @@ class Operator:
             await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
             if webhook.task.done():
                 await webhook.task  # it failed: raise why
-            self._take_back_signals()
+            await self._take_back_signals()
             await self._wait_listening(webhook)
             log.info("standby: serving the webhook", extra={"action": "standby_webhook"})
         try:
@@ -153,7 +157,7 @@ class Operator:
             waiting: list[asyncio.Future[Any]] = [*tasks, instance.ready]
             done, _ = await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
             if instance.ready in done:
-                self._take_back_signals()
+                await self._take_back_signals()
                 self.ready.set()
                 log.info("operator ready", extra={"action": "operator_ready"})
                 waiting = [*tasks, stopper]

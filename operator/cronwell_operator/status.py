@@ -376,7 +376,7 @@ class StatusWriter:
         for r in rows:
             changes[str(r["job_id"])].append(r)
         touched, self._touched = self._touched, set()
-        uids = set(changes) | touched
+        uids = sorted(set(changes) | touched)
         if not uids:
             return False
         facts = {

@@ -38,8 +38,10 @@ class OperatorProcess:
         self.env = env or {}
         self.proc: subprocess.Popen[bytes] | None = None
         self._offset = 0
+        self._terminated = False
 
     def start(self) -> OperatorProcess:
+        self._terminated = False
         self._offset = self.log.stat().st_size if self.log.exists() else 0
         out = self.log.open("ab")
         env = os.environ | {
@@ -97,8 +99,8 @@ class OperatorProcess:
         if self.proc is None:
             return None
         if self.proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.proc.pid, signal.SIGTERM)
+            if not self._terminated:  # one SIGTERM, as the kubelet sends
+                self.terminate()
             try:
                 self.proc.wait(timeout)
             except subprocess.TimeoutExpired:
@@ -108,6 +110,7 @@ class OperatorProcess:
     def terminate(self) -> None:
         """Send SIGTERM and return at once (see stop() to wait for the exit)."""
         if self.proc is not None and self.proc.poll() is None:
+            self._terminated = True
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(self.proc.pid, signal.SIGTERM)
 

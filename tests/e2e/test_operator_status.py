@@ -12,6 +12,10 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
+from kubernetes import client
+
+from cronwell.embedded import EmbeddedPostgres
+from cronwell.testing.controlplane import Cluster
 from cronwell_operator.testing import (
     FAST_LEASE_ARGS,
     OperatorProcess,
@@ -19,10 +23,6 @@ from cronwell_operator.testing import (
     sql,
     wait_until,
 )
-from kubernetes import client
-
-from cronwell.embedded import EmbeddedPostgres
-from cronwell.testing.controlplane import Cluster
 from tests import procs
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -14,6 +14,10 @@ from typing import Any
 
 import pytest
 import yaml
+from kubernetes import client
+
+from cronwell.embedded import EmbeddedPostgres
+from cronwell.testing.controlplane import Cluster, KubectlError, free_port
 from cronwell_operator.testing import (
     FAST_LEASE_ARGS,
     OperatorProcess,
@@ -21,10 +25,6 @@ from cronwell_operator.testing import (
     sql,
     wait_until,
 )
-from kubernetes import client
-
-from cronwell.embedded import EmbeddedPostgres
-from cronwell.testing.controlplane import Cluster, KubectlError, free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 WEBHOOK = "validate-scheduledjob.cronwell.dev"

@@ -1,0 +1,29 @@
+"""Helpers shared by the hack/bench_*.py sections (benchmark-only code)."""
+
+from __future__ import annotations
+
+import statistics
+from typing import Any
+
+
+def lag_stats(lags: list[float], prefix: str = "start_lag") -> dict[str, Any]:
+    """p50/p95/p99/max/mean of a list of seconds (sorted in place)."""
+    lags.sort()
+    if not lags:
+        return {}
+
+    def pct(p: float) -> float:
+        return round(lags[min(len(lags) - 1, int(p * len(lags)))], 3)
+
+    return {
+        f"{prefix}_p50_s": pct(0.50),
+        f"{prefix}_p95_s": pct(0.95),
+        f"{prefix}_p99_s": pct(0.99),
+        f"{prefix}_max_s": round(lags[-1], 3),
+        f"{prefix}_mean_s": round(statistics.fmean(lags), 3),
+    }
+
+
+def db_url(server_url: str, dbname: str) -> str:
+    """The same server's URL pointed at another database."""
+    return server_url.rsplit("/", 1)[0] + "/" + dbname

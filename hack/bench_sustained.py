@@ -1,0 +1,102 @@
+"""Sustained: end-to-end occurrences/s at steady state.
+
+J jobs with a per-second cron (`* * * * * *`, seconds first) and a no-op handler, one
+`cronwell scheduler` process and W `cronwell worker` processes, for D seconds. Throughput
+is counted over the steady window (after a warm-up) from the database: occurrences
+finished per second, against occurrences offered (scheduled_for in the window); start lag
+of those offered; backlog (due but unstarted) at the end.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+from typing import Any
+
+from bench_common import lag_stats
+
+
+async def sustained(
+    db: Any,
+    url: str,
+    seed: Any,
+    env: dict[str, str],
+    n_jobs: int,
+    workers: int,
+    concurrency: int,
+    duration: float,
+    warmup: float,
+) -> dict[str, Any]:
+    await seed(
+        db,
+        n_jobs,
+        "date_trunc('second', now()) + interval '2 seconds'",
+        {"handler": {"name": "bench.noop"}},
+        schedule="* * * * * *",
+    )
+    cw = [sys.executable, "-m", "cronwell"]
+    procs = [
+        subprocess.Popen(  # noqa: ASYNC220
+            [*cw, "scheduler", "--partitions", "16", "--horizon-seconds", "5"],
+            env=env,
+            start_new_session=True,
+        )
+    ] + [
+        subprocess.Popen(  # noqa: ASYNC220
+            [*cw, "worker", "--concurrency", str(concurrency), "--import", "cronwell_bench_noop"],
+            env=env,
+            start_new_session=True,
+        )
+        for _ in range(workers)
+    ]
+    row = await db.fetchone("ClockNow", {})
+    t_start = next(iter(row.values()))
+    try:
+        await asyncio.sleep(duration)
+        row = await db.fetchone("ClockNow", {})
+        t_end = next(iter(row.values()))
+    finally:
+        for p in procs:
+            p.terminate()
+        for p in procs:
+            try:
+                p.wait(30)
+            except subprocess.TimeoutExpired:
+                p.kill()
+    async with db.connection() as conn:
+        params = {"a": t_start, "w": warmup, "b": t_end}
+        cur = await conn.execute(
+            "SELECT count(*) FILTER (WHERE finished_at >= %(a)s + make_interval(secs => %(w)s)"
+            "   AND finished_at < %(b)s AND state = 'succeeded') AS finished,"
+            " count(*) FILTER (WHERE scheduled_for >= %(a)s + make_interval(secs => %(w)s)"
+            "   AND scheduled_for < %(b)s) AS offered,"
+            " count(*) FILTER (WHERE state = 'pending' AND run_at < %(b)s) AS backlog_at_end,"
+            " count(*) FILTER (WHERE state = 'skipped') AS skipped,"
+            " extract(epoch FROM %(b)s - (%(a)s + make_interval(secs => %(w)s))) AS window"
+            " FROM cronwell_occurrences",
+            params,
+        )
+        r = await cur.fetchone()
+        cur = await conn.execute(
+            "SELECT extract(epoch FROM started_at - scheduled_for) AS lag"
+            " FROM cronwell_occurrences WHERE started_at IS NOT NULL"
+            " AND scheduled_for >= %(a)s + make_interval(secs => %(w)s)"
+            " AND scheduled_for < %(b)s - interval '5 seconds'",
+            params,
+        )
+        lags = [float(x["lag"]) for x in await cur.fetchall()]
+    window = float(r["window"])
+    out = {
+        "jobs_per_second_cron": n_jobs,
+        "workers": workers,
+        "concurrency_per_worker": concurrency,
+        "duration_s": duration,
+        "steady_window_s": round(window, 1),
+        "offered_per_second": round(r["offered"] / window),
+        "per_second": round(r["finished"] / window),
+        "target_per_second": 1000,
+        "backlog_at_end": r["backlog_at_end"],
+        "skipped_overlap": r["skipped"],
+    }
+    return out | lag_stats(lags)
