@@ -22,8 +22,9 @@ from cronwell.testing.controlplane import ControlPlane  # noqa: E402
 
 
 def _has_command(name: str) -> bool:
-    r = subprocess.run([sys.executable, "-m", "cronwell", name, "--help"],
-                       capture_output=True, check=False)
+    r = subprocess.run(
+        [sys.executable, "-m", "cronwell", name, "--help"], capture_output=True, check=False
+    )
     return r.returncode == 0
 
 
@@ -49,10 +50,19 @@ def main() -> None:
         procs = []
         for cmd in commands:
             log = open(data / f"{cmd[0]}.log", "ab")  # noqa: SIM115 - lives as long as the process
-            procs.append(subprocess.Popen([sys.executable, "-m", "cronwell", *cmd], env=env,
-                                          stdout=log, stderr=subprocess.STDOUT))
-        print(f"\nexport KUBECONFIG={cp.kubeconfig}\nexport CRONWELL_DATABASE_URL={url}\n"
-              f"logs in {data}/*.log; Ctrl-C to stop\n", flush=True)
+            procs.append(
+                subprocess.Popen(
+                    [sys.executable, "-m", "cronwell", *cmd],
+                    env=env,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                )
+            )
+        print(
+            f"\nexport KUBECONFIG={cp.kubeconfig}\nexport CRONWELL_DATABASE_URL={url}\n"
+            f"logs in {data}/*.log; Ctrl-C to stop\n",
+            flush=True,
+        )
         stop.wait()
         for p in procs:
             p.terminate()

@@ -76,11 +76,7 @@ async def test_kill_minus_nine_a_scheduler(db: Database, db_url: str, tmp_path: 
     for name, instants in by_job.items():
         assert len(instants) == len(set(instants)), f"{name}: duplicate instants"
         instants.sort()
-        gaps = [
-            b - a
-            for a, b in itertools.pairwise(instants)
-            if b - a != timedelta(seconds=1)
-        ]
+        gaps = [b - a for a, b in itertools.pairwise(instants) if b - a != timedelta(seconds=1)]
         assert not gaps, f"{name}: lost instants around {gaps}"
         assert instants[-1] > killed_at + timedelta(seconds=1), f"{name} stopped at the kill"
     assert not [o for o in occ if o["state"] == "missed"]
