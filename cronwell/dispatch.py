@@ -55,6 +55,8 @@ class Claimed:
     max_attempts: int
     timeout_seconds: int
     origin: str
+    spec_hash: str = ""
+    """Identifies the spec version: workers cache the parsed spec under (job, hash)."""
 
 
 def decide_overlap(
@@ -165,6 +167,7 @@ async def claim(
             namespace=r["namespace"],
             name=r["name"],
             spec=r["spec"],
+            spec_hash=r["spec_hash"],
             scheduled_for=r["scheduled_for"],
             run_at=r["run_at"],
             started_at=r["started_at"],

@@ -235,7 +235,7 @@ FROM cronwell_jobs j
 WHERE o.id = ANY(%(ids)s::bigint[]) AND j.id = o.job_id
 RETURNING o.id, o.idempotency_key, o.job_id, j.namespace, j.name, j.spec, o.scheduled_for,
           o.run_at, o.started_at, o.attempt, o.fence, o.delivery, o.max_attempts,
-          o.timeout_seconds, o.origin;
+          o.timeout_seconds, o.origin, j.spec_hash;
 
 -- name: WaitingPromote
 -- After an active occurrence of a buffered job ends: the oldest waiting one becomes
