@@ -28,7 +28,7 @@ API_VERSION = f"{GROUP}/{VERSION}"
 _NAME_RE = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 
 
-class _Model(BaseModel):
+class CamelModel(BaseModel):
     """camelCase on the wire (as Kubernetes users write it), snake_case in Python."""
 
     model_config = ConfigDict(
@@ -78,7 +78,7 @@ class FallBack(StrEnum):
     RUN_TWICE = "RunTwice"
 
 
-class DstPolicy(_Model):
+class DstPolicy(CamelModel):
     """How the schedule treats daylight-saving transitions in `timeZone`."""
 
     spring_forward: SpringForward = Field(
@@ -91,7 +91,7 @@ class DstPolicy(_Model):
     )
 
 
-class RetryPolicy(_Model):
+class RetryPolicy(CamelModel):
     """Retries of a failed attempt, under the same idempotency key."""
 
     max_attempts: int = Field(3, ge=1, le=100, description="Attempts before dead-lettering.")
@@ -104,7 +104,7 @@ class RetryPolicy(_Model):
     )
 
 
-class HttpTarget(_Model):
+class HttpTarget(CamelModel):
     """An HTTP call; the occurrence's idempotency key is sent as the Idempotency-Key header."""
 
     url: Annotated[
@@ -121,7 +121,7 @@ class HttpTarget(_Model):
     verify_tls: bool = Field(True, description="Verify the server's TLS certificate.")
 
 
-class HandlerTarget(_Model):
+class HandlerTarget(CamelModel):
     """A function registered with @cronwell.handler in the pool's worker image."""
 
     name: Annotated[
@@ -132,7 +132,7 @@ class HandlerTarget(_Model):
     )
 
 
-class LogTarget(_Model):
+class LogTarget(CamelModel):
     """Log a line (for trying cronwell out)."""
 
     message: Annotated[str, Field(max_length=4096, description="The line to log.")] = (
@@ -140,7 +140,7 @@ class LogTarget(_Model):
     )
 
 
-class Target(_Model):
+class Target(CamelModel):
     """Exactly one of http, handler or log."""
 
     model_config = ConfigDict(
@@ -174,7 +174,7 @@ class Target(_Model):
         return next(k for k in ("http", "handler", "log") if getattr(self, k) is not None)
 
 
-class ScheduledJobSpec(_Model):
+class ScheduledJobSpec(CamelModel):
     """What runs (target), when (schedule or runAt) and how (policies)."""
 
     # Cross-field rules, enforced by the API server too (CEL) with the same messages.
@@ -331,7 +331,7 @@ class LastResult(StrEnum):
     CANCELLED = "Cancelled"
 
 
-class Condition(_Model):
+class Condition(CamelModel):
     """A Kubernetes condition (metav1.Condition)."""
 
     type: str = Field(max_length=316, description="Ready, Suspended, Failing or DeadLettered.")
@@ -342,7 +342,7 @@ class Condition(_Model):
     observed_generation: int | None = Field(None, ge=0)
 
 
-class RunCounters(_Model):
+class RunCounters(CamelModel):
     """Occurrences by outcome, over the history the store keeps."""
 
     succeeded: int = Field(0, ge=0, description="Occurrences that succeeded.")
@@ -352,7 +352,7 @@ class RunCounters(_Model):
     skipped: int = Field(0, ge=0, description="Occurrences skipped (concurrency policy).")
 
 
-class ScheduledJobStatus(_Model):
+class ScheduledJobStatus(CamelModel):
     """What the operator reports: computed from the store, written to the status subresource."""
 
     model_config = ConfigDict(extra="ignore")

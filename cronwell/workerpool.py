@@ -7,22 +7,10 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any, Literal
 
-from pydantic import AliasGenerator, BaseModel, ConfigDict, Field, model_validator
-from pydantic.alias_generators import to_camel
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from cronwell.models import CamelModel as _Model
 from cronwell.models import Condition, ObjectMeta
-
-
-class _Model(BaseModel):
-    """camelCase on the wire, snake_case in Python (as cronwell.models)."""
-
-    model_config = ConfigDict(
-        alias_generator=AliasGenerator(validation_alias=to_camel, serialization_alias=to_camel),
-        populate_by_name=True,
-        extra="forbid",
-        frozen=True,
-        use_enum_values=True,
-    )
 
 
 class ScaleTargetRef(_Model):
