@@ -7,13 +7,12 @@ without each module having to remember the marker.
 from __future__ import annotations
 
 import os
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from kubernetes import client, config
+from kubernetes import config
 
 from cronwell.testing.controlplane import (
     MISSING_BINARIES_HINT,
@@ -23,6 +22,7 @@ from cronwell.testing.controlplane import (
     ExistingCluster,
     find_assets,
 )
+from tests.e2e.helpers import fresh_namespace
 
 E2E_DIR = Path(__file__).resolve().parent
 
@@ -68,12 +68,7 @@ def kube_api(kube: Cluster) -> Iterator[Any]:
 @pytest.fixture
 def namespace(kube: Cluster, kube_api: Any) -> Iterator[str]:
     """A fresh namespace per test (without a controller-manager it stays Terminating)."""
-    name = f"e2e-{uuid.uuid4().hex[:8]}"
-    client.CoreV1Api(kube_api).create_namespace(
-        client.V1Namespace(metadata=client.V1ObjectMeta(name=name))
-    )
-    yield name
-    kube.kubectl("delete", "namespace", name, "--wait=false", check=False)
+    yield from fresh_namespace(kube, kube_api, "e2e")
 
 
 @pytest.fixture(scope="session")

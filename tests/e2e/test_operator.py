@@ -15,7 +15,6 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
-from kubernetes import client
 
 from cronwell.embedded import EmbeddedPostgres
 from cronwell.testing.controlplane import Cluster
@@ -26,6 +25,7 @@ from cronwell_operator.testing import (
     sql,
     wait_until,
 )
+from tests.e2e.helpers import fresh_namespace
 
 ROOT = Path(__file__).resolve().parents[2]
 T = TypeVar("T")
@@ -38,12 +38,7 @@ def crd(kube: Cluster) -> None:
 
 @pytest.fixture(scope="module")
 def ns(kube: Cluster, kube_api: Any) -> Iterator[str]:
-    name = f"op-{uuid.uuid4().hex[:8]}"
-    client.CoreV1Api(kube_api).create_namespace(
-        client.V1Namespace(metadata=client.V1ObjectMeta(name=name))
-    )
-    yield name
-    kube.kubectl("delete", "namespace", name, "--wait=false", check=False)
+    yield from fresh_namespace(kube, kube_api, "op")
 
 
 @pytest.fixture(scope="module")

@@ -12,7 +12,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from kubernetes import client
 
 from cronwell.embedded import EmbeddedPostgres
 from cronwell.testing.controlplane import Cluster
@@ -23,6 +22,7 @@ from cronwell_operator.testing import (
     sql,
     wait_until,
 )
+from tests.e2e.helpers import fresh_namespace
 
 ROOT = Path(__file__).resolve().parents[2]
 LEASE_SECONDS = 3.0  # FAST_LEASE_ARGS
@@ -31,12 +31,7 @@ LEASE_SECONDS = 3.0  # FAST_LEASE_ARGS
 @pytest.fixture
 def ns(kube: Cluster, kube_api: Any) -> Iterator[str]:
     kube.install_crds([ROOT / "crds"])
-    name = f"ha-{uuid.uuid4().hex[:8]}"
-    client.CoreV1Api(kube_api).create_namespace(
-        client.V1Namespace(metadata=client.V1ObjectMeta(name=name))
-    )
-    yield name
-    kube.kubectl("delete", "namespace", name, "--wait=false", check=False)
+    yield from fresh_namespace(kube, kube_api, "ha")
 
 
 @pytest.fixture

@@ -12,7 +12,6 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
-from kubernetes import client
 
 from cronwell.embedded import EmbeddedPostgres
 from cronwell.testing.controlplane import Cluster
@@ -24,6 +23,7 @@ from cronwell_operator.testing import (
     wait_until,
 )
 from tests import procs
+from tests.e2e.helpers import fresh_namespace
 
 ROOT = Path(__file__).resolve().parents[2]
 T = TypeVar("T")
@@ -32,12 +32,7 @@ T = TypeVar("T")
 @pytest.fixture(scope="module")
 def ns(kube: Cluster, kube_api: Any) -> Iterator[str]:
     kube.install_crds([ROOT / "crds"])
-    name = f"st-{uuid.uuid4().hex[:8]}"
-    client.CoreV1Api(kube_api).create_namespace(
-        client.V1Namespace(metadata=client.V1ObjectMeta(name=name))
-    )
-    yield name
-    kube.kubectl("delete", "namespace", name, "--wait=false", check=False)
+    yield from fresh_namespace(kube, kube_api, "st")
 
 
 @pytest.fixture(scope="module")

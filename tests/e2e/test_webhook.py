@@ -14,7 +14,6 @@ from typing import Any
 
 import pytest
 import yaml
-from kubernetes import client
 
 from cronwell.embedded import EmbeddedPostgres
 from cronwell.testing.controlplane import Cluster, KubectlError, free_port
@@ -25,6 +24,7 @@ from cronwell_operator.testing import (
     sql,
     wait_until,
 )
+from tests.e2e.helpers import fresh_namespace
 
 ROOT = Path(__file__).resolve().parents[2]
 WEBHOOK = "validate-scheduledjob.cronwell.dev"
@@ -34,12 +34,7 @@ DENIED = f'admission webhook "{WEBHOOK}" denied the request: '
 @pytest.fixture(scope="module")
 def ns(kube: Cluster, kube_api: Any) -> Iterator[str]:
     kube.install_crds([ROOT / "crds"])
-    name = f"wh-{uuid.uuid4().hex[:8]}"
-    client.CoreV1Api(kube_api).create_namespace(
-        client.V1Namespace(metadata=client.V1ObjectMeta(name=name))
-    )
-    yield name
-    kube.kubectl("delete", "namespace", name, "--wait=false", check=False)
+    yield from fresh_namespace(kube, kube_api, "wh")
 
 
 @pytest.fixture(scope="module")
