@@ -77,14 +77,15 @@ def operator(
     for h in logging.getLogger().handlers:
         h.addFilter(_drop_kopf_extras)
     # Served by every replica, leader or standby (readiness probes may point at it).
-    Metrics().serve(metrics_port)
+    metrics = Metrics()
+    metrics.serve(metrics_port)
     holder: list[Operator] = []
 
     async def go() -> None:
         kube = Kube(api_client(kubeconfig))
         try:
             async with env.database(migrate_first=True) as db:
-                op = Operator(db, kube, settings)
+                op = Operator(db, kube, settings, metrics=metrics)
                 holder.append(op)
                 await op.run()
         finally:

@@ -21,6 +21,7 @@ from typing import Any
 
 import kopf
 
+from cronwell.metrics import Metrics
 from cronwell.store.db import Database
 from cronwell.store.migrate import check_schema
 from cronwell_operator import drift, handlers
@@ -48,14 +49,21 @@ class _Kopf:
 
 
 class Operator:
-    def __init__(self, db: Database, kube: Kube, settings: OperatorSettings):
+    def __init__(
+        self,
+        db: Database,
+        kube: Kube,
+        settings: OperatorSettings,
+        metrics: Metrics | None = None,
+    ):
         self.db = db
         self.kube = kube
         self.settings = settings
+        self.metrics = metrics or Metrics()
         self.stop_event = asyncio.Event()
         self.ready = asyncio.Event()
         self.elector = LeaderElector(kube, settings)
-        self.writer = StatusWriter(db, kube, settings)
+        self.writer = StatusWriter(db, kube, settings, metrics=self.metrics)
 
     def stop(self) -> None:
         self.stop_event.set()

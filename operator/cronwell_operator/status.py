@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
+from cronwell.metrics import Metrics
 from cronwell.models import Condition, LastResult, RunCounters, ScheduledJobStatus
 from cronwell.store.db import Database
 from cronwell_operator.kube import CRef, Kube, KubeError, KubeNotFound
@@ -318,6 +319,7 @@ class StatusWriter:
     kube: Kube
     settings: OperatorSettings
     stats: WriterStats = field(default_factory=WriterStats)
+    metrics: Metrics = field(default_factory=Metrics)
 
     def __post_init__(self) -> None:
         self._known: dict[str, _Known] = {}
