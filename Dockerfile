@@ -1,6 +1,10 @@
 # syntax=docker/dockerfile:1
-# cronwell image: one image for every process; the chart runs
-#   cronwell operator | cronwell scheduler | cronwell worker --pool NAME | cronwell migrate
+# cronwell image: one image for every process; ENTRYPOINT is `cronwell`, the chart passes
+#   operator | scheduler | worker --pool NAME [--import MODULE] | migrate
+# (`operator` and `worker` are commands the operator and worker packages register through
+# the `cronwell.cli` entry points; the build checks they are there). `kubectl-cronwell`,
+# installed by the same wheel, is a kubectl plugin for users' machines: nothing runs it here.
+# Ports: 9090 /metrics (every process), 9443 the operator's admission webhook (HTTPS).
 # Build: make docker-build IMG_REPO=registry.example/cronwell IMG_TAG=0.1.0
 #
 # Handler code (`--import MODULE`) goes in an image built FROM this one; /app is the working
@@ -43,7 +47,8 @@ RUN groupadd --gid 10001 cronwell \
  && chown 10001:10001 /app
 RUN --mount=type=bind,from=builder,source=/wheels,target=/wheels \
     /opt/cronwell/bin/pip install --no-index --find-links=/wheels cronwell \
- && /opt/cronwell/bin/cronwell --help > /dev/null
+ && for c in operator scheduler worker migrate; do \
+      /opt/cronwell/bin/cronwell "$c" --help > /dev/null || exit 1; done
 WORKDIR /app
 # Numeric, so that Kubernetes' runAsNonRoot can check it without reading /etc/passwd.
 USER 10001:10001

@@ -10,7 +10,7 @@ import re
 import signal
 import sys
 from collections.abc import AsyncIterator, Callable, Coroutine
-from datetime import datetime
+from datetime import UTC, datetime
 from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Any, TypeVar
@@ -18,10 +18,11 @@ from typing import Any, TypeVar
 import click
 import pydantic
 
-from cronwell import __version__, jobs, logs
+from cronwell import __version__, backfill, jobs, logs
 from cronwell.embedded import EmbeddedPostgres
 from cronwell.errors import CronwellError
 from cronwell.metrics import Metrics
+from cronwell.schedule import format_instant
 from cronwell.scheduler import Scheduler
 from cronwell.settings import DatabaseSettings, SchedulerSettings
 from cronwell.store import Database, migrate
@@ -324,12 +325,90 @@ def suspend_cmd(env: Env, name: str, namespace: str) -> None:
 
 
 @main.command("resume")
-@click.argument("name")
-@click.option("-n", "--namespace", default="default", show_default=True)
+@click.argument("name", required=False)
+@click.option("-n", "--namespace", default=None, help="Namespace of NAME (default: default).")
+@click.option("--all", "all_", is_flag=True, help="Every job `cronwell pause` paused in -n.")
+@click.option("-A", "--all-namespaces", is_flag=True, help="Every job paused, all namespaces.")
+@click.option("--yes", is_flag=True, help="Confirm --all / --all-namespaces.")
 @click.pass_obj
-def resume_cmd(env: Env, name: str, namespace: str) -> None:
-    """Resume a suspended job."""
-    _set_suspend(env, namespace, name, False)
+def resume_cmd(
+    env: Env, name: str | None, namespace: str | None, all_: bool, all_namespaces: bool, yes: bool
+) -> None:
+    """Resume a suspended job (NAME), or what `cronwell pause` paused (--all, -A).
+
+    Instants due meanwhile follow the job's misfire policy (the rest are recorded missed;
+    `cronwell backfill` runs them later). The mass forms resume only jobs paused by
+    `cronwell pause`; jobs suspended by spec, `cronwell suspend` or after failures stay."""
+    name, ns = _selection(name, namespace, all_, all_namespaces, yes, "resume")
+    if name is not None:
+        _set_suspend(env, ns or "default", name, False)
+        return
+
+    async def go() -> jobs.Paused:
+        async with env.database() as db:
+            return await jobs.resume_paused(db, namespace=ns)
+
+    _report_pause(run(go()), "resumed")
+
+
+@main.command("pause")
+@click.argument("name", required=False)
+@click.option("-n", "--namespace", default=None, help="Namespace of NAME / of --all.")
+@click.option("--all", "all_", is_flag=True, help="Every job of the namespace (-n).")
+@click.option("-A", "--all-namespaces", is_flag=True, help="Every job of every namespace.")
+@click.option("--yes", is_flag=True, help="Confirm --all / --all-namespaces.")
+@click.pass_obj
+def pause_cmd(
+    env: Env, name: str | None, namespace: str | None, all_: bool, all_namespaces: bool, yes: bool
+) -> None:
+    """The incident button: suspend NAME, every job of a namespace (--all -n NS) or every
+    job (--all-namespaces), with reason Paused. Undo with `cronwell resume` (same selectors).
+
+    Nothing new is materialised; occurrences already materialised (the horizon ahead) and
+    running attempts still run. Jobs already suspended keep their reason. For a ScheduledJob
+    CR, its spec.suspend wins again at the CR's next spec change."""
+    name, ns = _selection(name, namespace, all_, all_namespaces, yes, "pause")
+
+    async def go() -> jobs.Paused:
+        async with env.database() as db:
+            return await jobs.pause(db, namespace=ns, name=name)
+
+    _report_pause(run(go()), "paused")
+
+
+def _selection(
+    name: str | None,
+    namespace: str | None,
+    all_: bool,
+    all_namespaces: bool,
+    yes: bool,
+    verb: str,
+) -> tuple[str | None, str | None]:
+    """(NAME, its namespace), or (None, the namespace of --all / None for every one)."""
+    if (name is not None) + all_ + all_namespaces != 1:
+        raise click.UsageError(
+            f"give exactly one of NAME, --all -n NAMESPACE or --all-namespaces "
+            f"(e.g. cronwell {verb} nightly -n reports)"
+        )
+    if all_ and namespace is None:
+        raise click.UsageError("--all needs -n NAMESPACE (or use --all-namespaces)")
+    if name is None and not yes:
+        where = "every namespace" if all_namespaces else f"namespace {namespace}"
+        raise click.UsageError(f"{verb} every job of {where}? Re-run with --yes to confirm")
+    if name is not None:
+        return name, namespace or "default"
+    return None, namespace if all_ else None
+
+
+def _report_pause(done: jobs.Paused, verb: str) -> None:
+    for ns, name in done.changed:
+        click.echo(f"{ns}/{name} {verb}")
+    for ns, name, why in done.untouched:
+        if verb == "paused":
+            click.echo(f"{ns}/{name} already suspended ({why})")
+        else:
+            click.echo(f"{ns}/{name} stays suspended ({why}): `cronwell resume {name} -n {ns}`")
+    click.echo(f"{len(done.changed)} job(s) {verb}")
 
 
 def _set_suspend(env: Env, namespace: str, name: str, suspended: bool) -> None:
@@ -377,14 +456,20 @@ def runs_cmd(
                 )
             ]
 
-    rows = run(go())
+    render_runs(run(go()), as_json=as_json)
+
+
+def render_runs(rows: list[dict[str, Any]], *, as_json: bool = False) -> None:
+    """The runs table (`cronwell runs`, `kubectl cronwell runs`): one renderer for both."""
     if as_json:
         for r in rows:
             click.echo(json.dumps(r, default=str))
         return
-    fmt = "{:<28} {:<20} {:<10} {:>9} {:>9} {:>4}  {}"
+    fmt = "{:<28} {:<20} {:<10} {:<9} {:>9} {:>9} {:>4}  {}"
     click.echo(
-        fmt.format("JOB", "SCHEDULED (UTC)", "STATE", "LAG", "DURATION", "TRY", "REASON/ERROR")
+        fmt.format(
+            "JOB", "SCHEDULED (UTC)", "STATE", "ORIGIN", "LAG", "DURATION", "TRY", "REASON/ERROR"
+        )
     )
     for r in rows:
         click.echo(
@@ -392,12 +477,115 @@ def runs_cmd(
                 f"{r['namespace']}/{r['name']}"[:28],
                 _fmt_time(r["scheduled_for"]),
                 r["state"],
+                r["origin"],
                 _fmt_secs(r["lag_seconds"]),
                 _fmt_secs(r["duration_seconds"]),
                 r["attempt"],
-                (r["reason"] or r["last_error"] or "")[:60],
+                (r["reason"] or r["last_error"] or "").replace("\n", " ")[:60],
             )
         )
+    if not rows:
+        click.echo("(no occurrences)", err=True)
+
+
+def render_dead(rows: list[dict[str, Any]], *, as_json: bool = False) -> None:
+    """The dead-letter table (`cronwell dlq list`, `kubectl cronwell dlq`)."""
+    if as_json:
+        for r in rows:
+            click.echo(json.dumps(r, default=str))
+        return
+    fmt = "{:<28} {:<60} {:<18} {:>5}  {:<20} {}"
+    click.echo(fmt.format("JOB", "KEY", "REASON", "TRIES", "FINISHED (UTC)", "ERROR"))
+    for r in rows:
+        click.echo(
+            fmt.format(
+                f"{r['namespace']}/{r['name']}"[:28],
+                r["idempotency_key"],
+                (r["reason"] or "-")[:18],
+                f"{r['attempt']}/{r['max_attempts']}",
+                _fmt_time(r["finished_at"]),
+                (r["last_error"] or "").replace("\n", " ")[:80],
+            )
+        )
+    if not rows:
+        click.echo("(no dead occurrences)", err=True)
+
+
+def _parse_instant(value: str) -> datetime:
+    """`now`, ISO-8601 with Z or an offset, or without one (UTC, as cronwell prints)."""
+    text = value.strip()
+    if text.lower() == "now":
+        return datetime.now(UTC)
+    try:
+        t = datetime.fromisoformat(text)
+    except ValueError:
+        raise click.BadParameter(
+            f"{value!r}: use ISO-8601, e.g. 2026-03-29T00:00:00Z, 2026-03-29T02:30+02:00, "
+            "2026-03-29 (UTC midnight) or now"
+        ) from None
+    return t if t.tzinfo is not None else t.replace(tzinfo=UTC)
+
+
+def _instant_option(ctx: click.Context, param: click.Parameter, value: str) -> datetime:
+    return _parse_instant(value)
+
+
+@main.command("backfill")
+@click.argument("name")
+@click.option("-n", "--namespace", default="default", show_default=True)
+@click.option("--from", "start", required=True, callback=_instant_option,
+              help="First instant of the window (ISO-8601; no offset means UTC).")  # fmt: skip
+@click.option("--to", "end", required=True, callback=_instant_option,
+              help="Last instant of the window, included (not in the future).")  # fmt: skip
+@click.option("--dry-run", is_flag=True, help="Print what would happen; write nothing.")
+@click.option("--max", "max_instants", type=int, default=backfill.DEFAULT_MAX_INSTANTS,
+              show_default=True, help="Refuse windows with more instants than this.")  # fmt: skip
+@click.pass_obj
+def backfill_cmd(
+    env: Env,
+    name: str,
+    namespace: str,
+    start: datetime,
+    end: datetime,
+    dry_run: bool,
+    max_instants: int,
+) -> None:
+    """Run the instants of a past window that never ran, under their real keys.
+
+    Every nominal instant of NAME's schedule in [--from, --to] (its time zone, DST policy,
+    startAt/endAt) gets the key the scheduler gives it. Instants with no occurrence get one
+    (origin backfill), instants recorded `missed` run again once, and instants that already
+    have an occurrence (succeeded, dead, running, pending, skipped) are left alone, so a
+    backfill never repeats a run and running it twice is a no-op. The runs start now (one
+    at a time, oldest first, unless concurrencyPolicy is Allow)."""
+
+    async def go() -> backfill.BackfillResult:
+        async with env.database() as db:
+            return await backfill.backfill(
+                db,
+                namespace=namespace,
+                name=name,
+                start=start,
+                end=end,
+                max_instants=max_instants,
+                dry_run=dry_run,
+            )
+
+    res = run(go())
+    would = "would be " if res.dry_run else ""
+    click.echo(
+        f"backfill {res.namespace}/{res.name} {format_instant(res.start)} .. "
+        f"{format_instant(res.end)}: {len(res.instants)} instant(s) in the window"
+        + (" (dry run: nothing written)" if res.dry_run else "")
+    )
+    if res.instants:
+        click.echo(
+            f"  first {format_instant(res.instants[0])}, last {format_instant(res.instants[-1])}"
+        )
+    click.echo(f"  {would}created:   {len(res.created)} (origin backfill, runnable now)")
+    click.echo(f"  {would}re-opened: {len(res.reopened)} (were missed)")
+    present = ", ".join(f"{k}={v}" for k, v in sorted(res.present.items())) or "none"
+    click.echo(f"  already present, left alone: {present}")
 
 
 @main.command("jobs")

@@ -8,7 +8,8 @@ from __future__ import annotations
 import json
 import uuid
 from collections import defaultdict
-from dataclasses import dataclass
+from collections.abc import Container, Mapping, Sequence
+from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any
 
@@ -45,7 +46,9 @@ class Claimed:
     job_id: uuid.UUID
     namespace: str
     name: str
-    spec: dict[str, Any]
+    spec: dict[str, Any] | None
+    """The spec document to run, fetched when the claimer did not know `spec_hash`; None
+    when it did (it runs the spec it parsed under that hash)."""
     scheduled_for: datetime
     run_at: datetime
     started_at: datetime
@@ -56,7 +59,30 @@ class Claimed:
     timeout_seconds: int
     origin: str
     spec_hash: str = ""
-    """Identifies the spec version: workers cache the parsed spec under (job, hash)."""
+    """Content hash of `spec` (jobs.spec_hash): equal hashes are equal specs, so workers
+    cache parsed specs by hash alone; empty (hand-made rows) is never shared."""
+
+
+def claimed_from_row(r: Mapping[str, Any], spec: dict[str, Any] | None = None) -> Claimed:
+    """A Claimed from an OccurrenceClaimBatch row (and the spec fetched for it, if any)."""
+    return Claimed(
+        id=r["id"],
+        key=r["idempotency_key"],
+        job_id=r["job_id"],
+        namespace=r["namespace"],
+        name=r["name"],
+        spec=spec,
+        spec_hash=r["spec_hash"],
+        scheduled_for=r["scheduled_for"],
+        run_at=r["run_at"],
+        started_at=r["started_at"],
+        attempt=r["attempt"],
+        fence=r["fence"],
+        delivery=r["delivery"],
+        max_attempts=r["max_attempts"],
+        timeout_seconds=r["timeout_seconds"],
+        origin=r["origin"],
+    )
 
 
 def decide_overlap(
@@ -120,9 +146,18 @@ def decide_overlap(
 
 
 async def claim(
-    db: Database, *, pool: str, worker_id: str, limit: int, lease_seconds: float
+    db: Database,
+    *,
+    pool: str,
+    worker_id: str,
+    limit: int,
+    lease_seconds: float,
+    known_specs: Container[str] = frozenset(),
 ) -> list[Claimed]:
-    """Claim up to `limit` due occurrences of `pool`: one transaction, a few round trips."""
+    """Claim up to `limit` due occurrences of `pool`: one transaction, a few round trips.
+
+    Specs are fetched only for hashes not in `known_specs` (one job per hash): in a burst of
+    jobs sharing a spec, one spec is read and parsed, not one per occurrence."""
     async with db.transaction() as conn:
         rows = await db.fetch(
             "OccurrenceClaimCandidates", {"pool": pool, "limit": limit}, conn=conn
@@ -159,27 +194,48 @@ async def claim(
             {"ids": run, "worker_id": worker_id, "lease": lease_seconds},
             conn=conn,
         )
-    return [
-        Claimed(
-            id=r["id"],
-            key=r["idempotency_key"],
-            job_id=r["job_id"],
-            namespace=r["namespace"],
-            name=r["name"],
-            spec=r["spec"],
-            spec_hash=r["spec_hash"],
-            scheduled_for=r["scheduled_for"],
-            run_at=r["run_at"],
-            started_at=r["started_at"],
-            attempt=r["attempt"],
-            fence=r["fence"],
-            delivery=r["delivery"],
-            max_attempts=r["max_attempts"],
-            timeout_seconds=r["timeout_seconds"],
-            origin=r["origin"],
-        )
-        for r in claimed
-    ]
+        return await attach_specs(db, conn, claimed, known_specs)
+
+
+async def attach_specs(
+    db: Database, conn: Conn, rows: Sequence[Mapping[str, Any]], known: Container[str]
+) -> list[Claimed]:
+    """Claimed occurrences, each with the spec document it runs unless its hash is known.
+
+    A job whose spec changed between the claim and the fetch (its hash differs now) runs
+    the spec whose hash was claimed if the fetch still finds it (on another job of the
+    batch), else its current spec, under the current hash. Both are safe: what the attempt
+    must keep (timeout, delivery, max attempts) was copied onto the occurrence when it was
+    materialised, and the current spec is what the claim would have read had the change
+    committed an instant earlier (a spec change never takes back an occurrence already
+    due, so it cannot undo this one)."""
+    by_hash: dict[str, dict[str, Any]] = {}  # hash -> spec document
+    by_job: dict[uuid.UUID, tuple[str, dict[str, Any]]] = {}  # job -> (current hash, spec)
+    out: list[Claimed] = []
+    for round_ in range(2):
+        want: dict[str, uuid.UUID] = {}  # one job per hash to fetch
+        for r in rows:
+            h, job = r["spec_hash"], r["job_id"]
+            if (h and h in known) or h in by_hash or job in by_job:
+                continue
+            # Round 0: one job per hash. Round 1: every job not yet read (its spec changed).
+            want.setdefault(h if h and round_ == 0 else str(job), job)
+        if not want:
+            break
+        for s in await db.fetch("JobSpecBatch", {"ids": list(want.values())}, conn=conn):
+            by_job[s["id"]] = (s["spec_hash"], s["spec"])
+            if s["spec_hash"]:
+                by_hash[s["spec_hash"]] = s["spec"]
+    for r in rows:
+        h = r["spec_hash"]
+        if h and h in known:
+            out.append(claimed_from_row(r))
+        elif h and h in by_hash:
+            out.append(claimed_from_row(r, by_hash[h]))
+        else:
+            now_hash, doc = by_job[r["job_id"]]
+            out.append(replace(claimed_from_row(r, doc), spec_hash=now_hash))
+    return out
 
 
 async def promote_waiting(db: Database, conn: Conn, job_ids: list[uuid.UUID]) -> None:
@@ -281,13 +337,16 @@ async def release(db: Database, claimed: list[tuple[str, int]]) -> set[str]:
 
 
 async def reap(db: Database, *, limit: int) -> list[dict[str, Any]]:
-    """Expired leases back to pending (AtLeastOnce) or dead (AtMostOnce / exhausted)."""
+    """Expired leases back to pending (AtLeastOnce) or dead (AtMostOnce / exhausted); and
+    waiting occurrences left with nothing active ahead of them start."""
     async with db.transaction() as conn:
         rows = await db.fetch("LeaseReap", {"limit": limit}, conn=conn)
+        stranded = await db.fetch("WaitingStranded", {"limit": limit}, conn=conn)
         await promote_waiting(
             db,
             conn,
-            [r["job_id"] for r in rows if r["state"] == "dead" and r["overlap"] in BUFFERED],
+            [r["job_id"] for r in rows if r["state"] == "dead" and r["overlap"] in BUFFERED]
+            + [r["job_id"] for r in stranded],
         )
         await notify_due(
             db, conn, [(r["pool"], r["run_at"]) for r in rows if r["state"] == "pending"]

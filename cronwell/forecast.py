@@ -466,6 +466,20 @@ def plan_replicas(timeline: PoolForecast, spec: WorkerPoolSpec, now: datetime) -
     return ReplicaPlan(series[idx], burst, series, need)
 
 
+def upcoming_burst(timeline: PoolForecast, plan: ReplicaPlan, spec: WorkerPoolSpec) -> Burst | None:
+    """The first burst that starts after the forecast's first bucket: `plan.next_burst`
+    unless that one is already under way (its start would then move with every forecast,
+    since the past is not in the timeline)."""
+    need, lo = plan.need, spec.min_replicas
+    for j in range(1, len(need)):
+        if need[j] > lo and need[j - 1] <= lo:
+            e = j
+            while e < len(need) and need[e] > lo:
+                e += 1
+            return Burst(timeline.bucket_time(j), sum(timeline.counts[j:e]), max(need[j:e]))
+    return None
+
+
 def export_metrics(metrics: Metrics, pf: PoolForecast, plan: ReplicaPlan) -> None:
     """Set the forecast gauges of one pool."""
     metrics.forecast_demand.labels(pf.pool).set(sum(pf.counts) + pf.backlog)
@@ -485,14 +499,16 @@ async def forecast_pools(
     history: int = HISTORY_RUNS,
     slo_seconds: float = DEFAULT_SLO_SECONDS,
 ) -> dict[str, PoolForecast]:
-    """Forecast every pool (or `pool`) from the store, starting at the database's now:
-    live jobs with their p90 durations, plus each pool's backlog of due pending
-    occurrences; concurrency per bucket uses each pool's SLO and default duration from
-    `pools` (WorkerPool specs); other pools use `slo_seconds` and the default duration."""
+    """Forecast every pool (or `pool`) from the store, starting at the database's now
+    truncated to the second (so buckets, and burst times, fall on whole seconds and stay
+    the same from one forecast to the next): live jobs with their p90 durations, plus each
+    pool's backlog of due pending occurrences; concurrency per bucket uses each pool's SLO
+    and default duration from `pools` (WorkerPool specs); other pools use `slo_seconds` and
+    the default duration."""
     pools = pools or {}
     row = await db.fetchone("ClockNow")
     assert row is not None
-    now: datetime = row["now"]
+    now: datetime = row["now"].replace(microsecond=0)
     jobs = [
         ForecastJob(
             str(r["id"]),

@@ -23,6 +23,7 @@ if TYPE_CHECKING:
 
 Handler = Callable[["Context"], Any] | Callable[["Context"], Awaitable[Any]]
 _REGISTRY: dict[str, Handler] = {}
+_EVENTS = threading.Lock()  # guards the lazy creation of Context.cancelled
 
 
 class StaleFence(CronwellError):
@@ -62,15 +63,39 @@ class Context:
     namespace: str
     name: str
     payload: dict[str, Any] = field(default_factory=dict)
-    cancelled: threading.Event = field(default_factory=threading.Event)
-    """Set when the lease is lost or the attempt is cancelled; sync handlers should poll it."""
     db: Database | None = None
     completed_in_transaction: bool = False
     _conn: Conn | None = None
+    _cancel_flag: bool = field(default=False, repr=False)
+    _cancel_event: threading.Event | None = field(default=None, repr=False)
+
+    @property
+    def cancelled(self) -> threading.Event:
+        """Set when the lease is lost or the attempt is cancelled; sync handlers should poll
+        it. Made on first use: most attempts never look (an Event per attempt was 3% of a
+        worker's CPU in a burst)."""
+        event = self._cancel_event
+        if event is None:
+            with _EVENTS:
+                if self._cancel_event is None:
+                    self._cancel_event = threading.Event()
+                    if self._cancel_flag:
+                        self._cancel_event.set()
+                event = self._cancel_event
+        return event
+
+    def cancel(self) -> None:
+        """Mark the attempt cancelled (thread-safe; wakes anyone waiting on `cancelled`)."""
+        with _EVENTS:
+            self._cancel_flag = True
+            event = self._cancel_event
+        if event is not None:
+            event.set()
 
     def check_cancelled(self) -> None:
         """Raise LeaseLost if this attempt must stop (for long-running sync handlers)."""
-        if self.cancelled.is_set():
+        event = self._cancel_event  # once made, the Event is the truth (it may be cleared)
+        if event.is_set() if event is not None else self._cancel_flag:
             raise LeaseLost(f"attempt of {self.key} (fence {self.fence}) was cancelled")
 
     @contextlib.asynccontextmanager

@@ -162,6 +162,64 @@ async def delete_job_by_uid(db: Database, uid: str | uuid.UUID) -> None:
     await db.execute("JobTombstone", {"id": uuid.UUID(str(uid))})
 
 
+#: suspended_reason of jobs paused by `cronwell pause` (CamelCase like the other reasons,
+#: Manual and SuspendedAfterFailures, so it can be a condition reason as it is).
+PAUSE_REASON = "Paused"
+
+
+@dataclass(frozen=True)
+class Paused:
+    """What `cronwell pause`/`resume --all` did: the jobs changed, and the jobs of the
+    selection left as they were because they are suspended for another reason."""
+
+    changed: list[tuple[str, str]]
+    untouched: list[tuple[str, str, str]]  # namespace, name, reason
+
+
+async def _suspended_others(
+    db: Database, namespace: str | None, name: str | None
+) -> list[tuple[str, str, str]]:
+    rows = await db.fetch("JobList", {"namespace": namespace})
+    return [
+        (r["namespace"], r["name"], r["suspended_reason"] or "spec.suspend")
+        for r in rows
+        if r["suspended"]
+        and r["suspended_reason"] != PAUSE_REASON
+        and (name is None or r["name"] == name)
+    ]
+
+
+async def pause(db: Database, *, namespace: str | None, name: str | None = None) -> Paused:
+    """Suspend the selected live jobs with reason Paused (the incident button). Jobs already
+    suspended keep their reason, so `resume --all` does not resume them by mistake."""
+    rows = await db.fetch(
+        "JobPauseBatch", {"namespace": namespace, "name": name, "reason": PAUSE_REASON}
+    )
+    changed = [(r["namespace"], r["name"]) for r in rows]
+    if name is not None and not changed:
+        async with db.transaction() as conn:
+            await _find(db, conn, namespace or "default", name)
+    if changed:
+        log.warning(
+            "jobs paused",
+            extra={"action": "jobs_paused", "jobs": len(changed), "namespace": namespace},
+        )
+    return Paused(changed, await _suspended_others(db, namespace, name))
+
+
+async def resume_paused(db: Database, *, namespace: str | None) -> Paused:
+    """Resume the jobs `pause` suspended (in one namespace, or all); jobs suspended by their
+    spec, by `cronwell suspend` or after failures stay suspended and are listed."""
+    rows = await db.fetch("JobResumePausedBatch", {"namespace": namespace, "reason": PAUSE_REASON})
+    changed = [(r["namespace"], r["name"]) for r in rows]
+    if changed:
+        log.info(
+            "jobs resumed",
+            extra={"action": "jobs_resumed", "jobs": len(changed), "namespace": namespace},
+        )
+    return Paused(changed, await _suspended_others(db, namespace, None))
+
+
 async def set_suspended(
     db: Database, *, namespace: str, name: str, suspended: bool, reason: str | None = None
 ) -> None:

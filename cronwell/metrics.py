@@ -113,6 +113,57 @@ class Metrics:
             ["pool"],
             registry=r,
         )
+        # operator (reconciliation, admission, status write-back)
+        self.operator_reconciles = Counter(
+            "cronwell_operator_reconciles",
+            "ScheduledJob reconciliations by outcome (applied, unchanged, invalid, error, "
+            "deleted).",
+            ["outcome"],
+            registry=r,
+        )
+        self.operator_admissions = Counter(
+            "cronwell_operator_admissions",
+            "Admission reviews by result (allowed, denied) and reason class (spec, payload, "
+            "pool, rate; none when allowed).",
+            ["result", "reason"],
+            registry=r,
+        )
+        self.operator_status_backlog = Gauge(
+            "cronwell_operator_status_backlog",
+            "Status change-log rows not yet written back to CRs (read each writer pass).",
+            registry=r,
+        )
+        self.operator_api_requests = Counter(
+            "cronwell_operator_api_requests",
+            "Kubernetes API requests of the status writer (status_get, status_patch, event).",
+            ["kind"],
+            registry=r,
+        )
+        self.operator_status_lag = Histogram(
+            "cronwell_operator_status_lag_seconds",
+            "From a change committed in the store to its CR status patched (database clock).",
+            buckets=(0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 120, 300, 600, 1800),
+            registry=r,
+        )
+        self.operator_leader = Gauge(
+            "cronwell_operator_leader",
+            "1 while this operator replica leads (reconciles and writes status).",
+            registry=r,
+        )
+        # pre-scaling (operator: WorkerPool scale loop, operator/cronwell_operator/scaler.py)
+        self.pool_replicas = Gauge(
+            "cronwell_pool_replicas",
+            "Replicas the pool's worker Deployment is set to (spec.replicas of its scale).",
+            ["pool"],
+            registry=r,
+        )
+        self.prescale_lead = Gauge(
+            "cronwell_prescale_lead_seconds",
+            "For the latest pre-scale: burst start minus when the Deployment reached the "
+            "planned replicas (negative: late).",
+            ["pool"],
+            registry=r,
+        )
 
     def serve(self, port: int, addr: str = "0.0.0.0") -> None:
         """Expose /metrics on `port` (0 or None: do not serve)."""

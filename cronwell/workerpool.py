@@ -5,6 +5,7 @@ WorkerPool's `metadata.name` (the `pool` of the ScheduledJobs it runs)."""
 from __future__ import annotations
 
 from datetime import datetime
+from enum import StrEnum
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -13,12 +14,26 @@ from cronwell.models import CamelModel as _Model
 from cronwell.models import Condition, ObjectMeta
 
 
+class TargetApiVersion(StrEnum):
+    APPS_V1 = "apps/v1"
+
+
+class TargetKind(StrEnum):
+    """Kinds the operator scales (an enum, so the API server rejects others at apply time)."""
+
+    DEPLOYMENT = "Deployment"
+
+
 class ScaleTargetRef(_Model):
     """The workload the operator scales through its scale subresource."""
 
-    api_version: str = Field("apps/v1", max_length=253, description="API group/version.")
-    kind: str = Field("Deployment", max_length=63, description="Kind with a scale subresource.")
-    name: str = Field(min_length=1, max_length=253, description="Name, in the pool's namespace.")
+    api_version: TargetApiVersion = Field(
+        TargetApiVersion.APPS_V1, description="API group/version (apps/v1)."
+    )
+    kind: TargetKind = Field(TargetKind.DEPLOYMENT, description="Kind (Deployment).")
+    name: str = Field(
+        min_length=1, max_length=253, description="Name of the Deployment, in the pool's namespace."
+    )
 
 
 class WorkerPoolSpec(_Model):
@@ -64,23 +79,36 @@ class WorkerPoolSpec(_Model):
     def _max_ge_min(self) -> WorkerPoolSpec:
         if self.max_replicas < self.min_replicas:
             raise ValueError(
-                f"spec.maxReplicas ({self.max_replicas}) must be >= "
-                f"spec.minReplicas ({self.min_replicas})"
+                "spec.maxReplicas must be >= spec.minReplicas "
+                f"(maxReplicas {self.max_replicas} < minReplicas {self.min_replicas})"
             )
         return self
 
 
 class NextBurst(_Model):
+    """The next time the forecast needs more than minReplicas."""
+
     time: datetime = Field(description="When the next burst starts (UTC).")
     size: int = Field(ge=0, description="Occurrences due in it.")
 
 
 class LastPreScale(_Model):
+    """The latest scale-up, and whether it was in place before the burst it was for."""
+
     time: datetime = Field(description="When the operator last scaled up ahead of a burst.")
     replicas: int = Field(ge=0, description="Replicas it asked for.")
+    burst_time: datetime | None = Field(None, description="Start of the burst it was for.")
     landed_before_burst: bool | None = Field(
-        None, description="Whether the replicas were ready before the burst started."
+        None,
+        description="Whether the target was set to those replicas before the burst started "
+        "(unset while neither has happened yet).",
     )
+
+
+class PoolCondition(Condition):
+    """A condition of a WorkerPool."""
+
+    type: str = Field(max_length=316, description="Ready or TargetFound.")
 
 
 class WorkerPoolStatus(_Model):
@@ -90,10 +118,12 @@ class WorkerPoolStatus(_Model):
 
     observed_generation: int | None = Field(None, ge=0)
     desired_replicas: int | None = Field(None, ge=0, description="Replicas the plan wants now.")
-    current_replicas: int | None = Field(None, ge=0, description="Replicas the target has.")
+    current_replicas: int | None = Field(
+        None, ge=0, description="Replicas the target is set to (spec.replicas of its scale)."
+    )
     next_burst: NextBurst | None = None
     last_pre_scale: LastPreScale | None = None
-    conditions: list[Condition] = Field(
+    conditions: list[PoolCondition] = Field(
         default_factory=list,
         json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
     )

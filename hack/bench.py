@@ -10,6 +10,8 @@ machine, prints a table and writes bench/results/<name>.json.
 - burst: the same N occurrences due at one instant T, executed by worker *processes*
   with a no-op handler. Start lag (actual start - nominal T) p50/p95/p99/max from the
   database's clock, and the time until all succeeded.
+- prescale: one burst with the worker pool at its minimum (1 process) vs pre-scaled (the
+  processes the operator's forecast plans), start lag side by side (hack/bench_prescale.py).
 """
 
 from __future__ import annotations
@@ -262,7 +264,17 @@ async def burst(
     }
 
 
-SECTIONS = ("materialise", "burst", "ceiling", "peer", "sustained", "growth", "profile")
+SECTIONS = (
+    "materialise",
+    "burst",
+    "ceiling",
+    "peer",
+    "sustained",
+    "growth",
+    "profile",
+    "status",
+    "prescale",
+)
 COMPARED = (
     "per_second",
     "start_lag_p50_s",
@@ -373,6 +385,14 @@ async def main() -> None:
     ap.add_argument("--growth-history", type=int, default=1, help="succeeded occurrences per job")
     ap.add_argument("--growth-reps", type=int, default=7)
     ap.add_argument("--profile-jobs", type=int, default=20_000)
+    ap.add_argument("--prescale-n", type=int, default=50_000, help="prescale: burst size")
+    ap.add_argument(
+        "--prescale-duration", type=float, default=0.2, help="prescale: handler seconds"
+    )
+    ap.add_argument("--prescale-concurrency", type=int, default=64)
+    ap.add_argument("--prescale-max-workers", type=int, default=4)
+    ap.add_argument("--status-jobs", type=int, default=10_000, help="CRs of the status bench")
+    ap.add_argument("--status-qps", default="20,100", help="operator --status-qps settings")
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
     args = ap.parse_args()
     only = set(args.only.split(","))
@@ -492,6 +512,35 @@ async def main() -> None:
                     }
                     | prof,
                 )
+            if "status" in only:
+                import bench_status
+                import psycopg
+                from bench_common import db_url
+
+                # Its own database (the operator migrates it), a local control plane.
+                with psycopg.connect(url, autocommit=True) as conn:
+                    conn.execute("DROP DATABASE IF EXISTS cronwell_status_bench")
+                    conn.execute("CREATE DATABASE cronwell_status_bench")
+                qps = [float(q) for q in args.status_qps.split(",") if q]
+                settings = await asyncio.to_thread(
+                    bench_status.run, db_url(url, "cronwell_status_bench"), args.status_jobs, qps
+                )
+                done("status", {"settings": settings})
+            if "prescale" in only:
+                import bench_prescale
+
+                figs = await bench_prescale.prescale(
+                    db,
+                    url,
+                    seed,
+                    args.prescale_n,
+                    args.prescale_concurrency,
+                    args.prescale_duration,
+                    args.prescale_max_workers,
+                    args.lead,
+                )
+                done("prescale", figs)
+                bench_prescale.report(figs)
     finally:
         server.stop("fast")
     results["machine"]["total_seconds"] = round(time.perf_counter() - t_all, 1)

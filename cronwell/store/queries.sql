@@ -208,8 +208,10 @@ FOR UPDATE SKIP LOCKED;
 
 -- name: JobLockBatch
 -- Locks the jobs whose overlap policy serialises their occurrences (claims and
--- completions of one job pass through this lock, so its active set is read fresh).
-SELECT id FROM cronwell_jobs WHERE id = ANY(%(ids)s::uuid[]) ORDER BY id FOR UPDATE;
+-- completions of one job pass through this lock, so its active set is read fresh). Returns
+-- a count, not the ids: nobody reads them.
+SELECT count(*) AS locked
+FROM (SELECT id FROM cronwell_jobs WHERE id = ANY(%(ids)s::uuid[]) ORDER BY id FOR UPDATE) l;
 
 -- name: JobActiveOccurrences
 -- Running, retrying and waiting occurrences of the given jobs (read after JobLockBatch).
@@ -226,16 +228,27 @@ FROM unnest(%(ids)s::bigint[], %(states)s::text[], %(reasons)s::text[]) AS t(id,
 WHERE o.id = t.id;
 
 -- name: OccurrenceClaimBatch
--- Starts the chosen occurrences: lease, a new fence token each, attempt + 1.
-UPDATE cronwell_occurrences o
-SET state = 'running', attempt = o.attempt + 1, fence = nextval('cronwell_fence'),
-    worker_id = %(worker_id)s, started_at = now(), reason = NULL,
-    lease_expires_at = now() + make_interval(secs => %(lease)s)
-FROM cronwell_jobs j
-WHERE o.id = ANY(%(ids)s::bigint[]) AND j.id = o.job_id
-RETURNING o.id, o.idempotency_key, o.job_id, j.namespace, j.name, j.spec, o.scheduled_for,
-          o.run_at, o.started_at, o.attempt, o.fence, o.delivery, o.max_attempts,
-          o.timeout_seconds, o.origin, j.spec_hash;
+-- Starts the chosen occurrences: lease, a new fence token each, attempt + 1. Returns the
+-- job's spec hash, not its spec (workers cache parsed specs by hash, JobSpecBatch fetches
+-- unknown ones); the job is read by primary key per row (LIMIT 1 keeps the planner from a
+-- hash join that scanned every job for each batch).
+WITH started AS (
+    UPDATE cronwell_occurrences o
+    SET state = 'running', attempt = o.attempt + 1, fence = nextval('cronwell_fence'),
+        worker_id = %(worker_id)s, started_at = now(), reason = NULL,
+        lease_expires_at = now() + make_interval(secs => %(lease)s)
+    WHERE o.id = ANY(%(ids)s::bigint[])
+    RETURNING o.id, o.idempotency_key, o.job_id, o.scheduled_for, o.run_at, o.started_at,
+              o.attempt, o.fence, o.delivery, o.max_attempts, o.timeout_seconds, o.origin)
+SELECT s.*, j.namespace, j.name, j.spec_hash
+FROM started s
+CROSS JOIN LATERAL (SELECT namespace, name, spec_hash FROM cronwell_jobs
+                    WHERE id = s.job_id LIMIT 1) j;
+
+-- name: JobSpecBatch
+-- The current spec of some jobs, for claimed occurrences whose spec hash a worker has not
+-- parsed yet (one job per unknown hash: equal hashes are equal specs).
+SELECT id, spec_hash, spec FROM cronwell_jobs WHERE id = ANY(%(ids)s::uuid[]);
 
 -- name: WaitingPromote
 -- After an active occurrence of a buffered job ends: the oldest waiting one becomes
@@ -246,6 +259,17 @@ FROM (SELECT DISTINCT ON (job_id) id FROM cronwell_occurrences
       ORDER BY job_id, scheduled_for) w
 WHERE o.id = w.id
 RETURNING o.pool, o.run_at;
+
+-- name: WaitingStranded
+-- Jobs with waiting occurrences that no completion will promote: nothing of theirs is
+-- running or retrying (e.g. backfilled BufferAll occurrences queued behind a Skip one, whose
+-- completion promotes nothing). The reaper promotes them; claims re-check overlap anyway.
+SELECT DISTINCT w.job_id FROM cronwell_occurrences w
+WHERE w.state = 'waiting'
+  AND NOT EXISTS (SELECT 1 FROM cronwell_occurrences a
+                  WHERE a.job_id = w.job_id
+                    AND (a.state = 'running' OR (a.state = 'pending' AND a.attempt > 0)))
+LIMIT %(limit)s;
 
 -- name: OccurrenceNextDue
 -- When the next pending occurrence of a pool becomes claimable (workers sleep until then).
@@ -546,3 +570,92 @@ CROSS JOIN LATERAL (
           LIMIT %(history)s) r) h
 WHERE NOT j.suspended AND j.deleted_at IS NULL AND j.next_run_at IS NOT NULL
   AND (%(pool)s::text IS NULL OR j.pool = %(pool)s);
+
+-- ==== day-2: backfill, pause/resume, kubectl plugin ====
+
+-- name: BackfillExisting
+-- The occurrences that already exist for some keys, with their state (backfill summary).
+SELECT idempotency_key, state FROM cronwell_occurrences
+WHERE idempotency_key = ANY(%(keys)s::text[]);
+
+-- name: BackfillInsert
+-- Backfilled instants under their real keys; an instant that already has an occurrence
+-- (run, running, pending, skipped, dead, missed) is left alone by the unique key.
+INSERT INTO cronwell_occurrences (idempotency_key, job_id, pool, scheduled_for, run_at, state,
+    reason, origin, overlap, delivery, max_attempts, timeout_seconds)
+SELECT k, %(job_id)s, %(pool)s, s, now(), 'pending', 'Backfill', 'backfill', %(overlap)s,
+       %(delivery)s, %(max_attempts)s, %(timeout_seconds)s
+FROM unnest(%(keys)s::text[], %(scheduled_for)s::timestamptz[]) AS t(k, s)
+ON CONFLICT (idempotency_key) DO NOTHING
+RETURNING idempotency_key;
+
+-- name: BackfillReopen
+-- Missed instants of a backfilled window become runnable again, once (only `missed` rows
+-- match, and they stop being missed here); origin and key are unchanged.
+UPDATE cronwell_occurrences
+SET state = 'pending', reason = 'Backfill', run_at = now(), finished_at = NULL,
+    pool = %(pool)s, overlap = %(overlap)s, delivery = %(delivery)s,
+    max_attempts = %(max_attempts)s, timeout_seconds = %(timeout_seconds)s
+WHERE idempotency_key = ANY(%(keys)s::text[]) AND state = 'missed' AND job_id = %(job_id)s
+RETURNING idempotency_key;
+
+-- name: JobMissedUncount
+-- Re-opened missed instants no longer count as missed for their job.
+UPDATE cronwell_jobs SET missed_total = greatest(0, missed_total - %(n)s), updated_at = now()
+WHERE id = %(id)s;
+
+-- name: JobPauseBatch
+-- `cronwell pause`: suspends the selected live jobs that are running their schedule (jobs
+-- already suspended keep their own reason).
+UPDATE cronwell_jobs SET suspended = true, suspended_reason = %(reason)s, updated_at = now()
+WHERE deleted_at IS NULL AND NOT suspended
+  AND (%(namespace)s::text IS NULL OR namespace = %(namespace)s)
+  AND (%(name)s::text IS NULL OR name = %(name)s)
+RETURNING namespace, name;
+
+-- name: JobResumePausedBatch
+-- `cronwell resume --all`: resumes the selected jobs suspended with this reason only (jobs
+-- suspended by their spec, by hand or after failures stay suspended).
+UPDATE cronwell_jobs SET suspended = false, suspended_reason = NULL, updated_at = now()
+WHERE deleted_at IS NULL AND suspended AND suspended_reason = %(reason)s
+  AND (%(namespace)s::text IS NULL OR namespace = %(namespace)s)
+RETURNING namespace, name;
+
+-- name: RunsListForJob
+-- Recent occurrences of one job by uid (the kubectl plugin resolves the CR to it), as
+-- RunsList shows them.
+SELECT j.namespace, j.name, o.idempotency_key, o.scheduled_for, o.run_at, o.state, o.reason,
+       o.origin, o.attempt, o.fence, o.started_at, o.finished_at, o.last_error,
+       extract(epoch FROM o.started_at - o.scheduled_for) AS lag_seconds,
+       extract(epoch FROM o.finished_at - o.started_at) AS duration_seconds
+FROM cronwell_occurrences o JOIN cronwell_jobs j ON j.id = o.job_id
+WHERE o.job_id = %(job_id)s
+  AND (%(state)s::text IS NULL OR o.state = %(state)s)
+ORDER BY o.scheduled_for DESC, o.id DESC
+LIMIT %(limit)s;
+
+-- name: BackfillJobGet
+-- The live job of a namespace/name with its suspension, locked while a backfill plans and
+-- writes (its claims and materialisation wait; the window's rows are read consistently).
+SELECT id, spec, pool, suspended, suspended_reason, next_run_at
+FROM cronwell_jobs WHERE namespace = %(namespace)s AND name = %(name)s AND deleted_at IS NULL
+FOR UPDATE;
+
+-- ==== webhook: admission rules, operator metrics ====
+
+-- name: WebhookNamespaceSchedules
+-- The schedules a namespace's live jobs keep running, one row per distinct cron (NULL: the
+-- one-shots) with how many jobs use it: the schedule-rate cap of the admission webhook.
+-- The job under review (`name`) is left out; jobs suspended by their spec and finished jobs
+-- (no next run, not suspended) produce nothing and are left out too.
+SELECT spec->>'schedule' AS schedule, count(*) AS jobs
+FROM cronwell_jobs
+WHERE namespace = %(namespace)s AND name <> %(name)s AND deleted_at IS NULL
+  AND NOT coalesce((spec->>'suspend')::boolean, false)
+  AND (next_run_at IS NOT NULL OR suspended)
+GROUP BY 1;
+
+-- name: StatusBacklogCount
+-- Change-log rows not yet written back (the operator's backlog gauge), with the database
+-- clock so that the writer measures its lag against the clock that stamped the rows.
+SELECT count(*) AS n, now() AS now FROM cronwell_status_changes;

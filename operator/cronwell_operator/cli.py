@@ -50,6 +50,13 @@ def _drop_kopf_extras(record: logging.LogRecord) -> bool:
 @click.option("--retry-period-seconds", type=float)
 @click.option("--status-qps", type=float, help="Status patches + Events per second (20).")
 @click.option("--status-burst", type=int, help="Burst above the QPS (40).")
+@click.option(
+    "--prescale/--no-prescale",
+    default=None,
+    help="Scale WorkerPool Deployments ahead of forecast bursts (default on).",
+)
+@click.option("--scale-interval-seconds", type=float, help="Longest pause between forecasts (5).")
+@click.option("--forecast-horizon-seconds", type=float, help="How far ahead to forecast (900).")
 @click.option("--webhook-port", type=int, help="Serve the validating webhook (HTTPS).")
 @click.option("--webhook-addr", help="Listen address of the webhook (0.0.0.0).")
 @click.option(
@@ -58,6 +65,24 @@ def _drop_kopf_extras(record: logging.LogRecord) -> bool:
     "ValidatingWebhookConfiguration 'cronwell.dev'.",
 )
 @click.option("--webhook-cert-dir", help="tls.crt/tls.key (self-signed if missing).")
+@click.option(
+    "--pool",
+    "pools",
+    multiple=True,
+    help="A static worker pool (repeatable; default 'default'): admission accepts these "
+    "pools and every WorkerPool's name.",
+)
+@click.option(
+    "--webhook-require-known-pool/--no-webhook-require-known-pool",
+    default=None,
+    help="Refuse a spec.pool that is neither a WorkerPool nor a static pool (default on).",
+)
+@click.option(
+    "--webhook-max-occurrences-per-hour",
+    type=int,
+    help="Cap on a namespace's runs per hour (60000); the Namespace annotation "
+    "cronwell.dev/max-occurrences-per-hour overrides it.",
+)
 @metrics_port_option
 @click.pass_obj
 def operator(
@@ -70,7 +95,7 @@ def operator(
 ) -> None:
     """Run the Kubernetes operator: ScheduledJob CRs into the store (create, update, suspend,
     trigger, delete with a finalizer, drift repair) and results back into their status."""
-    given = {k: v for k, v in opts.items() if v is not None}
+    given = {k: v for k, v in opts.items() if v is not None and v != ()}
     if namespaces:
         given["namespaces"] = list(namespaces)
     settings = OperatorSettings(**given)

@@ -13,6 +13,7 @@ user's: each distinct value requests one run (the occurrence key carries the val
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from dataclasses import dataclass
 from typing import Any
@@ -29,6 +30,7 @@ from cronwell.errors import (
     SpecError,
 )
 from cronwell.loader import format_validation_error
+from cronwell.metrics import Metrics
 from cronwell.models import GROUP, VERSION, ScheduledJob
 from cronwell.store.db import Database
 from cronwell_operator import webhook
@@ -50,6 +52,23 @@ class Context:
     kube: Kube
     settings: OperatorSettings
     writer: StatusWriter | None = None
+    metrics: Metrics | None = None
+
+    def __post_init__(self) -> None:
+        # The served Metrics object: given, else the writer's (the same one in the leader).
+        if self.metrics is None:
+            self.metrics = self.writer.metrics if self.writer is not None else Metrics()
+        # kopf runs one handler per object at once: a restart with 10,000 CRs started 10,000
+        # reconciles against an 8-connection pool, most timed out waiting for a connection
+        # (DatabaseUnavailable), each failure posted an Event and was retried: an API storm.
+        # Reconciles wait for a slot instead, leaving two connections to the status writer
+        # and the webhook.
+        self.slots = asyncio.Semaphore(max(1, self.db.pool.max_size - 2))
+
+    @property
+    def m(self) -> Metrics:
+        assert self.metrics is not None
+        return self.metrics
 
 
 def connection_info(config: Any) -> kopf.ConnectionInfo:
@@ -136,6 +155,7 @@ def register(registry: kopf.OperatorRegistry, ctx: Context, *, webhook_only: boo
         _register_resource_handlers(registry, ctx)
 
     if ctx.settings.webhook_port is not None:
+        admission = webhook.Admission(ctx.db, ctx.kube, ctx.settings, ctx.m)
 
         @kopf.on.validate(
             GROUP,
@@ -145,18 +165,21 @@ def register(registry: kopf.OperatorRegistry, ctx: Context, *, webhook_only: boo
             operations=["CREATE", "UPDATE"],
             registry=registry,
         )
-        def validate(body: kopf.Body, old: Any = None, **_: Any) -> None:
-            problem = webhook.problems(
-                dict(body), dict(old) if old else None, settings=ctx.settings
-            )
-            if problem:
-                raise kopf.AdmissionError(problem, code=422)
+        async def validate(body: kopf.Body, warnings: list[str], old: Any = None, **_: Any) -> None:
+            verdict = await admission.review(dict(body), dict(old) if old else None)
+            warnings.extend(verdict.warnings)
+            if verdict.denial:
+                raise kopf.AdmissionError(verdict.denial, code=422)
 
 
 def _register_resource_handlers(registry: kopf.OperatorRegistry, ctx: Context) -> None:
     """create/update/resume/delete of ScheduledJobs: the reconciliation proper."""
 
     async def reconcile(body: kopf.Body, *, trigger: bool) -> None:
+        async with ctx.slots:
+            await _reconcile(body, trigger=trigger)
+
+    async def _reconcile(body: kopf.Body, *, trigger: bool) -> None:
         ref = _ref(body)
         generation = int(body.metadata.get("generation") or 1)
         if ctx.writer is not None:
@@ -170,6 +193,7 @@ def _register_resource_handlers(registry: kopf.OperatorRegistry, ctx: Context) -
             message = f"ScheduledJob {ref.name}: {format_validation_error(e)}"
             if ctx.writer is not None:
                 ctx.writer.set_spec_error(ref, generation, message)
+            ctx.m.operator_reconciles.labels(outcome="invalid").inc()
             raise kopf.PermanentError(message) from None
         try:
             applied = await jobs.apply_job(
@@ -182,6 +206,7 @@ def _register_resource_handlers(registry: kopf.OperatorRegistry, ctx: Context) -
                 generation=generation,
             )
             if applied.action == "deleted":
+                ctx.m.operator_reconciles.labels(outcome="error").inc()
                 raise kopf.PermanentError(
                     f"job {ref.uid} was deleted from the store (e.g. `cronwell delete`); "
                     "delete and re-create the ScheduledJob to schedule it again"
@@ -193,6 +218,8 @@ def _register_resource_handlers(registry: kopf.OperatorRegistry, ctx: Context) -
                 )
             if ctx.writer is not None:
                 ctx.writer.set_spec_error(ref, generation, None)
+            outcome = "unchanged" if applied.action == "unchanged" else "applied"
+            ctx.m.operator_reconciles.labels(outcome=outcome).inc()
             value = body.metadata.annotations.get(TRIGGER_ANNOTATION)
             if trigger and value:
                 key, created = await jobs.trigger_job(
@@ -204,6 +231,7 @@ def _register_resource_handlers(registry: kopf.OperatorRegistry, ctx: Context) -
                         extra={"action": "job_triggered", "key": key, "trigger": value},
                     )
         except CronwellError as e:
+            ctx.m.operator_reconciles.labels(outcome="error").inc()
             raise kopf_error(e) from e
 
     @kopf.on.create(GROUP, VERSION, PLURAL, registry=registry)
@@ -226,8 +254,11 @@ def _register_resource_handlers(registry: kopf.OperatorRegistry, ctx: Context) -
     @kopf.on.delete(GROUP, VERSION, PLURAL, registry=registry)
     async def deleted(body: kopf.Body, **_: Any) -> None:
         try:
-            await jobs.delete_job_by_uid(ctx.db, str(body.metadata.uid))
+            async with ctx.slots:
+                await jobs.delete_job_by_uid(ctx.db, str(body.metadata.uid))
         except CronwellError as e:
+            ctx.m.operator_reconciles.labels(outcome="error").inc()
             raise kopf_error(e) from e
+        ctx.m.operator_reconciles.labels(outcome="deleted").inc()
         if ctx.writer is not None:
             ctx.writer.forget(str(body.metadata.uid))

@@ -238,3 +238,185 @@ class Kube:
             lease_thread=True,
         )
         return replaced
+
+    # -- admission (the webhook's lookups: WorkerPool names, Namespace annotations)
+
+    async def list_cluster_names(
+        self, plural: str, *, group: str = GROUP, version: str = VERSION
+    ) -> list[str] | None:
+        """Names of every object of a cluster-wide listed custom resource (paginated);
+        None when the API server does not serve the resource (its CRD is not installed)."""
+        names: list[str] = []
+        cont: str | None = None
+        while True:
+            kw: dict[str, Any] = {"limit": 500}
+            if cont:
+                kw["_continue"] = cont
+            try:
+                page = await self._call(
+                    f"list {plural}.{group}",
+                    self.custom.list_cluster_custom_object,
+                    group,
+                    version,
+                    plural,
+                    **kw,
+                )
+            except KubeNotFound:
+                return None
+            names += [item["metadata"]["name"] for item in page.get("items", [])]
+            cont = page.get("metadata", {}).get("continue")
+            if not cont:
+                return names
+
+    async def workerpool_names(self) -> list[str] | None:
+        """Every WorkerPool's name; None without the WorkerPool CRD."""
+        return await self.list_cluster_names("workerpools")
+
+    async def namespace_annotations(self, name: str) -> dict[str, str]:
+        """A Namespace's annotations ({} if it does not exist)."""
+        try:
+            ns: client.V1Namespace = await self._call(
+                f"get Namespace {name}", self.core.read_namespace, name
+            )
+        except KubeNotFound:
+            return {}
+        return dict((ns.metadata.annotations if ns.metadata else None) or {})
+
+    # -- WorkerPools, scale, HPA (the pre-scaler's calls: operator/cronwell_operator/scaler.py)
+
+    WP_PLURAL = "workerpools"
+    WP_KIND = "WorkerPool"
+
+    async def list_workerpools(self, namespaces: Iterable[str] = ()) -> list[dict[str, Any]]:
+        """Every WorkerPool of these namespaces (all when empty), whole objects, paginated."""
+        out: list[dict[str, Any]] = []
+        targets: list[str | None] = [*namespaces] or [None]
+        for ns in targets:
+            cont: str | None = None
+            while True:
+                kw: dict[str, Any] = {"limit": 500}
+                if cont:
+                    kw["_continue"] = cont
+                where = f"list WorkerPools in {ns or 'all namespaces'}"
+                c = self.custom
+                if ns is None:
+                    page = await self._call(
+                        where, c.list_cluster_custom_object, GROUP, VERSION, self.WP_PLURAL, **kw
+                    )
+                else:
+                    page = await self._call(
+                        where,
+                        c.list_namespaced_custom_object,
+                        GROUP,
+                        VERSION,
+                        ns,
+                        self.WP_PLURAL,
+                        **kw,
+                    )
+                out += page.get("items", [])
+                cont = page.get("metadata", {}).get("continue")
+                if not cont:
+                    break
+        return out
+
+    async def patch_workerpool_status(
+        self, namespace: str, name: str, status: dict[str, Any]
+    ) -> None:
+        """Merge-patch a WorkerPool's status subresource (keys set to None are removed)."""
+        await self._call(
+            f"patch status of WorkerPool {namespace}/{name}",
+            self.custom.patch_namespaced_custom_object_status,
+            GROUP,
+            VERSION,
+            namespace,
+            self.WP_PLURAL,
+            name,
+            {"status": status},
+            _content_type="application/merge-patch+json",
+        )
+
+    async def read_deployment_scale(self, namespace: str, name: str) -> int:
+        """spec.replicas of a Deployment's scale subresource (KubeNotFound if it is gone)."""
+        scale: client.V1Scale = await self._call(
+            f"get scale of Deployment {namespace}/{name}",
+            self.apps.read_namespaced_deployment_scale,
+            name,
+            namespace,
+        )
+        return int((scale.spec.replicas if scale.spec else None) or 0)
+
+    async def patch_deployment_scale(self, namespace: str, name: str, replicas: int) -> int:
+        """Set spec.replicas through the scale subresource (never the Deployment itself)."""
+        scale: client.V1Scale = await self._call(
+            f"scale Deployment {namespace}/{name} to {replicas}",
+            self.apps.patch_namespaced_deployment_scale,
+            name,
+            namespace,
+            {"spec": {"replicas": replicas}},
+            _content_type="application/merge-patch+json",
+        )
+        return int((scale.spec.replicas if scale.spec else None) or 0)
+
+    async def list_hpas(self, namespace: str) -> list[dict[str, Any]]:
+        """autoscaling/v2 HorizontalPodAutoscalers of a namespace, as camelCase dicts."""
+        page = await self._call(
+            f"list HorizontalPodAutoscalers in {namespace}",
+            self.autoscaling.list_namespaced_horizontal_pod_autoscaler,
+            namespace,
+        )
+        doc = self.api.sanitize_for_serialization(page)  # type: ignore[no-untyped-call]
+        items: list[dict[str, Any]] = doc.get("items", [])
+        return items
+
+    async def patch_hpa(self, namespace: str, name: str, patch: dict[str, Any]) -> None:
+        """Merge-patch an HPA; a metadata.resourceVersion in `patch` makes it conditional
+        (KubeConflict when the HPA changed since it was read)."""
+        await self._call(
+            f"patch HorizontalPodAutoscaler {namespace}/{name}",
+            self.autoscaling.patch_namespaced_horizontal_pod_autoscaler,
+            name,
+            namespace,
+            patch,
+            _content_type="application/merge-patch+json",
+        )
+
+    async def post_workerpool_event(
+        self, ref: CRef, *, type_: str, reason: str, message: str, instance: str
+    ) -> None:
+        """An Event about a WorkerPool (as post_event does for ScheduledJobs)."""
+        now = datetime.now(UTC)
+        event = client.CoreV1Event(
+            metadata=client.V1ObjectMeta(
+                name=f"{ref.name}.{uuid.uuid4().hex[:16]}", namespace=ref.namespace
+            ),
+            involved_object=client.V1ObjectReference(
+                api_version=f"{GROUP}/{VERSION}",
+                kind=self.WP_KIND,
+                name=ref.name,
+                namespace=ref.namespace,
+                uid=ref.uid,
+            ),
+            reason=reason,
+            message=message[:1024],
+            type=type_,
+            count=1,
+            first_timestamp=now,
+            last_timestamp=now,
+            source=client.V1EventSource(component=COMPONENT),
+            reporting_component=COMPONENT,
+            reporting_instance=instance,
+        )
+        await self._call(
+            f"post Event {reason} for WorkerPool {ref.namespace}/{ref.name}",
+            self.core.create_namespaced_event,
+            ref.namespace,
+            event,
+        )
+
+    @property
+    def apps(self) -> client.AppsV1Api:
+        return client.AppsV1Api(self.api)
+
+    @property
+    def autoscaling(self) -> client.AutoscalingV2Api:
+        return client.AutoscalingV2Api(self.api)

@@ -4,9 +4,9 @@ Standby: waits for the Lease; if a webhook port is set it already serves the adm
 webhook (a kopf instance with only that handler), so admission never depends on which
 replica leads, and every replica is Ready behind the webhook Service.
 
-Leader: repairs drift, then runs kopf with every handler and the status writer until
-stopped, or until the Lease is lost, which ends the process with an error so that
-Kubernetes restarts it as a standby.
+Leader: repairs drift, then runs kopf with every handler, the status writer and the
+pre-scaler (WorkerPools; unless `prescale` is off) until stopped, or until the Lease is
+lost, which ends the process with an error so that Kubernetes restarts it as a standby.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ from cronwell.store.migrate import check_schema
 from cronwell_operator import drift, handlers
 from cronwell_operator.kube import Kube
 from cronwell_operator.leader import LeaderElector, LeadershipLost
+from cronwell_operator.scaler import Scaler
 from cronwell_operator.settings import OperatorSettings
 from cronwell_operator.status import StatusWriter
 
@@ -64,6 +65,7 @@ class Operator:
         self.ready = asyncio.Event()
         self.elector = LeaderElector(kube, settings)
         self.writer = StatusWriter(db, kube, settings, metrics=self.metrics)
+        self.scaler = Scaler(db, kube, settings, self.metrics)
 
     def stop(self) -> None:
         self.stop_event.set()
@@ -88,7 +90,9 @@ class Operator:
         registry = kopf.OperatorRegistry()
         kopf_settings = kopf.OperatorSettings()
         handlers.configure(kopf_settings, s, manage_webhook=leader)
-        ctx = handlers.Context(self.db, self.kube, s, self.writer if leader else None)
+        ctx = handlers.Context(
+            self.db, self.kube, s, self.writer if leader else None, metrics=self.metrics
+        )
         handlers.register(registry, ctx, webhook_only=not leader)
         loop = asyncio.get_running_loop()
         stop: asyncio.Future[None] = loop.create_future()
@@ -158,6 +162,8 @@ class Operator:
             # its start as its own and, on exit, waits up to 5 s for them before cancelling.
             stopper = asyncio.create_task(self.stop_event.wait(), name="stop")
             tasks.append(asyncio.create_task(self.writer.run(), name="status-writer"))
+            if s.prescale:
+                tasks.append(asyncio.create_task(self.scaler.run(), name="pre-scaler"))
             if s.leader_election:
                 tasks.append(asyncio.create_task(self.elector.keep(), name="lease"))
             instance = self._start_kopf(leader=True)

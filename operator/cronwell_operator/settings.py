@@ -84,3 +84,48 @@ class OperatorSettings(BaseSettings):
     webhook_payload_max_bytes: int = Field(
         65536, ge=1, description="Largest handler payload accepted (JSON bytes)."
     )
+    # -- admission (rules that need the cluster or the store)
+    pools: list[str] = Field(
+        default_factory=lambda: ["default"],
+        description="Static pools served by worker Deployments without a WorkerPool object "
+        "(the chart passes its worker pool names); 'default' is the pool of a spec that "
+        "names none.",
+    )
+    webhook_require_known_pool: bool = Field(
+        True,
+        description="Refuse a spec.pool that is neither a WorkerPool nor in `pools`: nothing "
+        "would ever run the job.",
+    )
+    webhook_pool_cache_seconds: float = Field(
+        5.0,
+        ge=0,
+        description="How long the WorkerPool names listed for admission are reused (one "
+        "list per few seconds keeps admission fast during a bulk apply).",
+    )
+    webhook_max_occurrences_per_hour: int = Field(
+        60_000,
+        ge=1,
+        description="Default cap on a namespace's scheduled runs per hour (the Namespace "
+        "annotation cronwell.dev/max-occurrences-per-hour overrides it): one team's typo "
+        "(every second instead of every minute) must not starve the others' workers.",
+    )
+    # -- pre-scaling (WorkerPools: operator/cronwell_operator/scaler.py)
+    prescale: bool = Field(
+        True,
+        description="Forecast each WorkerPool's demand and scale its Deployment ahead of "
+        "bursts (off: WorkerPools are left alone).",
+    )
+    scale_interval_seconds: float = Field(
+        5.0,
+        gt=0,
+        description="Longest pause between two forecasts (the loop also wakes at each planned "
+        "change, so a scale-up lands leadTimeSeconds before its burst whatever this is); "
+        "5 s keeps the store's forecast queries cheap and reacts to new schedules quickly.",
+    )
+    forecast_horizon_seconds: float = Field(
+        900.0,
+        gt=0,
+        le=86400,
+        description="How far ahead bursts are forecast: must exceed every WorkerPool's "
+        "leadTimeSeconds (15 min covers pod start-up and node provisioning).",
+    )

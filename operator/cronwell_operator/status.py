@@ -14,6 +14,12 @@ alter a job's status (see migration 0002). The writer, running only in the leade
 
 Every patch and Event goes through one token bucket (`status_qps`, `status_burst`): the
 API server sees a bounded request rate however large a burst of runs is.
+
+Metrics (the shared `Metrics`): each pass sets the backlog gauge (rows still in the log),
+each request counts in `cronwell_operator_api_requests{kind}`, each patch observes the lag
+from the job's oldest logged change (the database's clock, offset by the pass's reading of
+it) to the patch. The writer runs exactly while this replica leads: it holds the leader
+gauge at 1.
 """
 
 from __future__ import annotations
@@ -145,9 +151,8 @@ def build_status(
         ready = cond("Ready", True, "Scheduled", "the store runs this generation")
 
     if suspended:
-        reason = {"SuspendedAfterFailures": "SuspendedAfterFailures", "Manual": "Manual"}.get(
-            why or "", "Spec"
-        )
+        # The store's reasons that are also condition reasons; anything else is the spec's.
+        reason = why if why in {"SuspendedAfterFailures", "Manual", "Paused"} else "Spec"
         susp = cond("Suspended", True, reason, f"suspended ({reason})")
     else:
         susp = cond("Suspended", False, "Active", "runs are scheduled")
@@ -327,6 +332,7 @@ class StatusWriter:
         self._wake = asyncio.Event()
         self._limiter = TokenBucket(self.settings.status_qps, self.settings.status_burst)
         self._sem = asyncio.Semaphore(self.settings.status_concurrency)
+        self._clock_offset = 0.0
 
     # -- called by the kopf handlers (same event loop)
 
@@ -357,21 +363,32 @@ class StatusWriter:
 
     async def run(self) -> None:
         log.info("status writer started", extra={"action": "status_writer_start"})
-        while True:
-            try:
-                busy = await self.pass_once()
-            except Exception as e:  # the database may be down: try again next pass
-                self.stats.errors += 1
-                log.warning("status pass failed", extra={"action": "status_error", "error": str(e)})
-                busy = False
-            if not busy:
-                self._wake.clear()
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._wake.wait(), self.settings.status_poll_seconds)
+        self.metrics.operator_leader.set(1)
+        try:
+            while True:
+                try:
+                    busy = await self.pass_once()
+                except Exception as e:  # the database may be down: try again next pass
+                    self.stats.errors += 1
+                    log.warning(
+                        "status pass failed", extra={"action": "status_error", "error": str(e)}
+                    )
+                    busy = False
+                if not busy:
+                    self._wake.clear()
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(self._wake.wait(), self.settings.status_poll_seconds)
+        finally:
+            self.metrics.operator_leader.set(0)
 
     async def pass_once(self) -> bool:
         """One pass; True when the log had a full batch (more is waiting)."""
         s = self.settings
+        backlog = await self.db.fetchone("StatusBacklogCount")
+        if backlog is not None:
+            self.metrics.operator_status_backlog.set(int(backlog["n"]))
+            # database clock - local clock: lags are measured on the clock that stamped rows
+            self._clock_offset = backlog["now"].timestamp() - time.time()
         rows = await self.db.fetch("StatusChangesRead", {"limit": s.status_batch_size})
         self.stats.passes += 1
         changes: dict[str, list[Any]] = defaultdict(list)
@@ -411,6 +428,7 @@ class StatusWriter:
             async with self._sem:
                 if known.status is None:
                     await self._limiter.take()
+                    self.metrics.operator_api_requests.labels(kind="status_get").inc()
                     obj = await self.kube.get_scheduledjob(ref.namespace, ref.name)
                     if obj["metadata"]["uid"] != uid:
                         raise KubeNotFound(f"{ref.namespace}/{ref.name} was re-created")
@@ -423,11 +441,17 @@ class StatusWriter:
                     self.stats.skipped += 1
                 else:
                     await self._limiter.take()
+                    self.metrics.operator_api_requests.labels(kind="status_patch").inc()
                     await self.kube.patch_status(ref.namespace, ref.name, status)
                     known.status = {**known.status, **status}
                     self.stats.patches += 1
+                    if changes:
+                        oldest = min(c["changed_at"] for c in changes).timestamp()
+                        lag = time.time() + self._clock_offset - oldest
+                        self.metrics.operator_status_lag.observe(max(0.0, lag))
                 for ev in events_for(changes):
                     await self._limiter.take()
+                    self.metrics.operator_api_requests.labels(kind="event").inc()
                     await self.kube.post_event(
                         ref,
                         type_=ev.type,

@@ -1,10 +1,36 @@
 """The validating admission webhook: what the CRD schema and CEL cannot check.
 
 The API server checks types, enums, bounds, lengths and the cross-field rules (CEL) itself.
-This webhook adds the rules that need cronwell's code: the cron expression parses, the
-time zone exists, the handler payload is not too large, and every pydantic validator of
-`cronwell.models` holds. Its message names the field and the fix, as `cronwell apply` does
-(it is the same `format_validation_error`).
+This webhook adds the rules that need cronwell's code, the cluster or the store; each
+message names the field and the fix, as `cronwell apply` does (the same
+`format_validation_error` for the spec's own validators):
+
+- **spec**: the cron expression parses, the time zone exists, every pydantic validator of
+  `cronwell.models` holds; the handler payload is not too large.
+- **pool**: `spec.pool` names a WorkerPool (listed cluster-wide, names only, cached for
+  `webhook_pool_cache_seconds`; without the WorkerPool CRD there are none) or a static pool
+  of the `pools` setting (the chart's worker Deployments). Checked when the pool is new or
+  changed, never on edits that keep it.
+- **rate**: the namespace's schedules stay under a cap of occurrences per hour (setting
+  `webhook_max_occurrences_per_hour`, overridden per namespace by the Namespace annotation
+  `cronwell.dev/max-occurrences-per-hour`). Checked only when a change raises the job's own
+  rate, so an edit that slows a job down is never refused in a namespace already over.
+
+Secret references: a ScheduledJob carries none (HTTP headers are literal strings; handler
+credentials stay in the worker's environment or mounted files, read by the handler code),
+so no reference to another namespace's Secret can be expressed and there is nothing to
+check. A spec field that names a Secret would need this rule (same namespace only) first.
+
+The rate of a schedule is its instants on a day it runs, divided by 24 (seconds x minutes
+x hours of the expanded cron; `H` fields expanded with a fixed seed, the count is the same
+for every job), cached per expression; a one-shot (`runAt`) counts 1. The peak day rather
+than an average: a weekday-only every-second job loads the workers every weekday. The
+namespace's other jobs come from the store (`WebhookNamespaceSchedules`: one row per
+distinct cron, counted in SQL) rather than from listing its CRs (10,000 full objects per
+review); a CR accepted but not reconciled yet (seconds) is not counted, so the cap is a
+guard against mistakes, not an exact quota. When the store or the Namespace cannot be read
+the rate is not checked: the review is allowed with a warning (`kubectl` prints it), so an
+outage does not also block every fix.
 
 Served by kopf's WebhookServer (HTTPS). For local runs a self-signed certificate is made
 with the `openssl` CLI; in a cluster, mount one (cert-manager) into `webhook_cert_dir`.
@@ -12,18 +38,37 @@ with the `openssl` CLI; in a cluster, mount one (cert-manager) into `webhook_cer
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import json
+import logging
 import subprocess
 import tempfile
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 import kopf
 import pydantic
+from croniter import croniter
 
+from cronwell.cronexpr import croniter_args
+from cronwell.errors import CronwellError
 from cronwell.loader import format_validation_error
-from cronwell.models import ScheduledJob
+from cronwell.metrics import Metrics
+from cronwell.models import GROUP, ScheduledJob
+from cronwell.store.db import Database
+from cronwell_operator.kube import Kube
 from cronwell_operator.settings import OperatorSettings
+
+log = logging.getLogger(__name__)
+
+RATE_ANNOTATION = f"{GROUP}/max-occurrences-per-hour"
+WARN_RATIO = 0.8
+"""Above this share of the cap, an allowed review carries a warning."""
 
 _HINTS = {
     "spec.schedule": "use 5 fields (minute hour day-of-month month day-of-week), 6 with "
@@ -31,16 +76,27 @@ _HINTS = {
 }
 
 
-def problems(
-    body: dict[str, Any], old: dict[str, Any] | None, *, settings: OperatorSettings
-) -> str | None:
-    """Why `body` must be refused, or None. `old` is the object before an UPDATE."""
-    meta = body.get("metadata") or {}
-    if meta.get("deletionTimestamp"):
-        return None  # never block a deletion (finalizer removal) on a spec stored earlier
-    if old is not None and old.get("spec") == body.get("spec"):
-        return None  # metadata-only change (labels, the trigger annotation, finalizers)
-    name = meta.get("name", "?")
+@dataclass(frozen=True)
+class Verdict:
+    """One review's answer: `denial` is the message (None: allowed); `reason` the class
+    counted in metrics (none, spec, payload, pool, rate; unchecked when a rule could not
+    be evaluated)."""
+
+    denial: str | None = None
+    reason: str = "none"
+    warnings: tuple[str, ...] = ()
+
+
+def _exempt(body: Mapping[str, Any], old: Mapping[str, Any] | None) -> bool:
+    if (body.get("metadata") or {}).get("deletionTimestamp"):
+        return True  # never block a deletion (finalizer removal) on a spec stored earlier
+    # A metadata-only change (labels, the trigger annotation, finalizers).
+    return old is not None and old.get("spec") == body.get("spec")
+
+
+def _parse(body: Mapping[str, Any], settings: OperatorSettings) -> ScheduledJob | Verdict:
+    """The validated document, or the spec/payload denial."""
+    name = (body.get("metadata") or {}).get("name", "?")
     try:
         job = ScheduledJob.model_validate(body)
     except pydantic.ValidationError as e:
@@ -49,18 +105,204 @@ def problems(
             field = line.split(":", 1)[0]
             hint = _HINTS.get(field)
             lines.append(f"{line} ({hint})" if hint and hint not in line else line)
-        return f"ScheduledJob {name}: " + "; ".join(lines)
+        return Verdict(f"ScheduledJob {name}: " + "; ".join(lines), "spec")
     handler = job.spec.target.handler
     if handler is not None:
         size = len(json.dumps(handler.payload, separators=(",", ":")).encode())
         limit = settings.webhook_payload_max_bytes
         if size > limit:
-            return (
+            return Verdict(
                 f"ScheduledJob {name}: spec.target.handler.payload: {size} bytes is over the "
                 f"{limit}-byte limit: keep large data elsewhere (a ConfigMap, object storage) "
-                "and pass a reference to it"
+                "and pass a reference to it",
+                "payload",
             )
-    return None
+    return job
+
+
+def problems(
+    body: dict[str, Any], old: dict[str, Any] | None, *, settings: OperatorSettings
+) -> str | None:
+    """Why `body`'s spec itself must be refused, or None (the rules that need neither the
+    cluster nor the store). `old` is the object before an UPDATE."""
+    if _exempt(body, old):
+        return None
+    parsed = _parse(body, settings)
+    return parsed.denial if isinstance(parsed, Verdict) else None
+
+
+# ------------------------------------------------------------------------ schedule rate
+
+
+@functools.lru_cache(maxsize=4096)
+def occurrences_per_hour(schedule: str | None) -> float:
+    """Runs per hour of one job on a day its schedule runs (a one-shot: 1). `schedule` is
+    a cron cronwell accepts (validated before)."""
+    if schedule is None:
+        return 1.0
+    expr = schedule.strip()
+    fields = croniter(expr, datetime(2000, 1, 1), hash_id=b"rate", **croniter_args(expr)).expanded
+
+    def size(values: list[Any], full: int) -> int:
+        return full if "*" in values else len(set(values))
+
+    # croniter's order: minute, hour, day, month, weekday[, second].
+    seconds = size(fields[5], 60) if len(fields) > 5 else 1
+    return size(fields[0], 60) * size(fields[1], 24) * seconds / 24
+
+
+def _job_rate(spec: Mapping[str, Any] | None) -> float:
+    """Rate of a stored or submitted (camelCase) spec; 0 when suspended or unparsable."""
+    if not spec or spec.get("suspend"):
+        return 0.0
+    try:
+        return occurrences_per_hour(spec.get("schedule"))
+    except (ValueError, KeyError):  # an old spec from before a validator: no rate to keep
+        return 0.0
+
+
+def _num(x: float) -> str:
+    return f"{x:,.0f}" if x >= 10 else f"{x:.2g}"
+
+
+class Admission:
+    """The rules that need the cluster (WorkerPools, the Namespace) or the store."""
+
+    def __init__(self, db: Database, kube: Kube, settings: OperatorSettings, metrics: Metrics):
+        self.db = db
+        self.kube = kube
+        self.settings = settings
+        self.metrics = metrics
+        self._pools: tuple[float, frozenset[str] | None] | None = None
+        self._pools_lock = asyncio.Lock()
+
+    async def review(self, body: dict[str, Any], old: dict[str, Any] | None) -> Verdict:
+        verdict = await self._review(body, old)
+        result = "denied" if verdict.denial else "allowed"
+        self.metrics.operator_admissions.labels(result=result, reason=verdict.reason).inc()
+        return verdict
+
+    async def _review(self, body: dict[str, Any], old: dict[str, Any] | None) -> Verdict:
+        if _exempt(body, old):
+            return Verdict()
+        parsed = _parse(body, self.settings)
+        if isinstance(parsed, Verdict):
+            return parsed
+        warnings: list[str] = []
+        old_spec = (old or {}).get("spec") or None
+        old_pool = old_spec.get("pool", "default") if old_spec is not None else None
+        if self.settings.webhook_require_known_pool and parsed.spec.pool != old_pool:
+            pool = await self._check_pool(parsed, warnings)
+            if pool is not None:
+                return pool
+        rate = await self._check_rate(parsed, body, old_spec, warnings)
+        if rate is not None:
+            return rate
+        reason = "unchecked" if any("not checked" in w for w in warnings) else "none"
+        return Verdict(None, reason, tuple(warnings))
+
+    # -- pool
+
+    async def _workerpools(self, max_age: float) -> frozenset[str] | None:
+        """WorkerPool names (None: not served by the API server), listed at most once per
+        `max_age` seconds however many reviews arrive together."""
+        async with self._pools_lock:
+            now = time.monotonic()
+            if self._pools is not None and now - self._pools[0] <= max_age:
+                return self._pools[1]
+            names = await self.kube.workerpool_names()
+            found = frozenset(names) if names is not None else None
+            self._pools = (time.monotonic(), found)
+            return found
+
+    async def _check_pool(self, job: ScheduledJob, warnings: list[str]) -> Verdict | None:
+        pool = job.spec.pool
+        static = set(self.settings.pools)
+        if pool in static:
+            return None
+        try:
+            pools = await self._workerpools(self.settings.webhook_pool_cache_seconds)
+            if pools is None or pool not in pools:  # maybe created a moment ago: look again
+                pools = await self._workerpools(0)
+        except CronwellError as e:
+            log.warning(
+                "could not list WorkerPools; spec.pool not checked",
+                extra={"action": "webhook_pool_unchecked", "error": str(e)},
+            )
+            warnings.append(f"spec.pool {pool!r} was not checked: could not list WorkerPools")
+            return None
+        if pools is not None and pool in pools:
+            return None
+        known = ", ".join(sorted(static | set(pools or ()))) or "none"
+        return Verdict(
+            f"ScheduledJob {job.metadata.name}: spec.pool: no worker pool {pool!r} (known "
+            f"pools: {known}): set spec.pool to a known pool, or create a WorkerPool named "
+            f"{pool!r} (cronwell.dev/v1alpha1) for the worker Deployment that serves it",
+            "pool",
+        )
+
+    # -- rate
+
+    async def _cap(self, namespace: str) -> tuple[int, str]:
+        """The namespace's cap and a note when its annotation is not usable."""
+        default = self.settings.webhook_max_occurrences_per_hour
+        raw = (await self.kube.namespace_annotations(namespace)).get(RATE_ANNOTATION)
+        if raw is None:
+            return default, ""
+        try:
+            value = int(raw.strip().replace("_", ""))
+        except ValueError:
+            value = -1
+        if value < 0:
+            return default, (
+                f" (the namespace's {RATE_ANNOTATION} annotation {raw!r} is not a whole "
+                "number >= 0, so the default applies)"
+            )
+        return value, ""
+
+    async def _check_rate(
+        self,
+        job: ScheduledJob,
+        body: Mapping[str, Any],
+        old_spec: Mapping[str, Any] | None,
+        warnings: list[str],
+    ) -> Verdict | None:
+        spec = body.get("spec") or {}
+        new = _job_rate(spec)
+        if new <= _job_rate(old_spec):
+            return None  # never refuse a change that does not raise the job's rate
+        namespace = job.metadata.namespace
+        try:
+            rows = await self.db.fetch(
+                "WebhookNamespaceSchedules", {"namespace": namespace, "name": job.metadata.name}
+            )
+            cap, note = await self._cap(namespace)
+        except CronwellError as e:
+            log.warning(
+                "schedule rate not checked",
+                extra={"action": "webhook_rate_unchecked", "namespace": namespace, "error": str(e)},
+            )
+            warnings.append(f"the namespace's schedule rate was not checked: {e}")
+            return None
+        total = new
+        for r in rows:
+            total += int(r["jobs"]) * _job_rate({"schedule": r["schedule"]})
+        field = "spec.schedule" if job.spec.schedule is not None else "spec.runAt"
+        if total > cap:
+            return Verdict(
+                f"ScheduledJob {job.metadata.name}: {field}: namespace {namespace} would "
+                f"schedule {_num(total)} runs per hour with this job ({_num(new)} from it), "
+                f"over its cap of {cap:,}{note}: space the schedule out (e.g. every minute "
+                "rather than every second), or have a cluster admin raise the cap: kubectl "
+                f"annotate namespace {namespace} {RATE_ANNOTATION}=N --overwrite",
+                "rate",
+            )
+        if total > WARN_RATIO * cap:
+            warnings.append(
+                f"namespace {namespace} schedules {_num(total)} runs per hour, "
+                f"{total / cap:.0%} of its cap of {cap:,} ({RATE_ANNOTATION})"
+            )
+        return None
 
 
 def self_signed_cert(directory: Path, host: str) -> tuple[Path, Path]:

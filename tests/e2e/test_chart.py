@@ -11,8 +11,6 @@ its pod template is checked against Pod Security from `helm template` instead.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,36 +19,13 @@ from typing import Any
 import pytest
 import yaml
 
-from cronwell.testing.controlplane import Cluster, ControlPlaneError, find_assets
+from cronwell.testing.controlplane import Cluster
+from tests.e2e.helpers import Helm
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "cronwell"
 RELEASE = "cw"
 CRD = "scheduledjobs.cronwell.dev"
-
-
-class Helm:
-    def __init__(self, kube: Cluster, home: Path):
-        try:
-            self.binary = find_assets(("helm",)) / "helm"
-        except ControlPlaneError as e:
-            pytest.fail(f"helm is needed for the chart tests: {e}")
-        self.kube = kube
-        self.env = {
-            **os.environ,
-            "KUBECONFIG": str(kube.kubeconfig),
-            "HELM_CACHE_HOME": str(home / "cache"),
-            "HELM_CONFIG_HOME": str(home / "config"),
-            "HELM_DATA_HOME": str(home / "data"),
-        }
-
-    def __call__(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-        proc = subprocess.run(
-            [str(self.binary), *args], capture_output=True, text=True, timeout=120, env=self.env
-        )
-        if check and proc.returncode != 0:
-            raise AssertionError(f"helm {' '.join(args)}:\n{proc.stderr}")
-        return proc
 
 
 def _adopt_existing_crds(kube: Cluster, namespace: str) -> None:
@@ -107,8 +82,8 @@ def can_i(kube: Cluster, who: str, *args: str) -> bool:
 
 
 def review(kube: Cluster, who: str, verb: str, group: str, resource: str, **attrs: str) -> bool:
-    """A SubjectAccessReview, for resources the API server does not serve yet (WorkerPool):
-    `kubectl auth can-i` answers "no" for a resource type it cannot discover."""
+    """A SubjectAccessReview: asks the authorizer alone, whatever the API server serves
+    (`kubectl auth can-i` answers "no" for a resource type it cannot discover)."""
     ns = who.split(":")[2]
     sar = {
         "apiVersion": "authorization.k8s.io/v1",
@@ -162,9 +137,10 @@ def test_operator_can_do_its_job(kube: Cluster, installed: dict[str, Any]) -> No
     ]
     refused = [args for args in allowed if not can_i(kube, op, *args)]
     assert not refused, refused
-    # WorkerPool: its CRD is not shipped yet, so ask the authorizer directly.
-    for verb in ("get", "list", "watch", "patch"):
+    # WorkerPool: read-only (the pre-scaler never writes a spec), plus its status.
+    for verb in ("get", "list", "watch"):
         assert review(kube, op, verb, "cronwell.dev", "workerpools")
+    assert not review(kube, op, "patch", "cronwell.dev", "workerpools")
     assert review(kube, op, "patch", "cronwell.dev", "workerpools", subresource="status")
     assert not review(kube, op, "delete", "cronwell.dev", "workerpools", namespace=other)
 

@@ -1,6 +1,7 @@
 """The validating admission webhook (kopf's, HTTPS with a self-signed certificate), called by
 the real API server: what the CRD schema and CEL cannot check is refused at `kubectl apply`
-with a message naming the field and the fix."""
+with a message naming the field and the fix — the spec's own rules, the pool (WorkerPools
+and static pools) and the namespace's schedule rate (counted from the store)."""
 
 from __future__ import annotations
 
@@ -15,8 +16,10 @@ from typing import Any
 import pytest
 import yaml
 
+from cronwell import crdgen
 from cronwell.embedded import EmbeddedPostgres
 from cronwell.testing.controlplane import Cluster, KubectlError, free_port
+from cronwell_operator.kube import Kube, api_client
 from cronwell_operator.testing import (
     FAST_LEASE_ARGS,
     OperatorProcess,
@@ -31,10 +34,24 @@ WEBHOOK = "validate-scheduledjob.cronwell.dev"
 DENIED = f'admission webhook "{WEBHOOK}" denied the request: '
 
 
+RATE_CAP = 3000  # the operator's default cap in this module (runs per hour)
+RATE_ANNOTATION = "cronwell.dev/max-occurrences-per-hour"
+
+
 @pytest.fixture(scope="module")
-def ns(kube: Cluster, kube_api: Any) -> Iterator[str]:
+def ns(kube: Cluster, kube_api: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     kube.install_crds([ROOT / "crds"])
+    if not (ROOT / "crds" / "cronwell.dev_workerpools.yaml").exists():
+        generated = tmp_path_factory.mktemp("crds") / "workerpools.yaml"
+        generated.write_text(crdgen.render(crdgen.workerpool_crd()))
+        kube.install_crds([generated])
     yield from fresh_namespace(kube, kube_api, "wh")
+
+
+@pytest.fixture(scope="module")
+def rate_ns(kube: Cluster, kube_api: Any) -> Iterator[str]:
+    """A second served namespace, for the schedule-rate rules (its jobs alone count)."""
+    yield from fresh_namespace(kube, kube_api, "whrate")
 
 
 @pytest.fixture(scope="module")
@@ -44,12 +61,14 @@ def store(pg_server: EmbeddedPostgres, template_db: str) -> str:
 
 @pytest.fixture(scope="module")
 def operator(
-    kube: Cluster, ns: str, store: str, tmp_path_factory: pytest.TempPathFactory
+    kube: Cluster, ns: str, rate_ns: str, store: str, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[OperatorProcess]:
     tmp = tmp_path_factory.mktemp("webhook")
-    args = ["-n", ns, "--lease-name", f"op-{ns}", *FAST_LEASE_ARGS]
+    args = ["-n", ns, "-n", rate_ns, "--lease-name", f"op-{ns}", *FAST_LEASE_ARGS]
     args += ["--webhook-port", str(free_port()), "--webhook-addr", "127.0.0.1"]
     args += ["--webhook-host", "127.0.0.1", "--webhook-cert-dir", str(tmp / "certs")]
+    args += ["--pool", "default", "--pool", "batch"]
+    args += ["--webhook-max-occurrences-per-hour", str(RATE_CAP)]
     op = OperatorProcess(kube.kubeconfig, store, tmp / "operator.log", args=args)
     try:
         op.start().wait_ready(120)
@@ -57,7 +76,8 @@ def operator(
         wait_until(lambda: _webhooks(kube), 60, "the webhook configuration", check=op._alive)
         wait_until(lambda: _accepts(kube, ns), 60, "the webhook answering", check=op._alive)
         yield op
-        kube.kubectl("delete", "sj", "--all", "-n", ns, "--timeout=60s", check=False)
+        for namespace in (ns, rate_ns):
+            kube.kubectl("delete", "sj", "--all", "-n", namespace, "--timeout=60s", check=False)
     finally:
         op.stop()
         # Never leave a Fail-policy webhook behind for the other tests of the session.
@@ -89,6 +109,33 @@ def refused(kube: Cluster, ns: str, manifest: str) -> str:
     with pytest.raises(KubectlError) as exc:
         kube.kubectl("apply", "-n", ns, "-f", "-", input=manifest)
     return str(exc.value.stderr)
+
+
+def applied(kube: Cluster, ns: str, manifest: str) -> str:
+    """Apply, which must pass; its stderr (where kubectl prints admission warnings)."""
+    return str(kube.kubectl("apply", "-n", ns, "-f", "-", input=manifest).stderr)
+
+
+def in_store(store: str, op: OperatorProcess, ns: str, name: str, schedule: str) -> None:
+    """Wait until the job is reconciled with this schedule (the rate cap counts the store)."""
+    wait_until(
+        lambda: sql(
+            store,
+            "SELECT 1 FROM cronwell_jobs WHERE namespace = %s AND name = %s "
+            "AND deleted_at IS NULL AND spec->>'schedule' = %s",
+            (ns, name, schedule),
+        ),
+        60,
+        f"{ns}/{name} in the store with {schedule!r}",
+        check=op._alive,
+    )
+
+
+def workerpool(kube: Cluster, ns: str, name: str) -> None:
+    kube.apply(
+        f"apiVersion: cronwell.dev/v1alpha1\nkind: WorkerPool\nmetadata: {{name: {name}, "
+        f"namespace: {ns}}}\nspec: {{scaleTargetRef: {{name: worker-{name}}}}}\n"
+    )
 
 
 def test_configuration_is_managed_by_the_operator(kube: Cluster, operator: OperatorProcess) -> None:
@@ -173,52 +220,150 @@ def test_good_specs_and_edits_pass_and_are_reconciled(
     kube.kubectl("delete", "sj", "good", "-n", ns, "--timeout=60s")
 
 
+def _review(port: int, certs: Path, namespace: str, manifest: str) -> dict[str, Any]:
+    """POST one AdmissionReview (CREATE) straight to a webhook server; its response."""
+    obj = yaml.safe_load(manifest)
+    obj["metadata"]["namespace"] = namespace
+    review = {
+        "apiVersion": "admission.k8s.io/v1",
+        "kind": "AdmissionReview",
+        "request": {
+            "uid": "0d3f-test",
+            "kind": {"group": "cronwell.dev", "version": "v1alpha1", "kind": "ScheduledJob"},
+            "resource": {
+                "group": "cronwell.dev", "version": "v1alpha1", "resource": "scheduledjobs",
+            },
+            "operation": "CREATE",
+            "namespace": namespace,
+            "name": obj["metadata"]["name"],
+            "userInfo": {"username": "test"},
+            "object": obj,
+            "dryRun": False,
+        },
+    }  # fmt: skip
+    ctx = ssl.create_default_context(cafile=str(certs / "tls.crt"))
+    req = urllib.request.Request(
+        f"https://127.0.0.1:{port}/validate-scheduledjob",
+        data=json.dumps(review).encode(),
+        headers={"Content-Type": "application/json"},
+    )
+    with urllib.request.urlopen(req, context=ctx, timeout=10) as resp:
+        answer: dict[str, Any] = json.loads(resp.read())["response"]
+    return answer
+
+
 def test_a_standby_serves_the_webhook_too(
-    kube: Cluster, ns: str, store: str, operator: OperatorProcess, tmp_path: Path
+    kube: Cluster, ns: str, rate_ns: str, store: str, operator: OperatorProcess, tmp_path: Path
 ) -> None:
     """Admission must not depend on which replica leads: a standby (waiting for the Lease)
-    answers AdmissionReviews itself, and leaves the cluster's configuration to the leader."""
+    answers AdmissionReviews itself, every rule included (the rate reads the store and the
+    Namespace), and leaves the cluster's configuration to the leader."""
     port = free_port()
     certs = tmp_path / "certs"
-    args = ["-n", ns, "--lease-name", f"op-{ns}", *FAST_LEASE_ARGS]
+    args = ["-n", ns, "-n", rate_ns, "--lease-name", f"op-{ns}", *FAST_LEASE_ARGS]
     args += ["--webhook-port", str(port), "--webhook-addr", "127.0.0.1"]
     args += ["--webhook-host", "127.0.0.1", "--webhook-cert-dir", str(certs)]
+    args += ["--webhook-max-occurrences-per-hour", str(RATE_CAP)]
     standby = OperatorProcess(
         kube.kubeconfig, store, tmp_path / "standby.log", identity="op-standby", args=args
     )
     with standby:
         standby.wait_for_log("standby: serving the webhook", 60)
-        review = {
-            "apiVersion": "admission.k8s.io/v1",
-            "kind": "AdmissionReview",
-            "request": {
-                "uid": "0d3f-test",
-                "kind": {"group": "cronwell.dev", "version": "v1alpha1", "kind": "ScheduledJob"},
-                "resource": {
-                    "group": "cronwell.dev", "version": "v1alpha1", "resource": "scheduledjobs",
-                },
-                "operation": "CREATE",
-                "namespace": ns,
-                "name": "direct",
-                "userInfo": {"username": "test"},
-                "object": yaml.safe_load(sj("direct", 'schedule: "@often"\ntarget: {log: {}}')),
-                "dryRun": False,
-            },
-        }  # fmt: skip
-        ctx = ssl.create_default_context(cafile=str(certs / "tls.crt"))
-        req = urllib.request.Request(
-            f"https://127.0.0.1:{port}/validate-scheduledjob",
-            data=json.dumps(review).encode(),
-            headers={"Content-Type": "application/json"},
-        )
-        with urllib.request.urlopen(req, context=ctx, timeout=10) as resp:
-            answer = json.loads(resp.read())["response"]
+        answer = _review(port, certs, ns, sj("direct", 'schedule: "@often"\ntarget: {log: {}}'))
         assert answer["uid"] == "0d3f-test" and answer["allowed"] is False
         assert "spec.schedule:" in answer["status"]["message"]
+        answer = _review(
+            port, certs, rate_ns, sj("direct", 'schedule: "* * * * * *"\ntarget: {log: {}}')
+        )
+        assert answer["allowed"] is False, answer
+        assert "over its cap of 3,000" in answer["status"]["message"]
         assert "operator ready" not in standby.output()  # it did not take over
         # The configuration still points at the leader.
         (hook,) = _webhooks(kube)
         assert f":{port}/" not in hook["clientConfig"]["url"]
+
+
+def test_an_unknown_pool_is_refused_until_a_workerpool_names_it(
+    kube: Cluster, ns: str, operator: OperatorProcess
+) -> None:
+    manifest = sj("gpu-job", 'schedule: "@daily"\npool: gpu\ntarget: {log: {}}')
+    stderr = refused(kube, ns, manifest)
+    assert (
+        DENIED + "ScheduledJob gpu-job: spec.pool: no worker pool 'gpu' (known pools: batch, "
+        "default): set spec.pool to a known pool, or create a WorkerPool named 'gpu' "
+        "(cronwell.dev/v1alpha1) for the worker Deployment that serves it"
+    ) in stderr, stderr
+    # A static pool (--pool) passes; so does a WorkerPool's name, at once (a miss relists).
+    applied(kube, ns, sj("batch-job", 'schedule: "@daily"\npool: batch\ntarget: {log: {}}'))
+    workerpool(kube, ns, "gpu")
+    applied(kube, ns, manifest)
+    # An edit that keeps the pool is not checked again, even once the WorkerPool is gone.
+    kube.kubectl("delete", "workerpool", "gpu", "-n", ns)
+    applied(kube, ns, sj("gpu-job", 'schedule: "@hourly"\npool: gpu\ntarget: {log: {}}'))
+    # A new job in it is refused again once the cached names expire (a few seconds).
+    other = sj("other", 'schedule: "@daily"\npool: gpu\ntarget: {log: {}}')
+
+    def dry_run_refusal() -> str:
+        out = kube.kubectl("apply", "--dry-run=server", "-n", ns, "-f", "-", input=other,
+                           check=False)  # fmt: skip
+        return str(out.stderr) if out.returncode != 0 else ""
+
+    stderr = wait_until(dry_run_refusal, 30, "refused once the WorkerPool is gone")
+    assert "spec.pool: no worker pool 'gpu'" in stderr
+
+
+def test_a_namespace_schedule_rate_is_capped(
+    kube: Cluster, rate_ns: str, store: str, operator: OperatorProcess
+) -> None:
+    ns = rate_ns
+    every_second = 'schedule: "* * * * * *"\ntarget: {log: {}}'
+    stderr = refused(kube, ns, sj("fast", every_second))
+    assert (
+        DENIED + f"ScheduledJob fast: spec.schedule: namespace {ns} would schedule 3,600 runs "
+        f"per hour with this job (3,600 from it), over its cap of 3,000: space the schedule "
+        "out (e.g. every minute rather than every second), or have a cluster admin raise the "
+        f"cap: kubectl annotate namespace {ns} {RATE_ANNOTATION}=N --overwrite"
+    ) in stderr, stderr
+
+    # The Namespace annotation overrides the default; near the cap, kubectl shows a warning.
+    kube.kubectl("annotate", "namespace", ns, f"{RATE_ANNOTATION}=4000", "--overwrite")
+    warned = applied(kube, ns, sj("fast", every_second))
+    assert f"Warning: namespace {ns} schedules 3,600 runs per hour, 90% of its cap" in warned
+    in_store(store, operator, ns, "fast", "* * * * * *")
+
+    # The store's jobs count: 3,600 + 1,800 is over 4,000.
+    every_2s = 'schedule: "*/2 * * * * *"\ntarget: {log: {}}'
+    stderr = refused(kube, ns, sj("second", every_2s))
+    assert "would schedule 5,400 runs per hour with this job (1,800 from it), over its cap of " \
+        "4,000" in stderr, stderr  # fmt: skip
+    # Suspended, a job produces nothing and is admitted.
+    applied(kube, ns, sj("second", every_2s + "\nsuspend: true"))
+
+    # Over the cap (lowered), a change that slows a job down still passes; one that
+    # speeds it up does not, and an unusable annotation falls back to the default, saying so.
+    kube.kubectl("annotate", "namespace", ns, f"{RATE_ANNOTATION}=1000", "--overwrite")
+    applied(kube, ns, sj("fast", 'schedule: "*/5 * * * * *"\ntarget: {log: {}}'))
+    in_store(store, operator, ns, "fast", "*/5 * * * * *")
+    stderr = refused(kube, ns, sj("fast", every_2s))
+    assert "would schedule 1,800 runs per hour with this job (1,800 from it), over its cap " \
+        "of 1,000" in stderr, stderr  # fmt: skip
+    kube.kubectl("annotate", "namespace", ns, f"{RATE_ANNOTATION}=lots", "--overwrite")
+    stderr = refused(kube, ns, sj("slow", 'schedule: "* * * * * *"\ntarget: {log: {}}'))
+    assert (
+        "would schedule 4,320 runs per hour with this job (3,600 from it), over its cap of "
+        f"3,000 (the namespace's {RATE_ANNOTATION} annotation 'lots' is not a whole number "
+        ">= 0, so the default applies)"
+    ) in stderr, stderr
+
+
+async def test_workerpool_listing_tolerates_a_missing_crd(kube: Cluster, ns: str) -> None:
+    """Without the WorkerPool CRD the API server answers 404: no WorkerPools, no error."""
+    k = Kube(api_client(str(kube.kubeconfig)))
+    try:
+        assert await k.list_cluster_names("nosuchresources") is None
+        assert await k.workerpool_names() is not None  # the CRD is installed in this module
+    finally:
+        k.close()
 
 
 def test_a_clean_stop_removes_the_webhook(
@@ -231,3 +376,27 @@ def test_a_clean_stop_removes_the_webhook(
     assert _webhooks(kube) == []
     kube.kubectl("apply", "-n", ns, "-f", "-", input=sj("after", 'schedule: "@daily"\n'
                  "target: {log: {}}"))  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "schedule",
+    ["* * * * *", "*/5 * * * *", "H/15 * * * *", "H H * * *", "@hourly", "@daily",
+     "*/10 * * * * *", "0 9-17 * * MON-FRI", "H(0-29)/10 * * * *", "0-30/7 * 1 * * *"],
+)  # fmt: skip
+def test_a_schedule_rate_is_its_runs_on_a_day_it_runs(schedule: str) -> None:
+    """The closed form (expanded fields) equals croniter's own count over a day it runs."""
+    from datetime import datetime, timedelta
+
+    from croniter import croniter
+
+    from cronwell.cronexpr import croniter_args
+    from cronwell_operator.webhook import occurrences_per_hour
+
+    day = datetime(2024, 1, 3)  # a Wednesday
+    it = croniter(schedule, day - timedelta(microseconds=1), hash_id=b"rate",
+                  **croniter_args(schedule))  # fmt: skip
+    runs = 0
+    while it.get_next(datetime) < day + timedelta(days=1):
+        runs += 1
+    assert occurrences_per_hour(schedule) * 24 == pytest.approx(runs)
+    assert occurrences_per_hour(None) == 1  # a one-shot

@@ -117,3 +117,48 @@ def test_database_url_from_a_file(db_url: str, tmp_path: Path) -> None:
     )
     assert empty.returncode == 1 and "is empty" in empty.stderr
     assert "Traceback" not in both.stderr + empty.stderr
+
+
+def test_pause_and_resume_selectors(db_url: str, tmp_path: Path) -> None:
+    """`pause` is the incident button: one job, a namespace (--all) or everything (-A), the
+    mass forms behind --yes; `resume --all` undoes only what `pause` did."""
+    docs = [("a", "ops", False), ("b", "ops", False), ("c", "ops", True), ("d", "web", False)]
+    (tmp_path / "jobs.yaml").write_text(
+        "---\n".join(
+            "apiVersion: cronwell.dev/v1alpha1\nkind: ScheduledJob\n"
+            f"metadata: {{name: {n}, namespace: {ns}}}\n"
+            f"spec: {{schedule: '@hourly', suspend: {str(s).lower()}, "
+            "target: {log: {message: hi}}}\n"
+            for n, ns, s in docs
+        )
+    )
+    assert cli("apply", "-f", str(tmp_path), url=db_url).returncode == 0
+
+    def suspended() -> dict[str, str]:
+        out = cli("jobs", url=db_url).stdout.splitlines()[1:]
+        return {ln.split()[0]: ln.split()[3] for ln in out}
+
+    unconfirmed = cli("pause", "--all", "-n", "ops", url=db_url)
+    assert unconfirmed.returncode == 2 and "--yes" in unconfirmed.stderr
+    assert "exactly one of NAME" in cli("pause", "a", "--all", url=db_url).stderr
+    assert "--all needs -n" in cli("pause", "--all", "--yes", url=db_url).stderr
+    assert suspended() == {"ops/a": "no", "ops/b": "no", "ops/c": "yes", "web/d": "no"}
+
+    one = cli("pause", "d", "-n", "web", url=db_url)
+    assert one.returncode == 0 and "web/d paused" in one.stdout, one.stderr
+    ops = cli("pause", "--all", "-n", "ops", "--yes", url=db_url)
+    assert ops.returncode == 0, ops.stderr
+    assert "ops/a paused" in ops.stdout and "ops/b paused" in ops.stdout
+    assert "ops/c already suspended (spec.suspend)" in ops.stdout
+    assert suspended() == {"ops/a": "Paused", "ops/b": "Paused", "ops/c": "yes", "web/d": "Paused"}
+
+    back = cli("resume", "--all", "-n", "ops", "--yes", url=db_url)
+    assert back.returncode == 0 and "2 job(s) resumed" in back.stdout, back.stderr
+    assert "ops/c stays suspended (spec.suspend)" in back.stdout
+    assert suspended() == {"ops/a": "no", "ops/b": "no", "ops/c": "yes", "web/d": "Paused"}
+    assert "1 job(s) resumed" in cli("resume", "-A", "--yes", url=db_url).stdout
+    assert cli("resume", "c", "-n", "ops", url=db_url).returncode == 0  # one job: any reason
+    assert set(suspended().values()) == {"no"}
+    missing = cli("pause", "nope", url=db_url)
+    assert missing.returncode == 1 and "no ScheduledJob default/nope" in missing.stderr
+    assert "Traceback" not in missing.stderr + unconfirmed.stderr

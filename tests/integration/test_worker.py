@@ -8,12 +8,15 @@ import asyncio
 import random
 import socket
 import time
+from datetime import UTC, datetime
 from typing import Any
 
 import psycopg
 import pytest
 
 from cronwell import dispatch
+from cronwell.errors import LeaseLost
+from cronwell.handlers import Context
 from cronwell.models import RetryPolicy
 from cronwell.schedule import format_instant
 from cronwell.store.db import Database
@@ -55,6 +58,32 @@ def test_backoff_is_exponential_capped_and_jittered_into_half_to_full() -> None:
 def test_self_fence_margin_is_below_the_lease() -> None:
     assert self_fence_margin(1.0) == pytest.approx(0.1)
     assert self_fence_margin(60.0) == 1.0
+
+
+def _ctx() -> Context:
+    return Context(key="k", fence=1, scheduled_for=datetime.now(UTC), attempt=1,
+                   namespace="n", name="j")  # fmt: skip
+
+
+def test_context_cancellation_before_and_after_its_event_is_first_used() -> None:
+    early = _ctx()
+    early.cancel()
+    assert early.cancelled.is_set()  # made after cancel(): born set
+    with pytest.raises(LeaseLost):
+        early.check_cancelled()
+    late = _ctx()
+    event = late.cancelled
+    late.check_cancelled()  # not cancelled: no error
+    late.cancel()
+    assert event.is_set() and late.cancelled is event
+    with pytest.raises(LeaseLost):
+        late.check_cancelled()
+    direct = _ctx()
+    direct.cancelled.set()  # what code written against the Event does
+    with pytest.raises(LeaseLost):
+        direct.check_cancelled()
+    direct.cancelled.clear()
+    direct.check_cancelled()  # cleared: the Event is the truth once it exists
 
 
 # -- completion -----------------------------------------------------------------------------
@@ -462,6 +491,41 @@ async def test_self_fences_when_heartbeats_cannot_renew(db: Database, db_url: st
     assert m["t"] - mono_t0 < lease
 
 
+# -- slots ----------------------------------------------------------------------------------
+
+
+async def test_a_slot_frees_when_the_handler_returns_not_when_its_completion_is_written(
+    db: Database, db_url: str
+) -> None:
+    """concurrency=1: while the first attempt's completion cannot be written (a lock on its
+    row), the next occurrence is claimed and run; a third waits, since attempts held
+    (running or completing) stay below twice the concurrency."""
+    await sql(db, EFFECTS_DDL)
+    await handler_job(db, "first", "t-wait-event")
+    for name in ("second", "third"):
+        await handler_job(db, name, "t-sleepy-effect")
+    async with running_worker(db_url, concurrency=1, lease_seconds=30) as w:
+        first = await trigger(db, "first")
+        await started(first)
+        async with await psycopg.AsyncConnection.connect(db_url) as locker:
+            await locker.execute(
+                "SELECT 1 FROM cronwell_occurrences WHERE idempotency_key = %s FOR UPDATE",
+                (first,),
+            )
+            CONTROL[first].set()
+            second = await trigger(db, "second")
+            await started(second)
+            assert (await occurrence(db, first))["state"] == "running"  # completion blocked
+            third = await trigger(db, "third")
+            await asyncio.sleep(0.5)
+            assert (await occurrence(db, third))["state"] == "pending"
+            assert not marks_of(None, "start", third)
+            await locker.rollback()
+        for key in (first, second, third):
+            await wait_for(lambda key=key: state_is(db, key, "succeeded"))
+        assert [w.results(k) for k in (first, second, third)] == [["succeeded"]] * 3
+
+
 # -- graceful shutdown ----------------------------------------------------------------------
 
 
@@ -529,3 +593,95 @@ async def test_stop_releases_claimed_but_unstarted_occurrences(db: Database, db_
     assert o["fence"] is not None  # it was claimed...
     assert not marks_of(None, "start", key)  # ...and never started
     assert await attempts(db, key) == []
+
+
+# -- specs at claim time --------------------------------------------------------------------
+
+
+async def _twins(db: Database) -> None:
+    """Jobs twin-a and twin-b share one spec (so one spec hash); other has its own."""
+    for name, message in [("twin-a", "same"), ("twin-b", "same"), ("other", "other")]:
+        await make_job(db, name, schedule=FAR_FUTURE, target={"log": {"message": message}})
+        await trigger(db, name)
+
+
+async def test_a_claim_sends_one_document_per_unknown_spec_hash_and_none_for_known_ones(
+    db: Database,
+) -> None:
+    await _twins(db)
+    claimed = await dispatch.claim(db, pool="default", worker_id="w", limit=10, lease_seconds=30)
+    c = {x.name: x for x in claimed}
+    assert c["twin-a"].spec_hash == c["twin-b"].spec_hash != c["other"].spec_hash
+    assert c["twin-a"].spec is not None and c["other"].spec is not None
+    assert c["twin-a"].spec is c["twin-b"].spec  # one document fetched for the shared hash
+    assert c["other"].spec["target"]["log"]["message"] == "other"
+
+    await dispatch.succeed(db, [(x.key, x.fence) for x in claimed])
+    for name in c:
+        await trigger(db, name)
+    known = {c["twin-a"].spec_hash}
+    again = await dispatch.claim(
+        db, pool="default", worker_id="w", limit=10, lease_seconds=30, known_specs=known
+    )
+    assert {x.name: x.spec is None for x in again} == {
+        "twin-a": True,
+        "twin-b": True,
+        "other": False,
+    }
+
+
+async def test_a_spec_changed_after_the_claim_runs_the_claimed_spec_if_found_else_the_new_one(
+    db: Database,
+) -> None:
+    await _twins(db)
+    async with db.transaction() as conn:
+        cands = await db.fetch(
+            "OccurrenceClaimCandidates", {"pool": "default", "limit": 10}, conn=conn
+        )
+        rows = await db.fetch(
+            "OccurrenceClaimBatch",
+            {"ids": [r["id"] for r in cands], "worker_id": "w", "lease": 30},
+            conn=conn,
+        )
+    rows = [r for r in rows if r["name"] in ("twin-a", "twin-b")]
+    claimed_hash = rows[0]["spec_hash"]
+    # twin-a's spec changes between the claim and the fetch of its spec
+    await make_job(db, "twin-a", schedule=FAR_FUTURE, target={"log": {"message": "new"}})
+
+    async with db.connection() as conn:
+        both = await dispatch.attach_specs(db, conn, rows, frozenset())
+        only_a = await dispatch.attach_specs(
+            db, conn, [r for r in rows if r["name"] == "twin-a"], frozenset()
+        )
+    # twin-b still has the claimed spec: both run what was claimed
+    for x in both:
+        assert x.spec is not None and x.spec_hash == claimed_hash
+        assert x.spec["target"]["log"]["message"] == "same"
+    # nothing has the claimed spec any more: twin-a runs its current one, under its hash
+    (a,) = only_a
+    assert a.spec is not None and a.spec["target"]["log"]["message"] == "new"
+    assert a.spec_hash != claimed_hash
+    # what the attempt must keep was fixed on the occurrence: unchanged by the spec change
+    assert (a.timeout_seconds, a.delivery, a.max_attempts) == (
+        rows[0]["timeout_seconds"],
+        rows[0]["delivery"],
+        rows[0]["max_attempts"],
+    )
+
+
+async def test_a_worker_runs_jobs_sharing_a_spec_and_a_changed_spec(
+    db: Database, db_url: str
+) -> None:
+    """Through the worker's cache: twins (one parse), then twin-a after its spec changed
+    runs the new target (an unknown handler here, so the change is visible)."""
+    await _twins(db)
+    async with running_worker(db_url) as w:
+        keys = [r["idempotency_key"] for r in await sql(db, "SELECT idempotency_key FROM "
+                                                        "cronwell_occurrences")]  # fmt: skip
+        for key in keys:
+            await wait_for(lambda key=key: state_is(db, key, "succeeded"))
+        assert len(w.worker._specs) == 2
+        await make_job(db, "twin-a", schedule=FAR_FUTURE, target={"handler": {"name": "t-nope"}})
+        key = await trigger(db, "twin-a")
+        o = await wait_for(lambda: state_is(db, key, "dead"))
+    assert o["reason"] == "UnknownHandler"

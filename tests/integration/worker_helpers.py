@@ -129,23 +129,7 @@ async def steal(db: Database, key: str, worker_id: str = "thief") -> dispatch.Cl
             {"ids": [oid], "worker_id": worker_id, "lease": 60},
             conn=conn,
         )
-    return dispatch.Claimed(
-        id=r["id"],
-        key=r["idempotency_key"],
-        job_id=r["job_id"],
-        namespace=r["namespace"],
-        name=r["name"],
-        spec=r["spec"],
-        scheduled_for=r["scheduled_for"],
-        run_at=r["run_at"],
-        started_at=r["started_at"],
-        attempt=r["attempt"],
-        fence=r["fence"],
-        delivery=r["delivery"],
-        max_attempts=r["max_attempts"],
-        timeout_seconds=r["timeout_seconds"],
-        origin=r["origin"],
-    )
+    return dispatch.claimed_from_row(r)
 
 
 async def started(key: str, timeout: float = 10.0) -> dict[str, Any]:

@@ -3,8 +3,9 @@ Pod Security on every container, least-privilege RBAC, no Kubernetes API access 
 schedulers and workers, the webhook's TLS, the migration hook, metrics, the values schema,
 and every flag the chart passes existing in the `cronwell` CLI.
 
-Renders the chart with ci/default-values.yaml (defaults + the one required value) and
-ci/full-values.yaml (every option on, non-default values). Needs the helm binary of
+Renders the chart with ci/default-values.yaml (defaults + the one required value) as on a
+fresh cluster, and ci/full-values.yaml (every option on, non-default values) as on a cluster
+that already serves the WorkerPool kind (WORKERPOOL_SERVED). Needs the helm binary of
 `hack/envtest.sh` (or KUBEBUILDER_ASSETS); skipped without it.
 """
 
@@ -24,6 +25,7 @@ import yaml
 from click.testing import CliRunner
 
 from cronwell.testing.controlplane import ControlPlaneError, find_assets
+from cronwell.workerpool import WorkerPool
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "cronwell"
@@ -38,6 +40,10 @@ METRICS = {
     "cronwell_dlq_size",
 }
 POD_KINDS = {"Deployment", "Job", "StatefulSet", "DaemonSet"}
+#: What `helm install/upgrade` sees on a cluster serving the WorkerPool CRD (Argo CD passes
+#: the cluster's API versions the same way); without it, as on a fresh install, the chart
+#: skips its WorkerPool objects.
+WORKERPOOL_SERVED = ("--api-versions", "cronwell.dev/v1alpha1/WorkerPool")
 
 
 def helm_binary() -> Path:
@@ -69,7 +75,7 @@ def default() -> list[dict[str, Any]]:
 
 @pytest.fixture(scope="module")
 def full() -> list[dict[str, Any]]:
-    return render("-f", str(CHART / "ci" / "full-values.yaml"))
+    return render("-f", str(CHART / "ci" / "full-values.yaml"), *WORKERPOOL_SERVED)
 
 
 @pytest.fixture(params=["default", "full"])
@@ -132,8 +138,10 @@ def test_rendered_crds_equal_the_generated_ones(default: list[dict[str, Any]]) -
 
 
 def test_crds_keep_and_enabled_switches(full: list[dict[str, Any]]) -> None:
-    (crd,) = of_kind(full, "CustomResourceDefinition")
-    assert "helm.sh/resource-policy" not in (crd["metadata"].get("annotations") or {})
+    crds = of_kind(full, "CustomResourceDefinition")
+    assert sorted(c["spec"]["names"]["kind"] for c in crds) == ["ScheduledJob", "WorkerPool"]
+    for crd in crds:
+        assert "helm.sh/resource-policy" not in (crd["metadata"].get("annotations") or {})
     docs = render("-f", str(CHART / "ci" / "default-values.yaml"), "--set", "crds.enabled=false")
     assert not of_kind(docs, "CustomResourceDefinition")
 
@@ -248,17 +256,18 @@ def test_operator_rules_are_exactly_what_it_uses(default: list[dict[str, Any]]) 
     assert by_resource(cluster_role) == {
         "customresourcedefinitions": {"list", "watch"},
         "scheduledjobs": {"get", "list", "watch", "patch", "update"},
-        "workerpools": {"get", "list", "watch", "patch", "update"},
+        "workerpools": {"get", "list", "watch"},  # the pre-scaler never writes a spec
+        "namespaces": {"get"},  # the webhook's per-namespace annotation
         "scheduledjobs/status": {"get", "patch", "update"},
-        "workerpools/status": {"get", "patch", "update"},
+        "workerpools/status": {"patch"},
         "events": {"create", "patch"},
     }
     self_role = named(default, "Role", f"{RELEASE}-cronwell-operator-self")
     assert self_role["metadata"]["namespace"] == NAMESPACE
     assert by_resource(self_role) == {
         "leases": {"create", "get", "update"},
-        "deployments/scale": {"get", "patch", "update"},
-        "horizontalpodautoscalers": {"get", "list", "watch", "patch"},
+        "deployments/scale": {"get", "patch"},  # never the Deployment object itself
+        "horizontalpodautoscalers": {"get", "list", "patch"},
     }
     named_rules = {r["resources"][0]: r.get("resourceNames") for r in self_role["rules"]}
     assert named_rules["deployments/scale"] == [f"{RELEASE}-cronwell-worker-default"]
@@ -274,7 +283,13 @@ def test_operator_rules_are_exactly_what_it_uses(default: list[dict[str, Any]]) 
 
 def test_namespaced_operator_gets_roles_not_cluster_rules(full: list[dict[str, Any]]) -> None:
     (cluster_role,) = of_kind(full, "ClusterRole")
-    assert [r["resources"] for r in cluster_role["rules"]] == [["customresourcedefinitions"]]
+    # Read-only cluster-wide rules only: CRD definitions, WorkerPool names (admission checks
+    # a pool in any namespace), Namespaces (their annotations).
+    assert [(r["resources"], r["verbs"]) for r in cluster_role["rules"]] == [
+        (["customresourcedefinitions"], ["list", "watch"]),
+        (["workerpools"], ["get", "list", "watch"]),
+        (["namespaces"], ["get"]),
+    ]
     for ns in ("team-a", "team-b"):
         role = named(
             [d for d in full if d["metadata"].get("namespace") == ns], "Role", "cw-operator"
@@ -349,12 +364,55 @@ def test_one_deployment_and_workerpool_per_pool(full: list[dict[str, Any]]) -> N
     assert pool["scaleTargetRef"] == {"apiVersion": "apps/v1", "kind": "Deployment",
                                       "name": "cw-worker-reports"}  # fmt: skip
     assert (pool["minReplicas"], pool["maxReplicas"], pool["concurrencyPerReplica"]) == (4, 20, 8)
+    assert pool["leadTimeSeconds"] == 45
+    # Every rendered WorkerPool is one the operator's model (the CRD's source) accepts.
+    for doc in pools.values():
+        WorkerPool.model_validate(doc)
 
 
-def test_no_workerpool_objects_by_default(default: list[dict[str, Any]]) -> None:
-    assert not of_kind(default, "WorkerPool")
-    worker = named(default, "Deployment", f"{RELEASE}-cronwell-worker-default")
-    assert worker["spec"]["replicas"] == 2
+def test_workerpool_fields_from_values(tmp_path: Path) -> None:
+    values = tmp_path / "pools.yaml"
+    values.write_text(
+        "worker:\n  createWorkerPoolObjects: true\n  pools:\n"
+        "    - {name: default, minReplicas: 0, maxReplicas: 6, leadTimeSeconds: 90,\n"
+        "       scaleDownDelaySeconds: 300, startSLOSeconds: 2.5}\n"
+    )
+    docs = render(
+        "-f", str(CHART / "ci" / "default-values.yaml"), "-f", str(values), *WORKERPOOL_SERVED
+    )
+    (pool,) = of_kind(docs, "WorkerPool")
+    spec = WorkerPool.model_validate(pool).spec
+    assert (spec.min_replicas, spec.max_replicas) == (0, 6)  # 0 is a value, not "unset"
+    assert (spec.lead_time_seconds, spec.scale_down_delay_seconds) == (90, 300)
+    assert spec.start_slo_seconds == 2.5
+    assert spec.concurrency_per_replica == 64
+
+
+@pytest.mark.parametrize(
+    ("served", "wanted", "pools"),
+    [
+        pytest.param(True, True, ["default"], id="kind-served"),
+        pytest.param(False, True, [], id="fresh-install"),
+        pytest.param(True, False, [], id="turned-off"),
+    ],
+)
+def test_workerpools_by_default_once_the_cluster_serves_the_kind(
+    served: bool, wanted: bool, pools: list[str]
+) -> None:
+    """On by default, rendered only where the kind is served (a fresh install creates the
+    CRD in the same step, and Helm cannot map a kind it does not know); the worker
+    Deployment leaves `replicas` to the operator exactly when its WorkerPool is rendered."""
+    args = ["-f", str(CHART / "ci" / "default-values.yaml")]
+    args += WORKERPOOL_SERVED if served else ()
+    args += () if wanted else ("--set", "worker.createWorkerPoolObjects=false")
+    docs = render(*args)
+    assert [p["metadata"]["name"] for p in of_kind(docs, "WorkerPool")] == pools
+    worker = named(docs, "Deployment", f"{RELEASE}-cronwell-worker-default")
+    if pools:
+        assert "replicas" not in worker["spec"], "the operator scales it"
+    else:
+        assert worker["spec"]["replicas"] == 2, "nothing else would scale it"
+    assert named(docs, "Deployment", f"{RELEASE}-cronwell-scheduler")["spec"]["replicas"] == 2
 
 
 def test_migration_runs_as_a_pre_install_and_pre_upgrade_hook(
@@ -497,11 +555,11 @@ def test_servicemonitor_rules_and_dashboard(full: list[dict[str, Any]]) -> None:
     assert dash["uid"] == "cronwell-overview"
     exprs = [t["expr"] for p in dash["panels"] for t in p["targets"]]
     used = {m for e in exprs for m in re.findall(r"\bcronwell_[a-z_]+", e)}
-    assert used == METRICS
+    assert used >= METRICS  # and more: tests/unit/test_dashboard.py checks each one exists
 
 
 def test_monitoring_objects_are_off_by_default(default: list[dict[str, Any]]) -> None:
-    for kind in ("ServiceMonitor", "PrometheusRule", "ConfigMap", "Certificate", "WorkerPool"):
+    for kind in ("ServiceMonitor", "PrometheusRule", "ConfigMap", "Certificate"):
         assert not of_kind(default, kind), kind
 
 

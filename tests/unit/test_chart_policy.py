@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from tests.unit.test_chart import CHART, NAMESPACE, RELEASE, helm
+from tests.unit.test_chart import CHART, NAMESPACE, RELEASE, WORKERPOOL_SERVED, helm
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCKERFILE = ROOT / "Dockerfile"
@@ -82,16 +82,21 @@ def failures(report: dict[str, Any]) -> list[str]:
 
 
 @pytest.mark.parametrize(
-    ("values", "skip"),
+    ("values", "api_versions", "skip"),
     [
-        ("default-values.yaml", ALWAYS_SKIPPED | DEFAULT_ONLY_SKIPPED),
-        ("full-values.yaml", ALWAYS_SKIPPED),
+        # as on a fresh install: no WorkerPools, worker Deployments with `replicas`
+        ("default-values.yaml", (), ALWAYS_SKIPPED | DEFAULT_ONLY_SKIPPED),
+        # WorkerPools rendered, worker replicas left to the operator
+        ("full-values.yaml", WORKERPOOL_SERVED, ALWAYS_SKIPPED),
     ],
 )
-def test_rendered_chart_passes_checkov(values: str, skip: set[str], tmp_path: Path) -> None:
+def test_rendered_chart_passes_checkov(
+    values: str, api_versions: tuple[str, ...], skip: set[str], tmp_path: Path
+) -> None:
     out = helm(
-        "template", RELEASE, str(CHART), "--namespace", NAMESPACE, "-f", str(CHART / "ci" / values)
-    ).stdout
+        "template", RELEASE, str(CHART), "--namespace", NAMESPACE,
+        "-f", str(CHART / "ci" / values), *api_versions,
+    ).stdout  # fmt: skip
     (tmp_path / "manifests.yaml").write_text(out)
     report = checkov(tmp_path, "kubernetes", skip)
     summary = report["summary"]

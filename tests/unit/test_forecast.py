@@ -319,7 +319,9 @@ def test_workerpool_defaults_and_validation() -> None:
     assert s.default_duration_seconds == 1.0
     assert s.model_dump(by_alias=True)["startSLOSeconds"] == 5.0
     assert pool_spec(startSLOSeconds=2).start_slo_seconds == 2
-    with pytest.raises(ValueError, match=r"maxReplicas \(2\) must be >= spec.minReplicas \(3\)"):
+    with pytest.raises(
+        ValueError, match=r"must be >= spec.minReplicas \(maxReplicas 2 < minReplicas 3\)"
+    ):
         pool_spec(minReplicas=3, maxReplicas=2)
     with pytest.raises(ValueError, match="Extra inputs are not permitted"):
         pool_spec(replicas=3)

@@ -21,7 +21,7 @@ import click
 import psycopg
 
 from cronwell import dispatch
-from cronwell.cli import Env, _fmt_time, run
+from cronwell.cli import Env, _fmt_time, render_dead, run
 from cronwell.store.db import Database
 
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
@@ -73,26 +73,7 @@ def list_cmd(env: Env, name: str | None, namespace: str | None, limit: int, as_j
             )
             return [dict(r) for r in rows]
 
-    rows = run(go())
-    if as_json:
-        for r in rows:
-            click.echo(_jsonable(r))
-        return
-    fmt = "{:<28} {:<60} {:<18} {:>5}  {:<20} {}"
-    click.echo(fmt.format("JOB", "KEY", "REASON", "TRIES", "FINISHED (UTC)", "ERROR"))
-    for r in rows:
-        click.echo(
-            fmt.format(
-                f"{r['namespace']}/{r['name']}"[:28],
-                r["idempotency_key"],
-                (r["reason"] or "-")[:18],
-                f"{r['attempt']}/{r['max_attempts']}",
-                _fmt_time(r["finished_at"]),
-                (r["last_error"] or "").replace("\n", " ")[:80],
-            )
-        )
-    if not rows:
-        click.echo("(no dead occurrences)", err=True)
+    render_dead(run(go()), as_json=as_json)
 
 
 @dlq.command("show")

@@ -124,7 +124,7 @@ async def _run_sync(fn: Any, ctx: Context) -> None:
     try:
         await asyncio.shield(done)
     except asyncio.CancelledError:
-        ctx.cancelled.set()
+        ctx.cancel()
         if ident:
             ctypes.pythonapi.PyThreadState_SetAsyncExc(
                 ctypes.c_ulong(ident[0]), ctypes.py_object(LeaseLost)

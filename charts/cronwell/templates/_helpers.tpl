@@ -69,6 +69,18 @@ app.kubernetes.io/component: {{ index . 1 }}
 app.kubernetes.io/component: {{ index . 1 }}
 {{- end }}
 
+{{/* Worker pools ------------------------------------------------------------------------- */}}
+
+{{/* "true" when this render creates the WorkerPool objects: wanted
+(worker.createWorkerPoolObjects) and served by the cluster. On a fresh install the
+WorkerPool CRD is a template of this same release, not served yet, and Helm cannot map a
+kind the cluster does not know: the objects are skipped then (NOTES.txt says how to add
+them) instead of failing the install. The worker Deployments leave `replicas` to the
+operator exactly when this is "true", so a pool is never left without a replica count. */}}
+{{- define "cronwell.workerPoolObjects" -}}
+{{- if and .Values.worker.createWorkerPoolObjects (.Capabilities.APIVersions.Has "cronwell.dev/v1alpha1/WorkerPool") }}true{{ end }}
+{{- end }}
+
 {{/* Image -------------------------------------------------------------------------------- */}}
 
 {{/* repository@digest, or repository:tag (default: appVersion). Call with

@@ -1,0 +1,339 @@
+"""`kubectl cronwell ...`: the kubectl plugin (console script `kubectl-cronwell`; kubectl
+runs any `kubectl-<name>` found on PATH).
+
+Commands that read or change the ScheduledJob go through the API server, as a user with
+kubectl would (trigger and suspend write only what the operator watches: the trigger
+annotation and spec.suspend). Commands that show history (runs, dlq) read the store, which
+the API server does not hold: they need the database URL. No kopf here: the plugin is a
+client, not a controller.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, NoReturn
+
+import click
+from kubernetes import client, config
+from kubernetes.client.exceptions import ApiException
+from urllib3.exceptions import HTTPError
+
+from cronwell import logs
+from cronwell.cli import render_dead, render_runs, run
+from cronwell.models import GROUP, VERSION
+from cronwell.schedule import trigger_key
+from cronwell.store.db import Database
+from cronwell_operator.kube import PLURAL, api_client
+
+#: The annotation the operator watches (handlers.py): each new value requests one run.
+TRIGGER_ANNOTATION = f"{GROUP}/trigger"
+_SA_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
+DATABASE_HELP = (
+    "PostgreSQL URL of the cronwell store (runs and dlq read it; the API server does not "
+    "hold history). From a laptop, port-forward the database and point this at "
+    "127.0.0.1, e.g. `kubectl -n DB_NS port-forward svc/POSTGRES 5432:5432`; or run the "
+    "plugin where the URL already is, in the operator's Pod: `kubectl -n cronwell exec "
+    "deploy/cronwell-operator -- kubectl-cronwell runs NAME -n NS` (Helm release "
+    "`cronwell`; the chart mounts the URL and sets CRONWELL_DATABASE_URL_FILE)."
+)
+
+
+@dataclass
+class Plugin:
+    """Connection settings from the global options; clients are made on first use, so
+    `--help` works without a kubeconfig."""
+
+    kubeconfig: str | None
+    context: str | None
+    database_url: str | None
+    database_url_file: str | None
+    _api: client.ApiClient | None = field(default=None, repr=False)
+
+    def api(self) -> client.ApiClient:
+        if self._api is None:
+            try:
+                if self.context is None:
+                    self._api = api_client(self.kubeconfig)
+                else:
+                    self._api = config.new_client_from_config(  # type: ignore[no-untyped-call]
+                        config_file=self.kubeconfig, context=self.context
+                    )
+            except (config.ConfigException, OSError) as e:
+                fail(f"no usable kubeconfig: {e} (set KUBECONFIG or pass --kubeconfig)")
+        return self._api
+
+    def default_namespace(self) -> str:
+        """The kubeconfig context's namespace, as kubectl uses (in a Pod: the Pod's)."""
+        if self.kubeconfig is None and os.environ.get("KUBERNETES_SERVICE_HOST"):
+            try:
+                return _SA_NAMESPACE.read_text().strip() or "default"
+            except OSError:
+                return "default"
+        try:
+            contexts, current = config.list_kube_config_contexts(  # type: ignore[no-untyped-call]
+                self.kubeconfig
+            )
+        except (config.ConfigException, OSError) as e:
+            fail(f"no usable kubeconfig: {e} (set KUBECONFIG or pass --kubeconfig)")
+        if self.context is not None:
+            current = next((c for c in contexts if c["name"] == self.context), None)
+            if current is None:
+                fail(f"context {self.context!r} is not in the kubeconfig")
+        ns: str = (current or {}).get("context", {}).get("namespace") or "default"
+        return ns
+
+    def url(self) -> str:
+        if self.database_url:
+            return self.database_url
+        if self.database_url_file:
+            try:
+                text = Path(self.database_url_file).read_text().strip()
+            except OSError as e:
+                fail(f"cannot read CRONWELL_DATABASE_URL_FILE {self.database_url_file}: {e}")
+            if text:
+                return text
+        fail(
+            "no database configured: runs and dlq read the cronwell store; pass "
+            "--database-url or set CRONWELL_DATABASE_URL (see `kubectl cronwell --help`)"
+        )
+
+
+def fail(message: str) -> NoReturn:
+    raise click.ClickException(message)
+
+
+def _kube(what: str, call: Callable[[], Any], host: str) -> dict[str, Any]:
+    """One API call; its failures as one line (what failed and what to check)."""
+    try:
+        obj: dict[str, Any] = call()
+        return obj
+    except ApiException as e:
+        if e.status == 404:
+            fail(f"{what}: not found (`kubectl get sj -n NAMESPACE` lists them)")
+        if e.status in (401, 403):
+            fail(f"{what}: HTTP {e.status} {e.reason}: your kubeconfig user may not do this")
+        fail(f"{what}: HTTP {e.status} {e.reason}")
+    except (HTTPError, OSError) as e:
+        fail(f"{what}: cannot reach the API server at {host}: {type(e).__name__}")
+
+
+class _Objects:
+    """The few ScheduledJob calls the plugin makes."""
+
+    def __init__(self, plugin: Plugin):
+        api = plugin.api()
+        self.custom = client.CustomObjectsApi(api)
+        self.host = api.configuration.host
+
+    def get(self, namespace: str, name: str) -> dict[str, Any]:
+        return _kube(
+            f"ScheduledJob {namespace}/{name}",
+            lambda: self.custom.get_namespaced_custom_object(
+                GROUP, VERSION, namespace, PLURAL, name
+            ),
+            self.host,
+        )
+
+    def patch(self, namespace: str, name: str, body: dict[str, Any]) -> dict[str, Any]:
+        return _kube(
+            f"ScheduledJob {namespace}/{name}",
+            lambda: self.custom.patch_namespaced_custom_object(
+                GROUP,
+                VERSION,
+                namespace,
+                PLURAL,
+                name,
+                body,
+                _content_type="application/merge-patch+json",
+            ),
+            self.host,
+        )
+
+
+async def _store_rows(plugin: Plugin, query: str, params: dict[str, Any]) -> list[dict[str, Any]]:
+    async with Database(
+        plugin.url(), min_size=1, max_size=1, application_name="kubectl-cronwell"
+    ) as db:
+        return [dict(r) for r in await db.fetch(query, params)]
+
+
+namespace_option = click.option(
+    "-n", "--namespace", default=None, help="Default: the kubeconfig context's namespace."
+)
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.option("--kubeconfig", help="Default: KUBECONFIG, else ~/.kube/config.")
+@click.option("--context", help="kubeconfig context (default: the current one).")
+@click.option("--database-url", envvar="CRONWELL_DATABASE_URL", help=DATABASE_HELP)
+@click.option("--database-url-file", envvar="CRONWELL_DATABASE_URL_FILE", hidden=True)
+@click.pass_context
+def plugin(
+    ctx: click.Context,
+    kubeconfig: str | None,
+    context: str | None,
+    database_url: str | None,
+    database_url_file: str | None,
+) -> None:
+    """cronwell from kubectl: status, runs, trigger, suspend/resume, dead letters.
+
+    `trigger`, `suspend`, `resume` and `status` talk to the API server only. `runs` and `dlq`
+    also read the cronwell store: give --database-url (or CRONWELL_DATABASE_URL)."""
+    logs.setup("ERROR")  # a client: its failures are the one-line errors below, not logs
+    ctx.obj = Plugin(kubeconfig, context, database_url, database_url_file)
+
+
+@plugin.command("runs")
+@click.argument("name")
+@namespace_option
+@click.option("--state", default=None, help="Only this state (succeeded, dead, missed, ...).")
+@click.option("--limit", default=50, show_default=True)
+@click.option("--json", "as_json", is_flag=True, help="One JSON object per line.")
+@click.pass_obj
+def runs_cmd(
+    p: Plugin, name: str, namespace: str | None, state: str | None, limit: int, as_json: bool
+) -> None:
+    """Recent occurrences of ScheduledJob NAME (its uid's rows in the store), newest first."""
+    ns = namespace or p.default_namespace()
+    uid = _Objects(p).get(ns, name)["metadata"]["uid"]
+    params = {"job_id": uuid.UUID(uid), "state": state, "limit": limit}
+    render_runs(run(_store_rows(p, "RunsListForJob", params)), as_json=as_json)
+
+
+@plugin.command("dlq")
+@namespace_option
+@click.option("-A", "--all-namespaces", is_flag=True, help="Every namespace.")
+@click.option("--job", "name", default=None, help="Only this job (NAME).")
+@click.option("--limit", default=100, show_default=True)
+@click.option("--json", "as_json", is_flag=True, help="One JSON object per line.")
+@click.pass_obj
+def dlq_cmd(
+    p: Plugin,
+    namespace: str | None,
+    all_namespaces: bool,
+    name: str | None,
+    limit: int,
+    as_json: bool,
+) -> None:
+    """Dead-lettered occurrences, newest first, with reason and last error. To replay or
+    purge them use `cronwell dlq replay|purge` against the same database."""
+    ns = None if all_namespaces else namespace or p.default_namespace()
+    params = {"namespace": ns, "name": name, "limit": limit}
+    render_dead(run(_store_rows(p, "DeadList", params)), as_json=as_json)
+
+
+@plugin.command("trigger")
+@click.argument("name")
+@namespace_option
+@click.option("--id", "trigger_id", help="Trigger id (default: a new one); an id runs once.")
+@click.pass_obj
+def trigger_cmd(p: Plugin, name: str, namespace: str | None, trigger_id: str | None) -> None:
+    """Run NAME now: sets the cronwell.dev/trigger annotation, which the operator turns into
+    one occurrence with key <uid>:trigger:<id>. The same id never runs twice."""
+    ns = namespace or p.default_namespace()
+    objects = _Objects(p)
+    obj = objects.get(ns, name)
+    value = trigger_id or (
+        f"kubectl-{datetime.now(UTC).strftime('%Y%m%dT%H%M%SZ')}-{uuid.uuid4().hex[:6]}"
+    )
+    current = (obj["metadata"].get("annotations") or {}).get(TRIGGER_ANNOTATION)
+    key = trigger_key(obj["metadata"]["uid"], value)
+    if current == value:
+        click.echo(f"{ns}/{name}: trigger {value} was already requested (key {key}); no-op")
+        return
+    objects.patch(ns, name, {"metadata": {"annotations": {TRIGGER_ANNOTATION: value}}})
+    click.echo(f"{ns}/{name}: requested trigger {value}")
+    click.echo(f"idempotency key: {key}")
+
+
+def _set_suspend(p: Plugin, name: str, namespace: str | None, value: bool) -> None:
+    ns = namespace or p.default_namespace()
+    _Objects(p).patch(ns, name, {"spec": {"suspend": value}})
+    click.echo(f"{ns}/{name}: spec.suspend={str(value).lower()}")
+    click.echo(
+        "note: this edits spec; if Argo CD / Flux manage this ScheduledJob, make the same "
+        "change in Git or the next sync reverts it",
+        err=True,
+    )
+
+
+_GITOPS = (
+    " This patches spec.suspend, so a GitOps tool (Argo CD, Flux) reverts it at its next "
+    "sync unless Git says the same; for an incident stop that Git does not see, use "
+    "`cronwell pause` (the store)."
+)
+
+
+@plugin.command("suspend", help="Suspend NAME (spec.suspend=true)." + _GITOPS)
+@click.argument("name")
+@namespace_option
+@click.pass_obj
+def suspend_cmd(p: Plugin, name: str, namespace: str | None) -> None:
+    _set_suspend(p, name, namespace, True)
+
+
+@plugin.command("resume", help="Resume NAME (spec.suspend=false)." + _GITOPS)
+@click.argument("name")
+@namespace_option
+@click.pass_obj
+def resume_cmd(p: Plugin, name: str, namespace: str | None) -> None:
+    _set_suspend(p, name, namespace, False)
+
+
+@plugin.command("status")
+@click.argument("name")
+@namespace_option
+@click.pass_obj
+def status_cmd(p: Plugin, name: str, namespace: str | None) -> None:
+    """NAME's status in a few lines: schedule, next and last run, failures, conditions."""
+    ns = namespace or p.default_namespace()
+    obj = _Objects(p).get(ns, name)
+    for line in status_lines(obj):
+        click.echo(line)
+
+
+def status_lines(obj: dict[str, Any]) -> list[str]:
+    """The condensed status of a ScheduledJob object (as the API server returns it)."""
+    meta, spec, st = obj["metadata"], obj.get("spec") or {}, obj.get("status") or {}
+    what = (
+        f"{spec['schedule']!r} ({spec.get('timeZone', 'UTC')})"
+        if spec.get("schedule")
+        else f"runAt {spec.get('runAt')}"
+    )
+    gen, seen = meta.get("generation"), st.get("observedGeneration")
+    last = st.get("lastResult") or "-"
+    if st.get("lastDuration"):
+        last += f" in {st['lastDuration']}"
+    counters = st.get("counters") or {}
+    lines = [
+        f"ScheduledJob {meta['namespace']}/{meta['name']} (uid {meta['uid']})",
+        f"  schedule:    {what}, suspend={str(bool(spec.get('suspend'))).lower()}",
+        f"  generation:  {gen}, observed {seen if seen is not None else '-'}"
+        + ("" if seen == gen else " (the operator has not applied the latest spec yet)"),
+        f"  next run:    {st.get('nextScheduleTime') or '-'}",
+        f"  last run:    {st.get('lastScheduleTime') or '-'}: {last}",
+        f"  last success {st.get('lastSuccessfulTime') or '-'}, last failure "
+        f"{st.get('lastFailureTime') or '-'}",
+        f"  active {st.get('active', 0)}, failures in a row {st.get('consecutiveFailures', 0)}; "
+        + ", ".join(
+            f"{k}={counters.get(k, 0)}"
+            for k in ("succeeded", "failed", "dead", "missed", "skipped")
+        ),
+        "  conditions:",
+    ]
+    conds = st.get("conditions") or []
+    for c in conds:
+        lines.append(f"    {c['type']}={c['status']} {c.get('reason', '')}: {c.get('message', '')}")
+    if not conds:
+        lines.append("    (none yet: is the operator running for this namespace?)")
+    return lines
+
+
+def main() -> None:
+    """Console script `kubectl-cronwell`."""
+    plugin(prog_name="kubectl cronwell")

@@ -1,0 +1,659 @@
+"""Pre-scaling: one loop in the leader scales each WorkerPool's Deployment ahead of the bursts
+forecast from the schedules (cronwell.forecast), instead of reacting once they are late.
+
+Each tick: list the WorkerPools of the served namespaces, forecast every pool at once from the
+store (`forecast_pools`, the database's clock), plan each pool's replicas (`plan_replicas`:
+up leadTimeSeconds before a burst, within [minReplicas, maxReplicas]), then for each pool:
+
+- read its Deployment's scale subresource and patch `spec.replicas` there when it differs
+  (never the Deployment object itself, so GitOps tools can ignore just /spec/replicas);
+- or, when an autoscaling/v2 HPA targets the same Deployment, raise the HPA's minReplicas
+  instead of fighting it, remembering the original in the annotation
+  `cronwell.dev/original-min-replicas`, and restore it when the need has passed;
+- hold what was needed for scaleDownDelaySeconds after it (a forecast starts now, so the
+  buckets slipping into the past are remembered here);
+- write status (desired/current replicas, next burst, the last pre-scale and whether it
+  landed before its burst, conditions Ready and TargetFound) only when it changes, and a
+  Warning Event when the target goes missing (once per transition).
+
+The loop sleeps until the next planned change (at most `scale_interval_seconds`), so a
+scale-up lands leadTimeSeconds before its burst however long the interval is.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import math
+import time
+from collections import deque
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pydantic
+
+from cronwell.forecast import (
+    PoolForecast,
+    export_metrics,
+    forecast_pools,
+    plan_replicas,
+    upcoming_burst,
+)
+from cronwell.loader import format_validation_error
+from cronwell.metrics import Metrics
+from cronwell.store.db import Database
+from cronwell.workerpool import LastPreScale, NextBurst, PoolCondition, WorkerPoolSpec
+from cronwell.workerpool import WorkerPoolStatus as _Status
+from cronwell_operator.kube import CRef, Kube, KubeError, KubeNotFound
+from cronwell_operator.settings import OperatorSettings
+from cronwell_operator.status import same_status
+
+log = logging.getLogger(__name__)
+
+HPA_ANNOTATION = "cronwell.dev/original-min-replicas"
+WAKE_MARGIN_SECONDS = 0.05
+"""Wake this long after a planned change, so the next forecast's first bucket is past it."""
+
+
+# ----------------------------------------------------------------------------- pure parts
+
+
+class Hold:
+    """Replicas needed in the recent past, so that a pool scales down only once the need
+    has been gone for scaleDownDelaySeconds: each forecast starts now, so its buckets slip
+    out of it into this memory. A sliding-window maximum over (time, replicas)."""
+
+    def __init__(self) -> None:
+        self._q: deque[tuple[datetime, int]] = deque()
+
+    def push(self, t: datetime, replicas: int) -> None:
+        if self._q and t < self._q[-1][0]:
+            t = self._q[-1][0]  # times only increase
+        while self._q and self._q[-1][1] <= replicas:
+            self._q.pop()
+        self._q.append((t, replicas))
+
+    def value(self, now: datetime, delay: float) -> int:
+        """The most replicas needed in [now - delay, now] (0: none remembered)."""
+        cutoff = now - timedelta(seconds=delay)
+        while self._q and self._q[0][0] < cutoff:
+            self._q.popleft()
+        return self._q[0][1] if self._q else 0
+
+    def until(self, delay: float) -> datetime | None:
+        """When the value held now stops being held (None: nothing is)."""
+        return self._q[0][0] + timedelta(seconds=delay) if self._q else None
+
+
+def targets(hpa: Mapping[str, Any], deployment: str) -> bool:
+    """Whether an autoscaling/v2 HPA scales this Deployment."""
+    ref = (hpa.get("spec") or {}).get("scaleTargetRef") or {}
+    group = str(ref.get("apiVersion") or "apps/v1").split("/")[0]
+    return ref.get("kind") == "Deployment" and ref.get("name") == deployment and group == "apps"
+
+
+@dataclass(frozen=True)
+class HpaChange:
+    min_replicas: int
+    original: str | None
+    """Value of HPA_ANNOTATION to write (None: remove it)."""
+
+    def patch(self, resource_version: str | None) -> dict[str, Any]:
+        meta: dict[str, Any] = {"annotations": {HPA_ANNOTATION: self.original}}
+        if resource_version:
+            meta["resourceVersion"] = resource_version  # conditional: 409 if it changed
+        return {"metadata": meta, "spec": {"minReplicas": self.min_replicas}}
+
+
+def hpa_original(hpa: Mapping[str, Any]) -> int:
+    """The HPA's own minReplicas: what the annotation remembers, else what it shows."""
+    remembered = ((hpa.get("metadata") or {}).get("annotations") or {}).get(HPA_ANNOTATION)
+    if remembered is not None and str(remembered).isdigit():
+        return int(remembered)
+    return int((hpa.get("spec") or {}).get("minReplicas") or 1)
+
+
+def hpa_change(hpa: Mapping[str, Any], desired: int) -> HpaChange | None:
+    """What to patch on an HPA so that it keeps at least `desired` replicas (never above its
+    maxReplicas), or gets its original minReplicas back once `desired` no longer exceeds it;
+    None when it already is so."""
+    spec = hpa.get("spec") or {}
+    shown = int(spec.get("minReplicas") or 1)
+    remembered = ((hpa.get("metadata") or {}).get("annotations") or {}).get(HPA_ANNOTATION)
+    original = hpa_original(hpa)
+    want = min(desired, int(spec.get("maxReplicas") or desired))
+    if want > original:
+        if shown == want and remembered == str(original):
+            return None
+        return HpaChange(want, str(original))
+    if remembered is None:
+        return None  # never raised by us: the HPA is its owner's
+    return HpaChange(original, None)
+
+
+@dataclass
+class PreScale:
+    """One scale-up ahead of a burst, until it has landed (the target is set to it)."""
+
+    time: datetime
+    replicas: int
+    burst: datetime | None
+    landed_at: datetime | None = None
+    late: bool = False
+    """Known not to have landed before its burst (also when it never lands)."""
+    settled: bool = False
+    """Reported by a previous leader as landed or late: not measured again."""
+
+    def observe(self, current: int, now: datetime) -> float | None:
+        """Record the target's replicas now; the lead achieved (burst - landing, seconds,
+        negative when late) the first time the target is at the planned replicas."""
+        if self.landed_at is not None or self.settled:
+            return None
+        if current >= self.replicas:
+            self.landed_at = now
+            if self.burst is None:
+                return None
+            return (self.burst - now).total_seconds()
+        if self.burst is not None and now > self.burst:
+            self.late = True
+        return None
+
+    @property
+    def landed_before_burst(self) -> bool | None:
+        if self.landed_at is not None:
+            return self.burst is None or self.landed_at <= self.burst
+        return False if self.late else None
+
+    def shown(self) -> LastPreScale:
+        return LastPreScale(
+            time=_second(self.time),
+            replicas=self.replicas,
+            burst_time=self.burst,
+            landed_before_burst=self.landed_before_burst,
+        )
+
+    @classmethod
+    def from_status(cls, doc: Mapping[str, Any] | None) -> PreScale | None:
+        """The last pre-scale a previous leader reported (settled unless still unknown)."""
+        if not doc:
+            return None
+        try:
+            shown = LastPreScale.model_validate(doc)
+        except pydantic.ValidationError:
+            return None
+        pre = cls(shown.time, shown.replicas, shown.burst_time)
+        if shown.landed_before_burst is not None:
+            pre.settled = True
+            pre.landed_at = shown.time if shown.landed_before_burst else None
+            pre.late = not shown.landed_before_burst
+        return pre
+
+
+def lookahead_max(series: Sequence[int], ahead: int) -> list[int]:
+    """out[i] = max(series[i .. i + ahead]): act up to `ahead` buckets early, so a tick that
+    takes a moment still lands before the planned instant."""
+    return [max(series[i : i + ahead + 1]) for i in range(len(series))]
+
+
+def condition(
+    type_: str,
+    status: str,
+    reason: str,
+    message: str,
+    generation: int | None,
+    previous: Mapping[str, Mapping[str, Any]],
+    now: datetime,
+) -> PoolCondition:
+    """A condition keeping its lastTransitionTime while its status does not change."""
+    prev = previous.get(type_)
+    since = _second(now)
+    if prev is not None and prev.get("status") == status and prev.get("lastTransitionTime"):
+        since = datetime.fromisoformat(str(prev["lastTransitionTime"]).replace("Z", "+00:00"))
+    return PoolCondition(
+        type=type_,
+        status=status,
+        reason=reason,
+        message=message[:2000],
+        last_transition_time=since,
+        observed_generation=generation,
+    )
+
+
+def _second(t: datetime) -> datetime:
+    return t.astimezone(UTC).replace(microsecond=0)
+
+
+def _iso(t: datetime) -> str:
+    return _second(t).isoformat().replace("+00:00", "Z")
+
+
+# --------------------------------------------------------------------------------- loop
+
+
+@dataclass
+class _PoolState:
+    """What the leader remembers of one WorkerPool between ticks (by uid)."""
+
+    hold: Hold = field(default_factory=Hold)
+    last: tuple[datetime, float, list[int]] | None = None
+    """The previous forecast's start, resolution and replicas needed per bucket."""
+    pre: PreScale | None = None
+    acted: int | None = None
+    """Replicas last asked of the target (scale or HPA minimum)."""
+    seeded: bool = False
+
+
+@dataclass
+class _Outcome:
+    """One pool's result of a tick, turned into status."""
+
+    desired: int | None = None
+    current: int | None = None
+    burst: NextBurst | None = None
+    found: tuple[str, str, str] = ("Unknown", "NotChecked", "the target was not read yet")
+    ready: tuple[str, str, str] = ("Unknown", "NotChecked", "not reconciled yet")
+    wake: datetime | None = None
+
+
+@dataclass
+class ScalerStats:
+    ticks: int = 0
+    scale_patches: int = 0
+    hpa_patches: int = 0
+    status_patches: int = 0
+    events: int = 0
+    errors: int = 0
+
+
+class Scaler:
+    """The pre-scaling loop (leader only; started by runner.Operator next to the status
+    writer)."""
+
+    def __init__(
+        self, db: Database, kube: Kube, settings: OperatorSettings, metrics: Metrics
+    ) -> None:
+        self.db = db
+        self.kube = kube
+        self.settings = settings
+        self.metrics = metrics
+        self.stats = ScalerStats()
+        self._state: dict[str, _PoolState] = {}
+        self._raised: set[tuple[str, str]] = set()  # (namespace, HPA) we raised
+        self._labels: set[str] = set()
+        self._sem = asyncio.Semaphore(max(1, settings.status_concurrency))
+        self._tick_seconds = 0.0
+        self._crd_missing = False
+
+    async def run(self) -> None:
+        log.info("pre-scaler started", extra={"action": "prescale_start"})
+        while True:
+            t0 = time.monotonic()
+            try:
+                delay = await self.tick()
+            except Exception as e:  # the database or the API server may be down: retry
+                self.stats.errors += 1
+                log.warning(
+                    "pre-scale tick failed", extra={"action": "prescale_error", "error": str(e)}
+                )
+                delay = self.settings.scale_interval_seconds
+            self._tick_seconds = time.monotonic() - t0
+            await asyncio.sleep(delay)
+
+    async def _db_now(self) -> tuple[datetime, float]:
+        row = await self.db.fetchone("ClockNow")
+        assert row is not None
+        return row["now"], time.monotonic()
+
+    async def tick(self) -> float:
+        """One pass over every WorkerPool; seconds until the next one."""
+        s = self.settings
+        self.stats.ticks += 1
+        try:
+            items = await self.kube.list_workerpools(s.namespaces)
+        except KubeNotFound:
+            if not self._crd_missing:
+                log.info(
+                    "the WorkerPool CRD is not installed: nothing to pre-scale",
+                    extra={"action": "prescale_idle"},
+                )
+            self._crd_missing = True
+            return s.scale_interval_seconds
+        self._crd_missing = False
+        specs: dict[str, WorkerPoolSpec] = {}
+        parsed: list[tuple[dict[str, Any], WorkerPoolSpec | str]] = []
+        for obj in items:
+            try:
+                spec = WorkerPoolSpec.model_validate(obj.get("spec") or {})
+            except pydantic.ValidationError as e:
+                parsed.append((obj, format_validation_error(e)))
+                continue
+            parsed.append((obj, spec))
+            specs.setdefault(obj["metadata"]["name"], spec)
+        forecasts = await forecast_pools(self.db, s.forecast_horizon_seconds, pools=specs)
+        base, mono = await self._db_now()
+
+        def now() -> datetime:
+            return base + timedelta(seconds=time.monotonic() - mono)
+
+        hpas: dict[str, list[dict[str, Any]] | KubeError] = {}
+        for ns in sorted(
+            {o["metadata"]["namespace"] for o, _ in parsed} | {n for n, _ in self._raised}
+        ):
+            try:
+                hpas[ns] = await self.kube.list_hpas(ns)
+            except KubeError as e:
+                hpas[ns] = e
+
+        async def one(obj: dict[str, Any], spec: WorkerPoolSpec | str) -> datetime | None:
+            async with self._sem:
+                return await self._pool(obj, spec, forecasts, hpas, now)
+
+        wakes = await asyncio.gather(*(one(o, sp) for o, sp in parsed))
+        await self._restore_orphans(parsed, hpas)
+        self._forget(
+            {o["metadata"]["uid"] for o, _ in parsed}, {o["metadata"]["name"] for o, _ in parsed}
+        )
+        delay = s.scale_interval_seconds
+        t = now()
+        for w in wakes:
+            if w is not None:
+                delay = min(delay, (w - t).total_seconds() + WAKE_MARGIN_SECONDS)
+        return max(WAKE_MARGIN_SECONDS, delay)
+
+    async def _pool(
+        self,
+        obj: dict[str, Any],
+        spec: WorkerPoolSpec | str,
+        forecasts: Mapping[str, PoolForecast],
+        hpas: Mapping[str, list[dict[str, Any]] | KubeError],
+        now: Callable[[], datetime],
+    ) -> datetime | None:
+        meta = obj["metadata"]
+        ref = CRef(meta["uid"], meta["namespace"], meta["name"])
+        shown = dict(obj.get("status") or {})
+        state = self._state.setdefault(ref.uid, _PoolState())
+        if state.pre is None and not state.seeded:
+            state.pre = PreScale.from_status(shown.get("lastPreScale"))
+        out = _Outcome()
+        if isinstance(spec, str):
+            out.ready = ("False", "InvalidSpec", spec)
+        else:
+            try:
+                await self._scale(
+                    ref, spec, forecasts.get(ref.name), hpas.get(ref.namespace), state, out, now
+                )
+            except KubeError as e:
+                self.stats.errors += 1
+                out.ready = ("False", "ScaleFailed", str(e))
+                log.warning(
+                    "pre-scale failed",
+                    extra={
+                        "action": "prescale_error",
+                        "object": f"{ref.namespace}/{ref.name}",
+                        "error": str(e),
+                    },
+                )
+        await self._write(ref, obj, shown, state, out, now())
+        return out.wake
+
+    async def _scale(
+        self,
+        ref: CRef,
+        spec: WorkerPoolSpec,
+        pf: PoolForecast | None,
+        hpa_list: list[dict[str, Any]] | KubeError | None,
+        state: _PoolState,
+        out: _Outcome,
+        now: Callable[[], datetime],
+    ) -> None:
+        target = spec.scale_target_ref.name
+        what = f"Deployment {ref.namespace}/{target}"
+        t = now()
+        planned, burst_for_scale = spec.min_replicas, None
+        if pf is not None:
+            plan = plan_replicas(pf, spec, pf.start)
+            export_metrics(self.metrics, pf, plan)
+            ahead = 1 + math.ceil(self._tick_seconds / pf.resolution)
+            series = lookahead_max(plan.series, ahead)
+            planned = series[0]
+            nxt = next((i for i in range(1, len(series)) if series[i] != series[0]), None)
+            if nxt is not None:
+                out.wake = pf.bucket_time(nxt)
+            burst = upcoming_burst(pf, plan, spec)
+            if burst is not None:
+                out.burst = NextBurst(time=burst.time, size=burst.size)
+            if planned > spec.min_replicas:
+                burst_for_scale = burst.time if burst is not None else pf.start
+        else:
+            self.metrics.forecast_demand.labels(ref.name).set(0)
+            self.metrics.planned_replicas.labels(ref.name).set(spec.min_replicas)
+        # What the previous forecast needed in buckets now past goes into the hold.
+        if state.last is not None:
+            start0, res0, need0 = state.last
+            cut = pf.start if pf is not None else t
+            for i, n in enumerate(need0):
+                tb = start0 + timedelta(seconds=i * res0)
+                if tb >= cut:
+                    break
+                state.hold.push(tb, n)
+        state.last = (pf.start, pf.resolution, plan.need) if pf is not None else None
+
+        try:
+            current = await self.kube.read_deployment_scale(ref.namespace, target)
+        except KubeNotFound:
+            msg = (
+                f"{what} not found: create it, or set spec.scaleTargetRef.name to the "
+                "Deployment that runs this pool's workers"
+            )
+            out.found = ("False", "TargetNotFound", msg)
+            out.ready = ("False", "TargetNotFound", msg)
+            return
+        except KubeError as e:
+            if e.status == 403:
+                msg = (
+                    f"the operator may not read the scale of {what} (HTTP 403): grant its "
+                    f"ServiceAccount get and patch on deployments/scale in {ref.namespace}"
+                )
+                out.found = ("False", "Forbidden", msg)
+                out.ready = ("False", "Forbidden", msg)
+                return
+            raise
+        out.found = ("True", "Found", f"{what} has a scale subresource")
+        delay = spec.scale_down_delay_seconds
+        if not state.seeded:
+            # A new leader never scales down sooner than scaleDownDelaySeconds.
+            state.hold.push(t, min(current, spec.max_replicas))
+            state.seeded = True
+        desired = max(planned, state.hold.value(t, delay))
+        desired = min(spec.max_replicas, max(spec.min_replicas, desired))
+        until = state.hold.until(delay)
+        if until is not None and desired > planned and (out.wake is None or until < out.wake):
+            out.wake = until
+        out.desired = desired
+
+        before = state.acted if state.acted is not None else current
+        if burst_for_scale is not None and desired > before and planned > spec.min_replicas:
+            state.pre = PreScale(t, desired, burst_for_scale)
+
+        hpa = (
+            None
+            if isinstance(hpa_list, KubeError)
+            else next((h for h in hpa_list or [] if targets(h, target)), None)
+        )
+        if isinstance(hpa_list, KubeError) and hpa_list.status != 403:
+            raise hpa_list
+        if hpa is not None:
+            await self._via_hpa(ref, hpa, desired, current, state, out)
+        else:
+            if current != desired:
+                before = current
+                current = await self.kube.patch_deployment_scale(ref.namespace, target, desired)
+                self.stats.scale_patches += 1
+                log.info(
+                    "scaled",
+                    extra={"action": "prescale_scale", "object": f"{ref.namespace}/{ref.name}",
+                           "replicas": desired, "from": before},
+                )  # fmt: skip
+                await self._event(
+                    ref,
+                    "Normal",
+                    "Scaled",
+                    f"scaled {what} from {before} to {desired} replicas"
+                    + (
+                        f" ahead of a burst at {_iso(burst_for_scale)}"
+                        if burst_for_scale is not None and desired > before
+                        else ""
+                    ),
+                )
+            out.ready = ("True", "Scaled", f"{what} is at {current} replicas as planned")
+        state.acted = desired
+        out.current = current
+        self.metrics.pool_replicas.labels(ref.name).set(current)
+        self._labels.add(ref.name)
+        if state.pre is not None:
+            lead = state.pre.observe(current, now())
+            if lead is not None:
+                self.metrics.prescale_lead.labels(ref.name).set(lead)
+
+    async def _via_hpa(
+        self,
+        ref: CRef,
+        hpa: dict[str, Any],
+        desired: int,
+        current: int,
+        state: _PoolState,
+        out: _Outcome,
+    ) -> None:
+        meta = hpa.get("metadata") or {}
+        name = meta.get("name", "")
+        change = hpa_change(hpa, desired)
+        shown_min = int((hpa.get("spec") or {}).get("minReplicas") or 1)
+        if change is not None:
+            await self.kube.patch_hpa(
+                ref.namespace, name, change.patch(meta.get("resourceVersion"))
+            )
+            self.stats.hpa_patches += 1
+            raised = change.original is not None
+            if raised:
+                self._raised.add((ref.namespace, name))
+            else:
+                self._raised.discard((ref.namespace, name))
+            verb = "raised" if raised else "restored"
+            await self._event(
+                ref,
+                "Normal",
+                "RaisedHPAMinimum" if raised else "RestoredHPAMinimum",
+                f"{verb} minReplicas of HorizontalPodAutoscaler {ref.namespace}/{name} from "
+                f"{shown_min} to {change.min_replicas}",
+            )
+            shown_min = change.min_replicas
+        original = hpa_original(hpa)
+        note = f" (cronwell raised it from {original})" if shown_min > original else ""
+        out.ready = (
+            "True",
+            "ScaledByHPA",
+            f"HorizontalPodAutoscaler {ref.namespace}/{name} scales the Deployment; its "
+            f"minReplicas is {shown_min}{note}; the Deployment is at {current}",
+        )
+
+    async def _restore_orphans(
+        self,
+        parsed: Sequence[tuple[dict[str, Any], Any]],
+        hpas: Mapping[str, list[dict[str, Any]] | KubeError],
+    ) -> None:
+        """Give HPAs we raised back their minimum when no WorkerPool targets them any more
+        (the pool was deleted or retargeted)."""
+        owned = {
+            (o["metadata"]["namespace"], sp.scale_target_ref.name)
+            for o, sp in parsed
+            if isinstance(sp, WorkerPoolSpec)
+        }
+        for ns, found in hpas.items():
+            if isinstance(found, KubeError):
+                continue
+            for hpa in found:
+                meta = hpa.get("metadata") or {}
+                ref = (hpa.get("spec") or {}).get("scaleTargetRef") or {}
+                if HPA_ANNOTATION not in (meta.get("annotations") or {}):
+                    continue
+                if (ns, ref.get("name")) in owned:
+                    continue
+                change = HpaChange(hpa_original(hpa), None)
+                with contextlib.suppress(KubeError):
+                    await self.kube.patch_hpa(
+                        ns, meta["name"], change.patch(meta.get("resourceVersion"))
+                    )
+                    self.stats.hpa_patches += 1
+                    self._raised.discard((ns, meta["name"]))
+                    log.info(
+                        "restored an HPA no WorkerPool targets",
+                        extra={"action": "prescale_hpa_restore", "object": f"{ns}/{meta['name']}"},
+                    )
+
+    def _forget(self, uids: set[str], names: set[str]) -> None:
+        for uid in set(self._state) - uids:
+            del self._state[uid]
+        m = self.metrics
+        for name in self._labels - names:
+            for gauge in (m.pool_replicas, m.prescale_lead, m.forecast_demand, m.planned_replicas):
+                with contextlib.suppress(KeyError):
+                    gauge.remove(name)
+        self._labels &= names
+
+    async def _write(
+        self,
+        ref: CRef,
+        obj: Mapping[str, Any],
+        shown: dict[str, Any],
+        state: _PoolState,
+        out: _Outcome,
+        now: datetime,
+    ) -> None:
+        gen = obj["metadata"].get("generation")
+        prev = {c.get("type"): c for c in shown.get("conditions") or []}
+        found = condition("TargetFound", *out.found, gen, prev, now)
+        ready = condition("Ready", *out.ready, gen, prev, now)
+        status = _Status(
+            observed_generation=gen,
+            desired_replicas=out.desired,
+            current_replicas=out.current,
+            next_burst=out.burst,
+            last_pre_scale=state.pre.shown() if state.pre is not None else None,
+            conditions=[ready, found],
+        )
+        doc: dict[str, Any] = status.model_dump(mode="json", by_alias=True, exclude={"kopf"})
+        was = prev.get("TargetFound") or {}
+        if found.status == "False" and (was.get("status"), was.get("reason")) != (
+            "False",
+            found.reason,
+        ):
+            await self._event(ref, "Warning", found.reason, found.message)
+        if same_status(doc, shown):
+            return
+        try:
+            await self.kube.patch_workerpool_status(ref.namespace, ref.name, doc)
+            self.stats.status_patches += 1
+        except KubeError as e:
+            self.stats.errors += 1
+            log.warning(
+                "WorkerPool status write failed",
+                extra={
+                    "action": "prescale_status_error",
+                    "object": f"{ref.namespace}/{ref.name}",
+                    "error": str(e),
+                },
+            )
+
+    async def _event(self, ref: CRef, type_: str, reason: str, message: str) -> None:
+        try:
+            await self.kube.post_workerpool_event(
+                ref, type_=type_, reason=reason, message=message, instance=self.settings.identity
+            )
+            self.stats.events += 1
+        except KubeError as e:
+            log.warning(
+                "Event not posted", extra={"action": "prescale_event_error", "error": str(e)}
+            )
