@@ -19,7 +19,8 @@ EXAMPLES = ROOT / "examples" / "scheduledjobs"
 
 @pytest.fixture(scope="module")
 def crd(kube: Cluster) -> str:
-    assert kube.install_crds([CRDS]) == ["scheduledjobs.cronwell.dev"]
+    installed = kube.install_crds([CRDS])
+    assert sorted(installed) == ["scheduledjobs.cronwell.dev", "workerpools.cronwell.dev"]
     return "scheduledjobs.cronwell.dev"
 
 
