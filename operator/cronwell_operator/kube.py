@@ -169,8 +169,16 @@ class Kube:
     # -- Events
 
     async def post_event(
-        self, ref: CRef, *, type_: str, reason: str, message: str, instance: str
+        self,
+        ref: CRef,
+        *,
+        type_: str,
+        reason: str,
+        message: str,
+        instance: str,
+        kind: str = KIND,
     ) -> None:
+        """An Event about one of our objects (a ScheduledJob unless `kind` says otherwise)."""
         now = datetime.now(UTC)
         event = client.CoreV1Event(
             metadata=client.V1ObjectMeta(
@@ -178,7 +186,7 @@ class Kube:
             ),
             involved_object=client.V1ObjectReference(
                 api_version=f"{GROUP}/{VERSION}",
-                kind=KIND,
+                kind=kind,
                 name=ref.name,
                 namespace=ref.namespace,
                 uid=ref.uid,
@@ -194,7 +202,7 @@ class Kube:
             reporting_instance=instance,
         )
         await self._call(
-            f"post Event {reason} for {ref.namespace}/{ref.name}",
+            f"post Event {reason} for {kind} {ref.namespace}/{ref.name}",
             self.core.create_namespaced_event,
             ref.namespace,
             event,
@@ -378,39 +386,6 @@ class Kube:
             namespace,
             patch,
             _content_type="application/merge-patch+json",
-        )
-
-    async def post_workerpool_event(
-        self, ref: CRef, *, type_: str, reason: str, message: str, instance: str
-    ) -> None:
-        """An Event about a WorkerPool (as post_event does for ScheduledJobs)."""
-        now = datetime.now(UTC)
-        event = client.CoreV1Event(
-            metadata=client.V1ObjectMeta(
-                name=f"{ref.name}.{uuid.uuid4().hex[:16]}", namespace=ref.namespace
-            ),
-            involved_object=client.V1ObjectReference(
-                api_version=f"{GROUP}/{VERSION}",
-                kind=self.WP_KIND,
-                name=ref.name,
-                namespace=ref.namespace,
-                uid=ref.uid,
-            ),
-            reason=reason,
-            message=message[:1024],
-            type=type_,
-            count=1,
-            first_timestamp=now,
-            last_timestamp=now,
-            source=client.V1EventSource(component=COMPONENT),
-            reporting_component=COMPONENT,
-            reporting_instance=instance,
-        )
-        await self._call(
-            f"post Event {reason} for WorkerPool {ref.namespace}/{ref.name}",
-            self.core.create_namespaced_event,
-            ref.namespace,
-            event,
         )
 
     @property

@@ -49,6 +49,7 @@ from cronwell.workerpool import LastPreScale, NextBurst, PoolCondition, WorkerPo
 from cronwell.workerpool import WorkerPoolStatus as _Status
 from cronwell_operator.kube import CRef, Kube, KubeError, KubeNotFound
 from cronwell_operator.settings import OperatorSettings
+from cronwell_operator.status import condition as status_condition
 from cronwell_operator.status import same_status
 
 log = logging.getLogger(__name__)
@@ -207,19 +208,9 @@ def condition(
     previous: Mapping[str, Mapping[str, Any]],
     now: datetime,
 ) -> PoolCondition:
-    """A condition keeping its lastTransitionTime while its status does not change."""
-    prev = previous.get(type_)
-    since = _second(now)
-    if prev is not None and prev.get("status") == status and prev.get("lastTransitionTime"):
-        since = datetime.fromisoformat(str(prev["lastTransitionTime"]).replace("Z", "+00:00"))
-    return PoolCondition(
-        type=type_,
-        status=status,
-        reason=reason,
-        message=message[:2000],
-        last_transition_time=since,
-        observed_generation=generation,
-    )
+    """A WorkerPool condition, transition times to the second."""
+    args = (type_, status, reason, message, generation, previous, _second(now))
+    return status_condition(PoolCondition, *args)
 
 
 def _second(t: datetime) -> datetime:
@@ -649,8 +640,13 @@ class Scaler:
 
     async def _event(self, ref: CRef, type_: str, reason: str, message: str) -> None:
         try:
-            await self.kube.post_workerpool_event(
-                ref, type_=type_, reason=reason, message=message, instance=self.settings.identity
+            await self.kube.post_event(
+                ref,
+                type_=type_,
+                reason=reason,
+                message=message,
+                instance=self.settings.identity,
+                kind=self.kube.WP_KIND,
             )
             self.stats.events += 1
         except KubeError as e:

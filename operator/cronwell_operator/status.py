@@ -33,7 +33,7 @@ from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, TypeVar
 
 from cronwell.metrics import Metrics
 from cronwell.models import Condition, LastResult, RunCounters, ScheduledJobStatus
@@ -42,6 +42,8 @@ from cronwell_operator.kube import CRef, Kube, KubeError, KubeNotFound
 from cronwell_operator.settings import OperatorSettings
 
 log = logging.getLogger(__name__)
+
+C = TypeVar("C", bound=Condition)
 
 _RESULTS = {
     "succeeded": LastResult.SUCCEEDED,
@@ -73,21 +75,23 @@ def _utc(t: datetime | None) -> datetime | None:
     return t.astimezone(UTC).replace(microsecond=0) if t is not None else None
 
 
-def _condition(
+def condition(
+    model: type[C],
     type_: str,
-    ok: bool,
+    status: str,
     reason: str,
     message: str,
     generation: int | None,
     previous: Mapping[str, Mapping[str, Any]],
     now: datetime,
-) -> Condition:
-    status = "True" if ok else "False"
+) -> C:
+    """A `model` condition that keeps its lastTransitionTime while its status does not
+    change (ScheduledJob and WorkerPool conditions alike)."""
     prev = previous.get(type_)
     since = now
     if prev is not None and prev.get("status") == status and prev.get("lastTransitionTime"):
         since = datetime.fromisoformat(str(prev["lastTransitionTime"]).replace("Z", "+00:00"))
-    return Condition(
+    return model(
         type=type_,
         status=status,
         reason=reason,
@@ -116,7 +120,8 @@ def build_status(
     invalid = spec_error is not None and (gen is None or spec_error[0] > gen)
 
     def cond(type_: str, ok: bool, reason: str, message: str) -> Condition:
-        return _condition(type_, ok, reason, message, gen, prev_conditions, now)
+        status = "True" if ok else "False"
+        return condition(Condition, type_, status, reason, message, gen, prev_conditions, now)
 
     if row is None:
         status = ScheduledJobStatus(

@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 from kubernetes import config
 
+from cronwell.embedded import EmbeddedPostgres
 from cronwell.testing.controlplane import (
     MISSING_BINARIES_HINT,
     Cluster,
@@ -22,7 +23,7 @@ from cronwell.testing.controlplane import (
     ExistingCluster,
     find_assets,
 )
-from tests.e2e.helpers import fresh_namespace
+from tests.e2e.helpers import crd_namespace, fresh_namespace, store_database
 
 E2E_DIR = Path(__file__).resolve().parent
 
@@ -80,3 +81,15 @@ def control_plane_assets() -> Path:
         if os.environ.get("E2E_KUBECONFIG"):
             pytest.skip("needs the local control-plane binaries (E2E_KUBECONFIG is in use)")
         pytest.fail(f"local control-plane binaries missing: {MISSING_BINARIES_HINT}")
+
+
+@pytest.fixture(scope="module")
+def ns(kube: Cluster, kube_api: Any, request: pytest.FixtureRequest) -> Iterator[str]:
+    """A namespace per test module, with cronwell's CRDs installed."""
+    yield from crd_namespace(kube, kube_api, request)
+
+
+@pytest.fixture(scope="module")
+def store(pg_server: EmbeddedPostgres, template_db: str, request: pytest.FixtureRequest) -> str:
+    """A migrated database per test module."""
+    return store_database(pg_server, template_db, request)

@@ -12,7 +12,11 @@ from typing import Any
 import pytest
 from kubernetes import client
 
+from cronwell.embedded import EmbeddedPostgres
 from cronwell.testing.controlplane import Cluster, ControlPlaneError, find_assets
+from cronwell_operator.testing import create_database
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def fresh_namespace(kube: Cluster, kube_api: Any, prefix: str) -> Iterator[str]:
@@ -51,3 +55,24 @@ class Helm:
         if check and proc.returncode != 0:
             raise AssertionError(f"helm {' '.join(args)}:\n{proc.stderr}")
         return proc
+
+
+def crd_namespace(kube: Cluster, kube_api: Any, request: pytest.FixtureRequest) -> Iterator[str]:
+    """A fresh namespace named after the requesting test module, with cronwell's CRDs
+    installed. Fixtures `yield from` it."""
+    kube.install_crds([ROOT / "crds"])
+    yield from fresh_namespace(kube, kube_api, _module_prefix(request).replace("_", "-"))
+
+
+def store_database(
+    pg_server: EmbeddedPostgres, template_db: str, request: pytest.FixtureRequest
+) -> str:
+    """A migrated database of its own, named after the requesting test module: the URL its
+    operator and workers share."""
+    prefix = _module_prefix(request)
+    return create_database(pg_server.port, template_db, f"{prefix}_{uuid.uuid4().hex[:8]}")
+
+
+def _module_prefix(request: pytest.FixtureRequest) -> str:
+    name: str = request.module.__name__
+    return name.rsplit(".", 1)[-1].removeprefix("test_")[:20]

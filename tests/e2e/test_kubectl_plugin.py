@@ -11,7 +11,6 @@ import json
 import os
 import subprocess
 import sys
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -20,31 +19,17 @@ import pytest
 import yaml
 
 from cronwell import dispatch
-from cronwell.embedded import EmbeddedPostgres
 from cronwell.store.db import Database
 from cronwell.testing.controlplane import Cluster
 from cronwell_operator.testing import (
     FAST_LEASE_ARGS,
     OperatorProcess,
-    create_database,
     sql,
     wait_until,
 )
-from tests.e2e.helpers import fresh_namespace
 
 ROOT = Path(__file__).resolve().parents[2]
 VENV_BIN = Path(sys.executable).parent
-
-
-@pytest.fixture(scope="module")
-def ns(kube: Cluster, kube_api: Any) -> Iterator[str]:
-    kube.install_crds([ROOT / "crds"])
-    yield from fresh_namespace(kube, kube_api, "plug")
-
-
-@pytest.fixture(scope="module")
-def store(pg_server: EmbeddedPostgres, template_db: str) -> str:
-    return create_database(pg_server.port, template_db, f"plug_{uuid.uuid4().hex[:8]}")
 
 
 @pytest.fixture(scope="module")

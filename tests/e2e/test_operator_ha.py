@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import time
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -18,25 +17,25 @@ from cronwell.testing.controlplane import Cluster
 from cronwell_operator.testing import (
     FAST_LEASE_ARGS,
     OperatorProcess,
-    create_database,
     sql,
     wait_until,
 )
-from tests.e2e.helpers import fresh_namespace
+from tests.e2e.helpers import crd_namespace, store_database
 
 ROOT = Path(__file__).resolve().parents[2]
 LEASE_SECONDS = 3.0  # FAST_LEASE_ARGS
 
 
 @pytest.fixture
-def ns(kube: Cluster, kube_api: Any) -> Iterator[str]:
-    kube.install_crds([ROOT / "crds"])
-    yield from fresh_namespace(kube, kube_api, "ha")
+def ns(kube: Cluster, kube_api: Any, request: pytest.FixtureRequest) -> Iterator[str]:
+    """A namespace per test (the module's is shared)."""
+    yield from crd_namespace(kube, kube_api, request)
 
 
 @pytest.fixture
-def store(pg_server: EmbeddedPostgres, template_db: str) -> str:
-    return create_database(pg_server.port, template_db, f"ha_{uuid.uuid4().hex[:8]}")
+def store(pg_server: EmbeddedPostgres, template_db: str, request: pytest.FixtureRequest) -> str:
+    """A database per test."""
+    return store_database(pg_server, template_db, request)
 
 
 def apply(kube: Cluster, ns: str, name: str) -> str:

@@ -21,15 +21,8 @@ from cronwell_operator.testing import (
     create_database,
     wait_until,
 )
-from tests.e2e.helpers import fresh_namespace
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-@pytest.fixture(scope="module")
-def ns(kube: Cluster, kube_api: Any) -> Iterator[str]:
-    kube.install_crds([ROOT / "crds"])
-    yield from fresh_namespace(kube, kube_api, "om")
 
 
 @pytest.fixture(scope="module")

@@ -5,7 +5,6 @@ are printed; the bounds are loose (a loaded 2-core machine runs the whole cluste
 from __future__ import annotations
 
 import time
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -16,11 +15,10 @@ from cronwell.embedded import EmbeddedPostgres
 from cronwell.testing.controlplane import Cluster
 from cronwell_operator.testing import (
     OperatorProcess,
-    create_database,
     sql,
     wait_until,
 )
-from tests.e2e.helpers import fresh_namespace
+from tests.e2e.helpers import crd_namespace, store_database
 
 ROOT = Path(__file__).resolve().parents[2]
 N = 1000
@@ -28,14 +26,15 @@ pytestmark = pytest.mark.slow
 
 
 @pytest.fixture
-def ns(kube: Cluster, kube_api: Any) -> Iterator[str]:
-    kube.install_crds([ROOT / "crds"])
-    yield from fresh_namespace(kube, kube_api, "sc")
+def ns(kube: Cluster, kube_api: Any, request: pytest.FixtureRequest) -> Iterator[str]:
+    """A namespace per test (the module's is shared)."""
+    yield from crd_namespace(kube, kube_api, request)
 
 
 @pytest.fixture
-def store(pg_server: EmbeddedPostgres, template_db: str) -> str:
-    return create_database(pg_server.port, template_db, f"sc_{uuid.uuid4().hex[:8]}")
+def store(pg_server: EmbeddedPostgres, template_db: str, request: pytest.FixtureRequest) -> str:
+    """A database per test."""
+    return store_database(pg_server, template_db, request)
 
 
 def manifest(n: int) -> str:

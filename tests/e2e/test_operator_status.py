@@ -6,38 +6,23 @@ from __future__ import annotations
 
 import json
 import time
-import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
 
-from cronwell.embedded import EmbeddedPostgres
 from cronwell.testing.controlplane import Cluster
 from cronwell_operator.testing import (
     FAST_LEASE_ARGS,
     OperatorProcess,
-    create_database,
     sql,
     wait_until,
 )
 from tests import procs
-from tests.e2e.helpers import fresh_namespace
 
 ROOT = Path(__file__).resolve().parents[2]
 T = TypeVar("T")
-
-
-@pytest.fixture(scope="module")
-def ns(kube: Cluster, kube_api: Any) -> Iterator[str]:
-    kube.install_crds([ROOT / "crds"])
-    yield from fresh_namespace(kube, kube_api, "st")
-
-
-@pytest.fixture(scope="module")
-def store(pg_server: EmbeddedPostgres, template_db: str) -> str:
-    return create_database(pg_server.port, template_db, f"st_{uuid.uuid4().hex[:8]}")
 
 
 @pytest.fixture(scope="module")

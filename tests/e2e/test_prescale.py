@@ -17,7 +17,6 @@ import json
 import threading
 import time
 import urllib.request
-import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -27,7 +26,6 @@ from typing import Any, TypeVar
 import pytest
 from kubernetes import client
 
-from cronwell.embedded import EmbeddedPostgres
 from cronwell.jobs import apply_job
 from cronwell.models import ScheduledJobSpec
 from cronwell.store.db import Database
@@ -36,11 +34,9 @@ from cronwell_operator.scaler import HPA_ANNOTATION
 from cronwell_operator.testing import (
     FAST_LEASE_ARGS,
     OperatorProcess,
-    create_database,
     sql,
     wait_until,
 )
-from tests.e2e.helpers import fresh_namespace
 
 ROOT = Path(__file__).resolve().parents[2]
 T = TypeVar("T")
@@ -57,17 +53,6 @@ POOL = {
 }
 NEEDED = 5
 METRICS_PORT = free_port()
-
-
-@pytest.fixture(scope="module")
-def ns(kube: Cluster, kube_api: Any) -> Iterator[str]:
-    kube.install_crds([ROOT / "crds"])
-    yield from fresh_namespace(kube, kube_api, "ps")
-
-
-@pytest.fixture(scope="module")
-def store(pg_server: EmbeddedPostgres, template_db: str) -> str:
-    return create_database(pg_server.port, template_db, f"ps_{uuid.uuid4().hex[:8]}")
 
 
 @pytest.fixture(scope="module")

@@ -9,7 +9,6 @@ import json
 import re
 import ssl
 import urllib.request
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -17,14 +16,11 @@ from typing import Any
 import pytest
 import yaml
 
-from cronwell import crdgen
-from cronwell.embedded import EmbeddedPostgres
 from cronwell.testing.controlplane import Cluster, KubectlError, free_port
 from cronwell_operator.kube import Kube, api_client
 from cronwell_operator.testing import (
     FAST_LEASE_ARGS,
     OperatorProcess,
-    create_database,
     sql,
     wait_until,
 )
@@ -40,24 +36,9 @@ RATE_ANNOTATION = "cronwell.dev/max-occurrences-per-hour"
 
 
 @pytest.fixture(scope="module")
-def ns(kube: Cluster, kube_api: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    kube.install_crds([ROOT / "crds"])
-    if not (ROOT / "crds" / "cronwell.dev_workerpools.yaml").exists():
-        generated = tmp_path_factory.mktemp("crds") / "workerpools.yaml"
-        generated.write_text(crdgen.render(crdgen.workerpool_crd()))
-        kube.install_crds([generated])
-    yield from fresh_namespace(kube, kube_api, "wh")
-
-
-@pytest.fixture(scope="module")
 def rate_ns(kube: Cluster, kube_api: Any) -> Iterator[str]:
     """A second served namespace, for the schedule-rate rules (its jobs alone count)."""
     yield from fresh_namespace(kube, kube_api, "whrate")
-
-
-@pytest.fixture(scope="module")
-def store(pg_server: EmbeddedPostgres, template_db: str) -> str:
-    return create_database(pg_server.port, template_db, f"wh_{uuid.uuid4().hex[:8]}")
 
 
 @pytest.fixture(scope="module")
