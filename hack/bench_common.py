@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import statistics
+import subprocess
+from collections.abc import Sequence
 from typing import Any
 
 
@@ -27,3 +29,14 @@ def lag_stats(lags: list[float], prefix: str = "start_lag") -> dict[str, Any]:
 def db_url(server_url: str, dbname: str) -> str:
     """The same server's URL pointed at another database."""
     return server_url.rsplit("/", 1)[0] + "/" + dbname
+
+
+def stop_all(procs: Sequence[subprocess.Popen[Any]], timeout: float = 30) -> None:
+    """SIGTERM every process at once, then wait for each (SIGKILL after `timeout`)."""
+    for p in procs:
+        p.terminate()
+    for p in procs:
+        try:
+            p.wait(timeout)
+        except subprocess.TimeoutExpired:
+            p.kill()

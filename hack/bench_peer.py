@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
-from bench_common import db_url, lag_stats
+from bench_common import db_url, lag_stats, stop_all
 
 PEER_DB = "procrastinate_bench"
 APP_MODULE = """
@@ -132,13 +132,7 @@ async def peer_burst(
                     break
                 await asyncio.sleep(0.25)
     finally:
-        for p in procs:
-            p.terminate()
-        for p in procs:
-            try:
-                p.wait(30)
-            except subprocess.TimeoutExpired:
-                p.kill()
+        stop_all(procs)
     async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
         cur = await conn.execute(
             "SELECT extract(epoch FROM e.at - j.scheduled_at) FROM procrastinate_jobs j"

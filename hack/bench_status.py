@@ -41,6 +41,7 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
+from bench_common import stop_all
 from kubernetes import client, config, watch
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -352,13 +353,7 @@ def run(
                 results.append(figs)
                 print(f"status qps={qps:g}:", json.dumps(figs), flush=True)
         finally:
-            for p in procs:
-                p.terminate()
-            for p in procs:
-                try:
-                    p.wait(30)
-                except subprocess.TimeoutExpired:
-                    p.kill()
+            stop_all(procs)
             api.close()  # type: ignore[no-untyped-call]
     return results
 

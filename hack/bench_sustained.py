@@ -14,7 +14,7 @@ import subprocess
 import sys
 from typing import Any
 
-from bench_common import lag_stats
+from bench_common import lag_stats, stop_all
 
 
 async def sustained(
@@ -57,13 +57,7 @@ async def sustained(
         row = await db.fetchone("ClockNow", {})
         t_end = next(iter(row.values()))
     finally:
-        for p in procs:
-            p.terminate()
-        for p in procs:
-            try:
-                p.wait(30)
-            except subprocess.TimeoutExpired:
-                p.kill()
+        stop_all(procs)
     async with db.connection() as conn:
         params = {"a": t_start, "w": warmup, "b": t_end}
         cur = await conn.execute(

@@ -14,6 +14,8 @@ import sys
 import threading
 from pathlib import Path
 
+from bench_common import stop_all
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
@@ -64,13 +66,7 @@ def main() -> None:
             flush=True,
         )
         stop.wait()
-        for p in procs:
-            p.terminate()
-        for p in procs:
-            try:
-                p.wait(30)
-            except subprocess.TimeoutExpired:
-                p.kill()
+        stop_all(procs)
     pg.stop()
 
 

@@ -103,42 +103,37 @@ class Kube:
 
     # -- ScheduledJobs
 
-    async def list_scheduledjobs(self, namespaces: Iterable[str] = ()) -> list[CRef]:
-        """Every ScheduledJob (paginated, each list a consistent snapshot)."""
-        out: list[CRef] = []
+    async def _list_objects(
+        self, plural: str, kind: str, namespaces: Iterable[str] = ()
+    ) -> list[dict[str, Any]]:
+        """Every object of ours of this plural in these namespaces (all when empty), whole,
+        paginated (each page a consistent snapshot)."""
+        out: list[dict[str, Any]] = []
         targets: list[str | None] = [*namespaces] or [None]
         for ns in targets:
             cont: str | None = None
             while True:
-                kw: dict[str, Any] = {"limit": 500}
-                if cont:
-                    kw["_continue"] = cont
+                kw: dict[str, Any] = {"limit": 500, **({"_continue": cont} if cont else {})}
+                where = f"list {kind}s in {ns or 'all namespaces'}"
+                c = self.custom
                 if ns is None:
-                    page = await self._call(
-                        "list ScheduledJobs",
-                        self.custom.list_cluster_custom_object,
-                        GROUP,
-                        VERSION,
-                        PLURAL,
-                        **kw,
-                    )
+                    call = functools.partial(c.list_cluster_custom_object, GROUP, VERSION)
                 else:
-                    page = await self._call(
-                        f"list ScheduledJobs in {ns}",
-                        self.custom.list_namespaced_custom_object,
-                        GROUP,
-                        VERSION,
-                        ns,
-                        PLURAL,
-                        **kw,
-                    )
-                for item in page.get("items", []):
-                    meta = item["metadata"]
-                    out.append(CRef(meta["uid"], meta["namespace"], meta["name"]))
+                    call = functools.partial(c.list_namespaced_custom_object, GROUP, VERSION, ns)
+                page = await self._call(where, call, plural, **kw)
+                out += page.get("items", [])
                 cont = page.get("metadata", {}).get("continue")
                 if not cont:
                     break
         return out
+
+    async def list_scheduledjobs(self, namespaces: Iterable[str] = ()) -> list[CRef]:
+        """Every ScheduledJob's identity."""
+        items = await self._list_objects(PLURAL, KIND, namespaces)
+        return [
+            CRef(i["metadata"]["uid"], i["metadata"]["namespace"], i["metadata"]["name"])
+            for i in items
+        ]
 
     async def get_scheduledjob(self, namespace: str, name: str) -> dict[str, Any]:
         obj: dict[str, Any] = await self._call(
@@ -296,36 +291,8 @@ class Kube:
     WP_KIND = "WorkerPool"
 
     async def list_workerpools(self, namespaces: Iterable[str] = ()) -> list[dict[str, Any]]:
-        """Every WorkerPool of these namespaces (all when empty), whole objects, paginated."""
-        out: list[dict[str, Any]] = []
-        targets: list[str | None] = [*namespaces] or [None]
-        for ns in targets:
-            cont: str | None = None
-            while True:
-                kw: dict[str, Any] = {"limit": 500}
-                if cont:
-                    kw["_continue"] = cont
-                where = f"list WorkerPools in {ns or 'all namespaces'}"
-                c = self.custom
-                if ns is None:
-                    page = await self._call(
-                        where, c.list_cluster_custom_object, GROUP, VERSION, self.WP_PLURAL, **kw
-                    )
-                else:
-                    page = await self._call(
-                        where,
-                        c.list_namespaced_custom_object,
-                        GROUP,
-                        VERSION,
-                        ns,
-                        self.WP_PLURAL,
-                        **kw,
-                    )
-                out += page.get("items", [])
-                cont = page.get("metadata", {}).get("continue")
-                if not cont:
-                    break
-        return out
+        """Every WorkerPool of these namespaces (all when empty), whole objects."""
+        return await self._list_objects(self.WP_PLURAL, self.WP_KIND, namespaces)
 
     async def patch_workerpool_status(
         self, namespace: str, name: str, status: dict[str, Any]
