@@ -21,7 +21,6 @@ import asyncio
 import contextlib
 import json
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -33,6 +32,8 @@ import psutil
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+
+from bench_common import lag_stats, succeeded_lags  # noqa: E402
 
 from cronwell import jobs  # noqa: E402
 from cronwell.embedded import EmbeddedPostgres  # noqa: E402
@@ -226,40 +227,24 @@ async def burst(
             except subprocess.TimeoutExpired:
                 spy.terminate()
     async with db.connection() as conn:
-        cur = await conn.execute(
-            "SELECT extract(epoch FROM o.started_at - o.scheduled_for) AS lag,"
-            " extract(epoch FROM o.finished_at - o.scheduled_for) AS done_after"
-            " FROM cronwell_occurrences o WHERE o.state = 'succeeded'"
-        )
-        rows = await cur.fetchall()
+        lags, done_after = await succeeded_lags(conn)
         cur = await conn.execute(
             "SELECT count(*) AS n FROM cronwell_attempts WHERE outcome = 'succeeded'"
         )
         successes = (await cur.fetchone() or {"n": 0})["n"]
-    lags = sorted(float(r["lag"]) for r in rows)
-    if not lags:
+    if done_after is None:
         return {"occurrences": n, "succeeded": 0}
-
-    def pct(p: float) -> float:
-        return round(lags[min(len(lags) - 1, int(p * len(lags)))], 3)
-
     return {
         "occurrences": n,
         "succeeded": len(lags),
         "success_attempt_rows": successes,
         "workers": workers,
         "concurrency_per_worker": concurrency,
-        "start_lag_p50_s": pct(0.50),
-        "start_lag_p95_s": pct(0.95),
-        "start_lag_p99_s": pct(0.99),
-        "start_lag_max_s": round(lags[-1], 3),
-        "start_lag_mean_s": round(statistics.fmean(lags), 3),
-        "all_succeeded_after_s": round(max(float(r["done_after"]) for r in rows), 3),
+        **lag_stats(lags),  # sorts `lags` in place (the CDF below reads them sorted)
+        "all_succeeded_after_s": round(done_after, 3),
         "worker_cpu_ms_per_occurrence": round(1000 * worker_cpu / n, 3),
         "postgres_cpu_ms_per_occurrence": round(1000 * pg_cpu / n, 3),
-        "per_second": round(
-            len(lags) / max(float(max(float(r["done_after"]) for r in rows)), 1e-3)
-        ),
+        "per_second": round(len(lags) / max(done_after, 1e-3)),
         "_lags": lags,
     }
 

@@ -40,3 +40,16 @@ def stop_all(procs: Sequence[subprocess.Popen[Any]], timeout: float = 30) -> Non
             p.wait(timeout)
         except subprocess.TimeoutExpired:
             p.kill()
+
+
+async def succeeded_lags(conn: Any) -> tuple[list[float], float | None]:
+    """Start lags (seconds, database clock) of the succeeded occurrences, and when the
+    last of them finished relative to its instant (None: none succeeded)."""
+    cur = await conn.execute(
+        "SELECT extract(epoch FROM started_at - scheduled_for)::float8 AS lag,"
+        " extract(epoch FROM finished_at - scheduled_for)::float8 AS done_after"
+        " FROM cronwell_occurrences WHERE state = 'succeeded'"
+    )
+    rows = await cur.fetchall()
+    done = max((float(r["done_after"]) for r in rows), default=None)
+    return [float(r["lag"]) for r in rows], done

@@ -35,7 +35,7 @@ from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from bench_common import lag_stats
+from bench_common import lag_stats, stop_all, succeeded_lags
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -147,29 +147,20 @@ async def run_burst(
                 break
             await asyncio.sleep(0.5)
     finally:
-        for p in procs:
-            p.terminate()
-        for p in procs:
-            p.wait(60)
+        stop_all(procs, timeout=60)
     async with db.connection() as conn:
-        cur = await conn.execute(
-            "SELECT extract(epoch FROM started_at - scheduled_for)::float8 AS lag,"
-            " extract(epoch FROM finished_at - scheduled_for)::float8 AS done_after"
-            " FROM cronwell_occurrences WHERE state = 'succeeded'"
-        )
-        rows = await cur.fetchall()
+        lags, done_after = await succeeded_lags(conn)
         cur = await conn.execute(
             "SELECT state, count(*) AS n FROM cronwell_occurrences GROUP BY state"
         )
         states = {r["state"]: int(r["n"]) for r in await cur.fetchall()}
-    lags = [float(r["lag"]) for r in rows]
     out: dict[str, Any] = {"workers": workers, "succeeded": len(lags)}
     if len(lags) < n:  # lag figures of a partial run understate it: say so
         print(f"warning: only {len(lags)} of {n} succeeded: {states}", file=sys.stderr)
         out["states_at_deadline"] = states
     out |= lag_stats(lags)
-    if rows:
-        out["all_succeeded_after_s"] = round(max(float(r["done_after"]) for r in rows), 3)
+    if done_after is not None:
+        out["all_succeeded_after_s"] = round(done_after, 3)
     return out
 
 
