@@ -104,7 +104,7 @@ class Kube:
     # -- ScheduledJobs
 
     async def _list_objects(
-        self, plural: str, kind: str, namespaces: Iterable[str] = ()
+        self, plural: str, namespaces: Iterable[str] = ()
     ) -> list[dict[str, Any]]:
         """Every object of ours of this plural in these namespaces (all when empty), whole,
         paginated (each page a consistent snapshot)."""
@@ -114,7 +114,7 @@ class Kube:
             cont: str | None = None
             while True:
                 kw: dict[str, Any] = {"limit": 500, **({"_continue": cont} if cont else {})}
-                where = f"list {kind}s in {ns or 'all namespaces'}"
+                where = f"list {plural}.{GROUP} in {ns or 'all namespaces'}"
                 c = self.custom
                 if ns is None:
                     call = functools.partial(c.list_cluster_custom_object, GROUP, VERSION)
@@ -129,7 +129,7 @@ class Kube:
 
     async def list_scheduledjobs(self, namespaces: Iterable[str] = ()) -> list[CRef]:
         """Every ScheduledJob's identity."""
-        items = await self._list_objects(PLURAL, KIND, namespaces)
+        items = await self._list_objects(PLURAL, namespaces)
         return [
             CRef(i["metadata"]["uid"], i["metadata"]["namespace"], i["metadata"]["name"])
             for i in items
@@ -244,36 +244,18 @@ class Kube:
 
     # -- admission (the webhook's lookups: WorkerPool names, Namespace annotations)
 
-    async def list_cluster_names(
-        self, plural: str, *, group: str = GROUP, version: str = VERSION
-    ) -> list[str] | None:
-        """Names of every object of a cluster-wide listed custom resource (paginated);
-        None when the API server does not serve the resource (its CRD is not installed)."""
-        names: list[str] = []
-        cont: str | None = None
-        while True:
-            kw: dict[str, Any] = {"limit": 500}
-            if cont:
-                kw["_continue"] = cont
-            try:
-                page = await self._call(
-                    f"list {plural}.{group}",
-                    self.custom.list_cluster_custom_object,
-                    group,
-                    version,
-                    plural,
-                    **kw,
-                )
-            except KubeNotFound:
-                return None
-            names += [item["metadata"]["name"] for item in page.get("items", [])]
-            cont = page.get("metadata", {}).get("continue")
-            if not cont:
-                return names
+    async def list_cluster_names(self, plural: str) -> list[str] | None:
+        """Names of every object of one of our resources, cluster-wide; None when the API
+        server does not serve the resource (its CRD is not installed)."""
+        try:
+            items = await self._list_objects(plural)
+        except KubeNotFound:
+            return None
+        return [item["metadata"]["name"] for item in items]
 
     async def workerpool_names(self) -> list[str] | None:
         """Every WorkerPool's name; None without the WorkerPool CRD."""
-        return await self.list_cluster_names("workerpools")
+        return await self.list_cluster_names(self.WP_PLURAL)
 
     async def namespace_annotations(self, name: str) -> dict[str, str]:
         """A Namespace's annotations ({} if it does not exist)."""
@@ -292,7 +274,7 @@ class Kube:
 
     async def list_workerpools(self, namespaces: Iterable[str] = ()) -> list[dict[str, Any]]:
         """Every WorkerPool of these namespaces (all when empty), whole objects."""
-        return await self._list_objects(self.WP_PLURAL, self.WP_KIND, namespaces)
+        return await self._list_objects(self.WP_PLURAL, namespaces)
 
     async def patch_workerpool_status(
         self, namespace: str, name: str, status: dict[str, Any]
