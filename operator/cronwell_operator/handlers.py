@@ -201,7 +201,6 @@ def _register_resource_handlers(registry: kopf.OperatorRegistry, ctx: Context) -
                 namespace=ref.namespace,
                 name=ref.name,
                 spec=spec,
-                partitions=ctx.settings.partitions,
                 uid=ref.uid,
                 generation=generation,
             )

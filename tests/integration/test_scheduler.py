@@ -7,7 +7,7 @@ import itertools
 import json
 from datetime import timedelta
 
-from cronwell import jobs, schedule
+from cronwell import jobs, partitions, schedule
 from cronwell.models import ScheduledJobSpec
 from cronwell.scheduler import Scheduler
 from cronwell.settings import SchedulerSettings
@@ -75,8 +75,8 @@ async def test_concurrent_materialisers_create_each_occurrence_once(db: Database
 
 
 async def test_partitions_balance_and_fence(db: Database) -> None:
-    settings = SchedulerSettings(partitions=8, partition_lease_seconds=1.5)
-    await db.execute("PartitionEnsure", {"partitions": 8})
+    settings = SchedulerSettings(partition_lease_seconds=1.5)
+    await partitions.set_count(db, 8)
     a, b = Scheduler(db, settings, holder="a"), Scheduler(db, settings, holder="b")
     await a.balance()
     assert len(a.owned) == 8
@@ -91,7 +91,7 @@ async def test_partitions_balance_and_fence(db: Database) -> None:
     assert len(b.owned) == 8
     assert all(b.owned[p] == old[p] + 1 for p in old)
     # a's stale claim at its old epochs materialises nothing, even for due jobs
-    await make_job(db, "due", partitions=8, schedule="* * * * * *")
+    await make_job(db, "due", schedule="* * * * * *")
     assert sum([await a.materialise_once(p) for p in range(8)]) == 0
     assert await b.materialise_until_idle() == 1
     # a's renewal now fails and it stops claiming
@@ -100,8 +100,8 @@ async def test_partitions_balance_and_fence(db: Database) -> None:
 
 
 async def test_resign_hands_over_at_once(db: Database) -> None:
-    settings = SchedulerSettings(partitions=4, partition_lease_seconds=30)
-    await db.execute("PartitionEnsure", {"partitions": 4})
+    settings = SchedulerSettings(partition_lease_seconds=30)
+    await partitions.set_count(db, 4)
     a, b = Scheduler(db, settings, holder="a"), Scheduler(db, settings, holder="b")
     await a.balance()
     await a.resign()

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from cronwell import partitions
 from cronwell.store.db import Database
 from tests.procs import spawn, stop
 
@@ -40,8 +41,9 @@ async def _wait_for(cond, timeout: float = 30.0) -> float:  # type: ignore[no-un
 
 
 async def test_kill_minus_nine_a_scheduler(db: Database, db_url: str, tmp_path: Path) -> None:
+    await partitions.set_count(db, 4)
     for i in range(40):
-        await make_job(db, f"sec{i}", partitions=4, schedule="* * * * * *")
+        await make_job(db, f"sec{i}", schedule="* * * * * *")
     env = {
         "CRONWELL_DATABASE_URL": db_url,
         "CRONWELL_PARTITIONS": "4",

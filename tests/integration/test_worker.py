@@ -14,7 +14,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from cronwell import dispatch
+from cronwell import dispatch, maintenance
 from cronwell.errors import LeaseLost
 from cronwell.handlers import Context
 from cronwell.models import RetryPolicy
@@ -315,7 +315,7 @@ async def test_at_most_once_never_reruns_an_ambiguous_attempt(db: Database, db_u
         "WHERE idempotency_key = %s",
         lease_key,
     )
-    reaped = await dispatch.reap(db, limit=10)
+    reaped = await maintenance.reap(db, limit=10)
     assert [(r["state"], r["reason"]) for r in reaped] == [("dead", "Ambiguous")]
 
     async with running_worker(db_url):
