@@ -204,3 +204,35 @@ async def test_delete_keeps_history_drops_unstarted(db: Database) -> None:
     assert await occurrences(db, "del") == []
     again = await make_job(db, "del", schedule="*/10 * * * * *")
     assert again.action == "created"  # a re-created job is a new job
+
+
+async def test_suspension_records_missed_instants_and_resume_catches_up_once(
+    db: Database,
+) -> None:
+    """As Kubernetes CronJob: instants that fell while suspended are missed (reason
+    Suspended, counted); on resume, RunOnce runs at most one of them, even when all are
+    within startingDeadlineSeconds."""
+    await make_job(
+        db,
+        "paused",
+        schedule="* * * * * *",
+        concurrencyPolicy="Allow",
+        misfirePolicy="RunOnce",
+        startingDeadlineSeconds=60,
+    )
+    await jobs.set_suspended(db, namespace="default", name="paused", suspended=True)
+    # four instants pass while suspended (the cursor stays where suspension found it)
+    await set_cursor(db, "paused", "date_trunc('second', now()) - interval '4 s'")
+    await jobs.set_suspended(db, namespace="default", name="paused", suspended=False)
+    s = await scheduler(db, horizon_seconds=0.001)
+    await s.materialise_until_idle()
+    occ = await occurrences(db, "paused")
+    (resumed,) = await db.fetch("JobList", {"namespace": None})
+    during = [o for o in occ if o["scheduled_for"] < occ[-1]["scheduled_for"]]
+    missed = [o for o in occ if o["state"] == "missed"]
+    catchup = [o for o in occ if o["origin"] == "catchup"]
+    assert len(catchup) == 1, [(o["state"], o["origin"]) for o in occ]
+    assert len(missed) >= 3 and all(o["reason"] == "Suspended" for o in missed)
+    assert resumed["missed_total"] == len(missed)
+    assert catchup[0]["scheduled_for"] > max(o["scheduled_for"] for o in missed)
+    assert len(during) >= 4
