@@ -96,9 +96,11 @@ class Supervisor:
             if stopper is not None and not stopper.done():
                 stopper.cancel()
         for t in done:
-            if t is stopper or t.cancelled() or not isinstance(t, asyncio.Task):
+            if t.cancelled() or not isinstance(t, asyncio.Task):
                 continue
             exc = t.exception()
+            if t is stopper and exc is None:
+                continue
             if exc is None:
                 exc = RuntimeError(f"background task {t.get_name()} of {self.owner} ended")
             log.error(

@@ -193,3 +193,22 @@ async def test_concurrent_applies_of_a_new_name_create_it_once(db: Database) -> 
     actions = sorted(r.action for r in results if isinstance(r, jobs.Applied))
     assert actions == ["created"] + ["unchanged"] * 7
     assert len({r.id for r in results if isinstance(r, jobs.Applied)}) == 1
+
+
+async def test_status_change_reads_skip_jobs_that_back_off(db: Database) -> None:
+    """The status writer's read skips jobs backing off after failed writes, so their rows
+    (however many) never hide the rows of other jobs behind them."""
+    stuck = await make_job(db, "stuck", schedule="0 0 1 1 *")
+    fine = await make_job(db, "fine", schedule="0 0 1 1 *")
+    await _sql(db, "DELETE FROM cronwell_status_changes")
+    await _sql(
+        db,
+        "INSERT INTO cronwell_status_changes (job_id) "
+        "SELECT %s FROM generate_series(1, 10) UNION ALL SELECT %s",
+        stuck.id,
+        fine.id,
+    )
+    head = await db.fetch("StatusChangesRead", {"limit": 5, "skip": []})
+    assert {r["job_id"] for r in head} == {stuck.id}
+    rows = await db.fetch("StatusChangesRead", {"limit": 5, "skip": [stuck.id]})
+    assert [r["job_id"] for r in rows] == [fine.id]
