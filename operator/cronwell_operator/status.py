@@ -283,6 +283,46 @@ def events_for(changes: Iterable[Mapping[str, Any]]) -> list[EventSpec]:
     return out
 
 
+def spec_error_reason(message: str) -> str:
+    """The Event reason of a refused spec: specific where Kubernetes CronJob has one."""
+    if "spec.timeZone" in message:
+        return "UnknownTimeZone"
+    if "spec.schedule" in message:
+        return "InvalidSchedule"
+    return "InvalidSpec"
+
+
+# Ready=False reasons that are failures the user must act on (each posts one Warning).
+_FAILING_READY = {"InvalidSpec", "SuspendedAfterFailures"}
+
+
+def transition_events(
+    previous: Mapping[str, Any] | None, status: Mapping[str, Any]
+) -> list[EventSpec]:
+    """A Warning Event when the Ready condition enters a failure (a refused spec, a
+    suspension after failures) or its message changes: once per transition, never per
+    pass or per metadata-only edit (the CR's own status is the memory, so a restarted
+    operator does not post it again)."""
+    prev = _ready(previous)
+    new = _ready(status)
+    if new.get("status") != "False" or new.get("reason") not in _FAILING_READY:
+        return []
+    if (prev.get("reason"), prev.get("message")) == (new.get("reason"), new.get("message")):
+        return []
+    message = str(new.get("message") or "")
+    reason = str(new["reason"])
+    if reason == "InvalidSpec":
+        reason = spec_error_reason(message)
+    return [EventSpec("Warning", reason, message)]
+
+
+def _ready(status: Mapping[str, Any] | None) -> Mapping[str, Any]:
+    for c in (status or {}).get("conditions") or []:
+        if c.get("type") == "Ready":
+            return dict(c)
+    return {}
+
+
 # --------------------------------------------------------------------------- rate limiting
 
 
@@ -482,9 +522,11 @@ class StatusWriter:
                 status = build_status(
                     row, previous=known.status, spec_error=known.spec_error, now=now
                 )
+                posts = events_for(changes)
                 if same_status(status, known.status):
                     self.stats.skipped += 1
                 else:
+                    posts = transition_events(known.status, status) + posts
                     await self._limiter.take()
                     self.metrics.operator_api_requests.labels(kind="status_patch").inc()
                     await self.kube.patch_status(ref.namespace, ref.name, status)
@@ -494,7 +536,7 @@ class StatusWriter:
                         oldest = min(c["changed_at"] for c in changes).timestamp()
                         lag = time.time() + self._clock_offset - oldest
                         self.metrics.operator_status_lag.observe(max(0.0, lag))
-                for ev in events_for(changes):
+                for ev in posts:
                     await self._limiter.take()
                     self.metrics.operator_api_requests.labels(kind="event").inc()
                     await self.kube.post_event(
