@@ -567,9 +567,14 @@ SELECT j.id, j.namespace, j.name, j.generation, j.suspended, j.suspended_reason,
        fin.last_error AS last_state_error,
        extract(epoch FROM fin.finished_at - fin.started_at) AS last_duration_seconds
 FROM cronwell_jobs j
+-- Every lateral reads the job's own rows through (job_id, scheduled_for): its cost is the
+-- job's retained history (bounded by its limits), never the size of the table or the
+-- pool's backlog (ordering by finished_at walked the global finished_at index instead).
 LEFT JOIN LATERAL (
-    SELECT min(o.scheduled_for) AS t FROM cronwell_occurrences o
-    WHERE o.job_id = j.id AND o.state = 'pending' AND o.attempt = 0) nxt ON true
+    SELECT o.scheduled_for AS t FROM cronwell_occurrences o
+    -- coalesce(): keeps the planner off the pool-wide claim index (a burst's backlog)
+    WHERE o.job_id = j.id AND coalesce(o.state = 'pending' AND o.attempt = 0, false)
+    ORDER BY o.scheduled_for LIMIT 1) nxt ON true
 LEFT JOIN LATERAL (
     SELECT o.scheduled_for AS t FROM cronwell_occurrences o
     WHERE o.job_id = j.id AND o.started_at IS NOT NULL
@@ -578,10 +583,11 @@ LEFT JOIN LATERAL (
     SELECT count(*) AS active FROM cronwell_occurrences o
     WHERE o.job_id = j.id
       AND (o.state = 'running' OR (o.state = 'pending' AND o.attempt > 0))) c ON true
+-- The last result: the newest finished occurrence by nominal instant.
 LEFT JOIN LATERAL (
     SELECT o.state, o.reason, o.idempotency_key, o.last_error, o.started_at, o.finished_at
     FROM cronwell_occurrences o WHERE o.job_id = j.id AND o.finished_at IS NOT NULL
-    ORDER BY o.finished_at DESC, o.id DESC LIMIT 1) fin ON true
+    ORDER BY o.scheduled_for DESC, o.id DESC LIMIT 1) fin ON true
 WHERE j.id = ANY(%(ids)s::uuid[]);
 
 -- name: JobLiveIdsList

@@ -183,16 +183,28 @@ async def test_ctx_transaction_promotes_the_next_waiting_occurrence(db: Database
     assert "waiting" not in states and "pending" in states, states
 
 
-async def test_concurrent_applies_of_a_new_name_create_it_once(db: Database) -> None:
+async def test_concurrent_applies_of_a_new_name_create_it_once(db_url: str) -> None:
+    """Eight processes' worth of `cronwell apply` of the same new names at once (each with
+    its own open connection): each name is created once, the others see it, no error."""
     spec = ScheduledJobSpec.model_validate({"schedule": "0 0 1 1 *", "target": {"log": {}}})
-    results = await asyncio.gather(
-        *(jobs.apply_job(db, namespace="default", name="race", spec=spec) for _ in range(8)),
-        return_exceptions=True,
-    )
-    assert not [r for r in results if isinstance(r, BaseException)], results
-    actions = sorted(r.action for r in results if isinstance(r, jobs.Applied))
-    assert actions == ["created"] + ["unchanged"] * 7
-    assert len({r.id for r in results if isinstance(r, jobs.Applied)}) == 1
+    dbs = [Database(db_url, min_size=1, max_size=1) for _ in range(8)]
+    for d in dbs:
+        await d.open()
+    try:
+        for round_ in range(5):
+            name = f"race{round_}"
+            results = await asyncio.gather(
+                *(jobs.apply_job(d, namespace="default", name=name, spec=spec) for d in dbs),
+                return_exceptions=True,
+            )
+            errors = [r for r in results if isinstance(r, BaseException)]
+            assert not errors, errors
+            actions = sorted(r.action for r in results if isinstance(r, jobs.Applied))
+            assert actions == ["created"] + ["unchanged"] * 7
+            assert len({r.id for r in results if isinstance(r, jobs.Applied)}) == 1
+    finally:
+        for d in dbs:
+            await d.close()
 
 
 async def test_status_change_reads_skip_jobs_that_back_off(db: Database) -> None:
