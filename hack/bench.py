@@ -551,7 +551,14 @@ async def main() -> None:
                     "retention",
                     await bench_retention.retention(
                         db,
-                        doc({"schedule": "* * * * *", "target": {"log": {}}}),
+                        # 10 dead runs kept: the limit is reached within the simulated days
+                        doc(
+                            {
+                                "schedule": "* * * * *",
+                                "failedJobsHistoryLimit": 10,
+                                "target": {"log": {}},
+                            }
+                        ),
                         doc({"runAt": "2020-01-01T00:00:00Z", "target": {"log": {}}}),
                         days=30 if full else args.retention_days,
                         per_day=1_000_000 if full else args.retention_per_day,

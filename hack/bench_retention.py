@@ -5,8 +5,9 @@ succeeded, 2% dead, one attempt each), inserted directly with generate_series at
 simulated instants (status triggers off while seeding: the bench measures the store, not
 the operator's change log). Each day also creates and deletes `per_day / 100` one-shot
 jobs with one run each (what the store-wide retention removes). After each day the pruner
-of cronwell/maintenance.py runs with the jobs' default history limits (100 succeeded, 100
-failed) and a 7-day retention whose clock is the simulated day's. Then, timed through
+of cronwell/maintenance.py runs with the jobs' history limits (100 succeeded, the default;
+10 of each other final state, so that the dead runs reach their limit within the simulated
+days) and a 7-day retention whose clock is the simulated day's. Then, timed through
 cronwell's named queries in rolled-back transactions (median of `reps`):
 
 - due_scan:     JobDueClaim, one partition, LIMIT 500 (the scheduler's scan)
@@ -194,7 +195,7 @@ async def retention(
         "occurrences_per_day": per_day,
         "jobs": n_jobs,
         "retention_days": retention_days,
-        "history_limits": "100 succeeded / 100 failed per job (defaults)",
+        "history_limits": "100 succeeded / 10 of each other final state per job",
         "per_day": [],
     }
     print(
