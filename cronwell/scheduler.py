@@ -388,13 +388,20 @@ class Scheduler:
 
         await repeat("partition leases", step, interval_seconds=interval)
 
+    async def reap_once(self) -> int:
+        """Reap expired leases (cronwell.maintenance); a death counts in the outcome metric
+        like a worker's dead letter. Returns the leases reaped."""
+        rows = await maintenance.reap(self.db, limit=self.settings.reap_batch_size)
+        for r in rows:
+            self.metrics.leases_reaped.labels(r["state"]).inc()
+            if r["state"] == "dead":
+                self.metrics.outcomes.labels(r["pool"], "dead").inc()
+        return len(rows)
+
     async def _work_loop(self) -> None:
         async def step() -> float:
             await self.materialise_until_idle()
-            for r in await maintenance.reap(self.db, limit=self.settings.reap_batch_size):
-                self.metrics.leases_reaped.labels(r["state"]).inc()
-                if r["state"] == "dead":
-                    self.metrics.outcomes.labels(r["pool"], "dead").inc()
+            await self.reap_once()
             self._wake.clear()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), self.settings.tick_seconds)

@@ -10,7 +10,10 @@ from typing import Any
 
 from cronwell import dispatch, jobs, maintenance
 from cronwell.handlers import Context
+from cronwell.metrics import Metrics
 from cronwell.models import ScheduledJobSpec
+from cronwell.scheduler import Scheduler
+from cronwell.settings import SchedulerSettings
 from cronwell.store.db import Database
 
 from .helpers import make_job, occurrences, scheduler, set_cursor
@@ -148,9 +151,15 @@ async def test_a_death_by_lease_expiry_counts_toward_suspend_after_failures(db: 
     assert await dispatch.claim(db, pool="default", worker_id="w", limit=5, lease_seconds=60)
     await _sql(db, "UPDATE cronwell_occurrences SET lease_expires_at = now() - interval '1 s'")
 
-    reaped = await maintenance.reap(db, limit=10)
+    m = Metrics()
+    s = Scheduler(db, SchedulerSettings(), metrics=m)
 
-    assert [(r["state"], r["reason"]) for r in reaped] == [("dead", "AttemptsExhausted")]
+    assert await s.reap_once() == 1
+
+    (o,) = await occurrences(db, "fragile")
+    assert (o["state"], o["reason"]) == ("dead", "AttemptsExhausted")
+    sample = m.registry.get_sample_value
+    assert sample("cronwell_occurrences_total", {"pool": "default", "outcome": "dead"}) == 1
     st = await _status(db, job.id)
     assert st["consecutive_failures"] == 1
     assert st["suspended"] and st["suspended_reason"] == "SuspendedAfterFailures"
