@@ -23,6 +23,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from cronwell import cronexpr, dispatch, maintenance, partitions, schedule
+from cronwell.errors import DatabaseError
 from cronwell.metrics import Metrics
 from cronwell.models import MisfirePolicy, ScheduledJobSpec
 from cronwell.plan import plan_job
@@ -196,11 +197,11 @@ class Scheduler:
     async def resign(self) -> None:
         """Release every partition so the other replicas take over at once."""
         if self.owned:
-            with contextlib.suppress(Exception):
+            with contextlib.suppress(DatabaseError):  # best effort: leases expire anyway
                 await self.db.execute(
                     "PartitionRelease", {"holder": self.holder, "partitions": sorted(self.owned)}
                 )
-        with contextlib.suppress(Exception):
+        with contextlib.suppress(DatabaseError):
             await self.db.execute("ProcessDelete", {"id": self.holder})
         self.owned = {}
 

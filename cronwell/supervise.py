@@ -13,7 +13,6 @@ model): a task that dies is noticed at once, not when the process shuts down.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, NoReturn
@@ -114,5 +113,4 @@ class Supervisor:
         """Cancel every task and wait for them to end."""
         for t in self.tasks:
             t.cancel()
-        with contextlib.suppress(Exception):
-            await asyncio.gather(*self.tasks, return_exceptions=True)
+        await asyncio.gather(*self.tasks, return_exceptions=True)
