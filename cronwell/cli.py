@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 import click
 import pydantic
 
-from cronwell import __version__, backfill, jobs, logs
+from cronwell import __version__, backfill, jobs, logs, partitions
 from cronwell.embedded import EmbeddedPostgres
 from cronwell.errors import CronwellError
 from cronwell.metrics import Metrics
@@ -67,8 +67,13 @@ class Env:
 
     @contextlib.asynccontextmanager
     async def database(
-        self, *, max_size: int | None = None, migrate_first: bool = False
+        self,
+        *,
+        max_size: int | None = None,
+        migrate_first: bool = False,
+        partitions: int | None = None,
     ) -> AsyncIterator[Database]:
+        """An open pool; `migrate_first` migrates (a new store gets `partitions` as its P)."""
         s = self.db_settings
         db = Database(
             self.url(),
@@ -78,7 +83,7 @@ class Env:
         )
         async with db:
             if migrate_first:
-                await migrate(db)
+                await migrate(db, partitions=partitions)
             yield db
 
 
@@ -172,16 +177,65 @@ def version() -> None:
 
 
 @main.command("migrate")
+@click.option(
+    "--partitions",
+    type=click.IntRange(1, partitions.MAX_PARTITIONS),
+    envvar="CRONWELL_PARTITIONS",
+    help="P of a new store (default 16); a store that has one keeps it and refuses another "
+    "(change it with `cronwell partitions set`).",
+)
 @click.pass_obj
-def migrate_cmd(env: Env) -> None:
+def migrate_cmd(env: Env, partitions: int | None) -> None:
     """Apply database migrations (safe to run from several replicas at once)."""
+    from cronwell import partitions as parts
 
-    async def go() -> list[int]:
+    async def go() -> tuple[list[int], int]:
         async with env.database() as db:
-            return await migrate(db)
+            applied = await migrate(db, partitions=partitions)
+            return applied, await parts.check(db, partitions)
 
-    applied = run(go())
-    click.echo(f"applied migrations {applied}" if applied else "schema is up to date")
+    applied, p = run(go())
+    click.echo(
+        (f"applied migrations {applied}" if applied else "schema is up to date")
+        + f" ({p} partitions)"
+    )
+
+
+@main.group("partitions")
+def partitions_group() -> None:
+    """The partition count P of the store (one value, read by every process)."""
+
+
+@partitions_group.command("get")
+@click.pass_obj
+def partitions_get(env: Env) -> None:
+    """Print the store's partition count."""
+
+    async def go() -> int:
+        async with env.database() as db:
+            return await partitions.read(db)
+
+    click.echo(run(go()))
+
+
+@partitions_group.command("set")
+@click.argument("count", type=click.IntRange(1, partitions.MAX_PARTITIONS))
+@click.pass_obj
+def partitions_set(env: Env, count: int) -> None:
+    """Change P online: one transaction moves every job to hash(uid) % COUNT and adjusts
+    the partition leases; running schedulers pick it up within a lease period, and no
+    occurrence is lost or repeated. Schedulers started with --partitions (or
+    CRONWELL_PARTITIONS) must be given the new value before their next restart."""
+
+    async def go() -> tuple[int, int]:
+        async with env.database() as db:
+            return await partitions.set_count(db, count)
+
+    old, moved = run(go())
+    if old == count:
+        click.echo(f"the store already uses {count} partitions")
+    else:
+        click.echo(f"partitions {old} -> {count}: {moved} job(s) moved")
 
 
 metrics_port_option = click.option(
@@ -194,7 +248,19 @@ metrics_port_option = click.option(
 
 
 @main.command("scheduler")
-@click.option("--partitions", type=int, help="P (default 16, env CRONWELL_PARTITIONS).")
+@click.option(
+    "--partitions",
+    type=int,
+    help="Expected P: refuse to start if the store uses another (env CRONWELL_PARTITIONS); "
+    "a new store is created with it. Default: the store's.",
+)
+@click.option(
+    "--retention",
+    "retention_seconds",
+    callback=lambda ctx, param, v: None if v is None else _parse_seconds(v),
+    help="Keep finished runs of deleted and one-shot jobs this long (e.g. 7d, 12h; "
+    "default 7d, env CRONWELL_RETENTION_SECONDS in seconds).",
+)
 @click.option("--horizon-seconds", type=float, help="Materialise this far ahead (default 30).")
 @click.option(
     "--lease-seconds",
@@ -212,7 +278,7 @@ def scheduler_cmd(env: Env, /, metrics_port: int, **opts: Any) -> None:
     holder: list[Scheduler] = []
 
     async def go() -> None:
-        async with env.database(migrate_first=True) as db:
+        async with env.database(migrate_first=True, partitions=settings.partitions) as db:
             s = Scheduler(db, settings, metrics=metrics)
             holder.append(s)
             await s.run()
@@ -242,18 +308,11 @@ def _load_or_fail(paths: tuple[Path, ...]) -> tuple[list[Any], int]:
     type=click.Path(path_type=Path),
     help="A YAML file or a folder of them.",
 )
-@click.option(
-    "--partitions",
-    type=int,
-    default=None,
-    help="Partition count the schedulers use (default: CRONWELL_PARTITIONS or 16).",
-)
 @click.pass_obj
-def apply_cmd(env: Env, paths: tuple[Path, ...], partitions: int | None) -> None:
+def apply_cmd(env: Env, paths: tuple[Path, ...]) -> None:
     """Create or update ScheduledJobs from YAML in the store (standalone `kubectl apply`).
     Invalid documents are reported and skipped; valid ones are applied."""
     loaded, n_errors = _load_or_fail(paths)
-    parts = partitions or SchedulerSettings().partitions
 
     async def go() -> list[jobs.Applied]:
         async with env.database(migrate_first=True) as db:
@@ -263,7 +322,6 @@ def apply_cmd(env: Env, paths: tuple[Path, ...], partitions: int | None) -> None
                     namespace=item.job.metadata.namespace,
                     name=item.job.metadata.name,
                     spec=item.job.spec,
-                    partitions=parts,
                 )
                 for item in loaded
             ]

@@ -265,12 +265,19 @@ async def succeed(db: Database, done: list[tuple[str, int]]) -> set[str]:
     if not done:
         return set()
     async with db.transaction() as conn:
-        rows = await db.fetch(
-            "OccurrenceSucceedBatch",
-            {"keys": [k for k, _ in done], "fences": [f for _, f in done]},
-            conn=conn,
-        )
-        await promote_waiting(db, conn, [r["job_id"] for r in rows if r["overlap"] in BUFFERED])
+        return await succeed_in(db, conn, done)
+
+
+async def succeed_in(db: Database, conn: Conn, done: list[tuple[str, int]]) -> set[str]:
+    """Fenced completion inside the caller's transaction (the worker's batch, or a
+    handler's `ctx.transaction()`), promoting the next waiting occurrence of each buffered
+    job in the same transaction: every completion path goes through here."""
+    rows = await db.fetch(
+        "OccurrenceSucceedBatch",
+        {"keys": [k for k, _ in done], "fences": [f for _, f in done]},
+        conn=conn,
+    )
+    await promote_waiting(db, conn, [r["job_id"] for r in rows if r["overlap"] in BUFFERED])
     return {r["idempotency_key"] for r in rows}
 
 
@@ -334,21 +341,3 @@ async def release(db: Database, claimed: list[tuple[str, int]]) -> set[str]:
         "OccurrenceRelease", {"keys": [k for k, _ in claimed], "fences": [f for _, f in claimed]}
     )
     return {r["idempotency_key"] for r in rows}
-
-
-async def reap(db: Database, *, limit: int) -> list[dict[str, Any]]:
-    """Expired leases back to pending (AtLeastOnce) or dead (AtMostOnce / exhausted); and
-    waiting occurrences left with nothing active ahead of them start."""
-    async with db.transaction() as conn:
-        rows = await db.fetch("LeaseReap", {"limit": limit}, conn=conn)
-        stranded = await db.fetch("WaitingStranded", {"limit": limit}, conn=conn)
-        await promote_waiting(
-            db,
-            conn,
-            [r["job_id"] for r in rows if r["state"] == "dead" and r["overlap"] in BUFFERED]
-            + [r["job_id"] for r in stranded],
-        )
-        await notify_due(
-            db, conn, [(r["pool"], r["run_at"]) for r in rows if r["state"] == "pending"]
-        )
-    return [dict(r) for r in rows]

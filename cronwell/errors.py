@@ -28,6 +28,24 @@ class SchemaTooNew(DatabaseError):
     """The database schema was migrated by a newer cronwell than this one."""
 
 
+class ApiUnavailable(CronwellError):
+    """The Kubernetes API server is unreachable or overloaded (connection error, 429, 5xx):
+    time fixes it, so background loops retry with backoff."""
+
+
+EXPECTED_ERRORS: tuple[type[Exception], ...] = (DatabaseUnavailable, ApiUnavailable)
+"""What a background loop expects and retries with backoff (logged as one line); any other
+exception is a bug: logged with its traceback, and the process exits non-zero."""
+
+
+class SchemaMissing(DatabaseError):
+    """The database has no cronwell schema, or an older one: `cronwell migrate` first."""
+
+
+class PartitionMismatch(CronwellError):
+    """A process was configured with a partition count the store does not use."""
+
+
 class JobNotFound(CronwellError):
     """No live job with that namespace/name exists in the store."""
 

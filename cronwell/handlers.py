@@ -112,11 +112,9 @@ class Context:
             try:
                 yield conn
                 self.check_cancelled()
-                done = await self.db.fetch(
-                    "OccurrenceSucceedBatch",
-                    {"keys": [self.key], "fences": [self.fence]},
-                    conn=conn,
-                )
+                from cronwell import dispatch  # the SDK stays importable without the store
+
+                done = await dispatch.succeed_in(self.db, conn, [(self.key, self.fence)])
                 if not done:
                     raise LeaseLost(f"{self.key}: fence {self.fence} is stale; rolled back")
             finally:

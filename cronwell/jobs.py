@@ -13,7 +13,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from cronwell import dispatch, schedule
-from cronwell.errors import JobNotFound
+from cronwell.errors import CronwellError, JobNotFound
 from cronwell.models import ScheduledJobSpec
 from cronwell.store.db import Conn, Database
 
@@ -46,15 +46,17 @@ async def apply_job(
     namespace: str,
     name: str,
     spec: ScheduledJobSpec,
-    partitions: int,
     uid: str | uuid.UUID | None = None,
     generation: int | None = None,
 ) -> Applied:
     """Upsert one job. `uid` is the CR's uid in cluster mode; standalone jobs get a fresh
-    uuid when first applied (a deleted and re-applied job is a new job, as in Kubernetes)."""
+    uuid when first applied (a deleted and re-applied job is a new job, as in Kubernetes).
+    Its partition is `hash(uid) % P` with the store's P (see cronwell.partitions)."""
     doc = spec_document(spec)
     digest = spec_hash(doc)
     async with db.transaction() as conn:
+        # Two applies of one new name: the second waits here, then sees the first's row.
+        await db.execute("JobNameLock", {"namespace": namespace, "name": name}, conn=conn)
         now = (await db.fetch("ClockNow", conn=conn))[0]["now"]
         if uid is not None:
             row = await db.fetchone("JobGetById", {"id": uuid.UUID(str(uid))}, conn=conn)
@@ -63,6 +65,10 @@ async def apply_job(
         else:
             row = await db.fetchone("JobGetLive", {"namespace": namespace, "name": name}, conn=conn)
         if row is None:
+            parts = await db.fetchone("ConfigPartitionsShare", conn=conn)
+            if parts is None:
+                raise CronwellError("the store has no partition count: run `cronwell migrate`")
+            partitions = int(parts["partitions"])
             job_id = uuid.UUID(str(uid)) if uid is not None else uuid.uuid4()
             sched = schedule.JobSchedule.from_spec(job_id, spec)
             nxt = spec.run_at if spec.run_at is not None else sched.first_at_or_after(now)

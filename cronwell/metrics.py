@@ -52,6 +52,12 @@ class Metrics:
             ["state"],
             registry=r,
         )
+        self.pruned = Counter(
+            "cronwell_pruned_occurrences",
+            "Finished occurrences deleted by history limits or by the store-wide retention.",
+            ["reason"],
+            registry=r,
+        )
         self.queue_depth = Gauge(
             "cronwell_due_not_started",
             "Due occurrences not yet started, per pool: the leading indicator of an SLA miss.",

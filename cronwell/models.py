@@ -241,10 +241,14 @@ class ScheduledJobSpec(CamelModel):
         None, ge=1, le=10000, description="Suspend after this many dead-lettered runs in a row."
     )
     successful_jobs_history_limit: int = Field(
-        100, ge=0, le=100000, description="Succeeded runs kept in history."
+        100, ge=0, le=100000, description="Newest succeeded runs kept in history."
     )
     failed_jobs_history_limit: int = Field(
-        100, ge=0, le=100000, description="Failed runs kept in history."
+        100,
+        ge=0,
+        le=100000,
+        description="Newest runs kept in history for each other final state (dead, "
+        "missed, skipped, cancelled).",
     )
 
     @field_validator("schedule")

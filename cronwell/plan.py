@@ -37,15 +37,19 @@ def plan_job(
     policy: MisfirePolicy,
     max_catchup: int,
     limit: int = MAX_INSTANTS_PER_PASS,
+    resumed_at: datetime | None = None,
 ) -> Plan:
     """Plan instants from `next_run_at` up to `now + horizon`.
 
-    An instant older than `now - deadline` has misfired. RunOnce runs the latest misfired
-    instant once, RunAll the latest `max_catchup` of them, Skip none; the rest are missed.
-    `now` is the database's clock (invariant 6).
+    An instant older than `now - deadline` has misfired, and so has one that fell while the
+    job was suspended (before `resumed_at`, as Kubernetes CronJob treats a suspension).
+    RunOnce runs the latest misfired instant once, RunAll the latest `max_catchup` of them,
+    Skip none; the rest are missed. `now` is the database's clock (invariant 6).
     """
     plan = Plan()
     late_before = now - deadline
+    if resumed_at is not None and resumed_at > late_before:
+        late_before = min(resumed_at, now)
     late: list[datetime] = []
     t: datetime | None = next_run_at
     examined = 0

@@ -1,4 +1,5 @@
-"""Scheduler replicas: partition leases, materialisation ahead of time, lease reaping.
+"""Scheduler replicas: partition leases, materialisation ahead of time; housekeeping
+(cronwell.maintenance) runs here too.
 
 Each of P partitions has one owner at a time (a lease row with an epoch). The owner claims
 its due jobs with FOR UPDATE SKIP LOCKED, inserts their occurrences ON CONFLICT DO NOTHING
@@ -21,13 +22,15 @@ from collections import OrderedDict
 from datetime import datetime, timedelta
 from typing import Any
 
-from cronwell import cronexpr, dispatch, schedule
+from cronwell import cronexpr, dispatch, maintenance, partitions, schedule
+from cronwell.errors import DatabaseError
 from cronwell.metrics import Metrics
 from cronwell.models import MisfirePolicy, ScheduledJobSpec
 from cronwell.plan import plan_job
 from cronwell.settings import SchedulerSettings
 from cronwell.store.db import Database
 from cronwell.store.migrate import check_schema
+from cronwell.supervise import Supervisor, repeat
 
 log = logging.getLogger(__name__)
 
@@ -88,6 +91,13 @@ class Scheduler:
         self.settings = settings
         self.holder = holder or process_id("scheduler")
         self.owned: dict[int, int] = {}  # partition -> epoch
+        self.partitions = 0  # the store's P, read at every balance
+        self.pruner = maintenance.Pruner(
+            db,
+            retention_seconds=settings.retention_seconds,
+            batch_rows=settings.prune_batch_rows,
+            metrics=self.metrics,
+        )
         self.specs = SpecCache()
         self.materialised_total = 0
         self.missed_total = 0
@@ -112,8 +122,10 @@ class Scheduler:
         )
 
     async def balance(self) -> None:
-        """Renew what we own, then acquire or release to hold ceil(P / live schedulers)."""
+        """Renew what we own, then acquire or release to hold ceil(P / live schedulers)
+        (P read from the store each time: a re-partition is picked up within a lease)."""
         s = self.settings
+        self.partitions = await partitions.read(self.db)
         if self.owned:
             parts = sorted(self.owned)
             rows = await self.db.fetch(
@@ -142,7 +154,7 @@ class Scheduler:
             )
             or {"n": 1}
         )["n"]
-        target = math.ceil(s.partitions / max(1, live))
+        target = math.ceil(self.partitions / max(1, live))
         if len(self.owned) > target:
             extra = sorted(self.owned)[target:]
             await self.db.execute("PartitionRelease", {"holder": self.holder, "partitions": extra})
@@ -185,11 +197,11 @@ class Scheduler:
     async def resign(self) -> None:
         """Release every partition so the other replicas take over at once."""
         if self.owned:
-            with contextlib.suppress(Exception):
+            with contextlib.suppress(DatabaseError):  # best effort: leases expire anyway
                 await self.db.execute(
                     "PartitionRelease", {"holder": self.holder, "partitions": sorted(self.owned)}
                 )
-        with contextlib.suppress(Exception):
+        with contextlib.suppress(DatabaseError):
             await self.db.execute("ProcessDelete", {"id": self.holder})
         self.owned = {}
 
@@ -249,6 +261,7 @@ class Scheduler:
                     deadline=deadline,
                     policy=MisfirePolicy(spec.misfire_policy),
                     max_catchup=spec.max_catchup,
+                    resumed_at=job["resumed_at"],
                 )
                 jitter = schedule.jitter_offset(job["id"], spec.jitter_seconds)
                 for t in plan.run:
@@ -266,6 +279,7 @@ class Scheduler:
                     )
                     due.append((job["pool"], run_at))
                 for t in plan.missed:
+                    suspended = job["resumed_at"] is not None and t < job["resumed_at"]
                     _add(
                         occ,
                         job,
@@ -273,7 +287,9 @@ class Scheduler:
                         t,
                         t,
                         "missed",
-                        f"Misfire: not dispatched within {int(deadline.total_seconds())}s "
+                        "Suspended"
+                        if suspended
+                        else f"Misfire: not dispatched within {int(deadline.total_seconds())}s "
                         f"(policy {spec.misfire_policy})",
                         "schedule",
                     )
@@ -326,20 +342,27 @@ class Scheduler:
     # -- loops ------------------------------------------------------------------------
 
     async def run(self) -> None:
-        """Run until stop(): leases every TTL/3, materialisation and reaping every tick."""
+        """Run until stop(): leases every TTL/3, materialisation and reaping every tick,
+        pruning (owner of partition 0) every prune interval; a loop that fails with an
+        unexpected error stops the scheduler with that error."""
         await check_schema(self.db)
-        await self.db.execute("PartitionEnsure", {"partitions": self.settings.partitions})
-        log.info("scheduler started", extra={"action": "scheduler_start", "holder": self.holder})
-        tasks = [
-            asyncio.create_task(self._lease_loop(), name="leases"),
-            asyncio.create_task(self._work_loop(), name="materialise"),
-        ]
+        self.partitions = await partitions.check(self.db, self.settings.partitions)
+        log.info(
+            "scheduler started",
+            extra={
+                "action": "scheduler_start",
+                "holder": self.holder,
+                "partitions": self.partitions,
+            },
+        )
+        tasks = Supervisor(f"scheduler {self.holder}")
+        tasks.spawn(self._lease_loop(), "leases")
+        tasks.spawn(self._work_loop(), "materialise")
+        tasks.spawn(self._prune_loop(), "prune")
         try:
-            await self._stop.wait()
+            await tasks.wait(self._stop.wait())
         finally:
-            for t in tasks:
-                t.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
+            await tasks.stop()
             await self.resign()
             log.info("scheduler stopped", extra={"action": "scheduler_stop", "holder": self.holder})
 
@@ -348,32 +371,51 @@ class Scheduler:
 
     async def _lease_loop(self) -> None:
         interval = self.settings.partition_lease_seconds / 3
-        while True:
+
+        async def step() -> None:
             try:
                 await self.balance()
                 await self.report_gauges()
-            except Exception as e:  # the database may be down: own nothing until it is back
+            except Exception:
+                # The database may be down: own nothing until it is back (another
+                # replica may take our partitions over meanwhile).
                 if self.owned:
                     log.warning(
                         "lease renewal failed; dropping partitions",
-                        extra={"action": "partition_renew_failed", "error": str(e)},
+                        extra={"action": "partition_renew_failed"},
                     )
                 self.owned = {}
-            await asyncio.sleep(interval)
+                raise
+
+        await repeat("partition leases", step, interval_seconds=interval)
+
+    async def reap_once(self) -> int:
+        """Reap expired leases (cronwell.maintenance); a death counts in the outcome metric
+        like a worker's dead letter. Returns the leases reaped."""
+        rows = await maintenance.reap(self.db, limit=self.settings.reap_batch_size)
+        for r in rows:
+            self.metrics.leases_reaped.labels(r["state"]).inc()
+            if r["state"] == "dead":
+                self.metrics.outcomes.labels(r["pool"], "dead").inc()
+        return len(rows)
 
     async def _work_loop(self) -> None:
-        while True:
-            try:
-                await self.materialise_until_idle()
-                for r in await dispatch.reap(self.db, limit=self.settings.reap_batch_size):
-                    self.metrics.leases_reaped.labels(r["state"]).inc()
-            except Exception as e:
-                log.warning(
-                    "scheduler pass failed", extra={"action": "pass_failed", "error": str(e)}
-                )
+        async def step() -> float:
+            await self.materialise_until_idle()
+            await self.reap_once()
             self._wake.clear()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), self.settings.tick_seconds)
+            return 0.0
+
+        await repeat("materialisation pass", step, interval_seconds=self.settings.tick_seconds)
+
+    async def _prune_loop(self) -> None:
+        async def step() -> None:
+            if 0 in self.owned:  # one pruner at a time: the owner of partition 0
+                await self.pruner.prune_once()
+
+        await repeat("prune pass", step, interval_seconds=self.settings.prune_interval_seconds)
 
 
 def _add(

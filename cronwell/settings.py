@@ -35,8 +35,13 @@ class DatabaseSettings(_Settings):
 
 
 class SchedulerSettings(_Settings):
-    partitions: int = Field(
-        16, ge=1, le=4096, description="P: jobs are spread by hash(uid) % P; one owner each."
+    partitions: int | None = Field(
+        None,
+        ge=1,
+        le=4096,
+        description="Expected partition count. The store holds P (set when it is created, "
+        "changed with `cronwell partitions set`); a scheduler configured with another P "
+        "refuses to start. Unset: use the store's.",
     )
     horizon_seconds: float = Field(
         30.0,
@@ -62,6 +67,23 @@ class SchedulerSettings(_Settings):
         "startingDeadlineSeconds) at materialisation has misfired (Quartz's default).",
     )
     reap_batch_size: int = Field(1000, ge=1, description="Expired leases reaped per pass.")
+    retention_seconds: float = Field(
+        7 * 86400.0,
+        gt=0,
+        description="Store-wide retention: finished runs of deleted and one-shot jobs (and "
+        "drained bookkeeping) older than this are deleted; a week covers incident reviews.",
+    )
+    prune_interval_seconds: float = Field(
+        60.0,
+        gt=0,
+        description="Pause between prune passes (history limits, retention); a minute keeps "
+        "history within a minute's runs of the limits at a negligible cost.",
+    )
+    prune_batch_rows: int = Field(
+        1000,
+        ge=1,
+        description="Rows deleted per statement while pruning: short transactions, no long locks.",
+    )
 
 
 class WorkerSettings(_Settings):

@@ -12,6 +12,9 @@ machine, prints a table and writes bench/results/<name>.json.
   database's clock, and the time until all succeeded.
 - prescale: one burst with the worker pool at its minimum (1 process) vs pre-scaled (the
   processes the operator's forecast plans), start lag side by side (hack/bench_prescale.py).
+- retention: simulated days of history (1M occurrences/day with --retention-full) with the
+  pruner after each day: table size, due scan, claim and status batch per day
+  (hack/bench_retention.py).
 """
 
 from __future__ import annotations
@@ -259,6 +262,7 @@ SECTIONS = (
     "profile",
     "status",
     "prescale",
+    "retention",
 )
 COMPARED = (
     "per_second",
@@ -378,6 +382,16 @@ async def main() -> None:
     ap.add_argument("--prescale-max-workers", type=int, default=4)
     ap.add_argument("--status-jobs", type=int, default=10_000, help="CRs of the status bench")
     ap.add_argument("--status-qps", default="20,100", help="operator --status-qps settings")
+    ap.add_argument("--retention-days", type=int, default=10, help="retention: simulated days")
+    ap.add_argument(
+        "--retention-per-day", type=int, default=100_000, help="retention: occurrences a day"
+    )
+    ap.add_argument("--retention-jobs", type=int, default=1000, help="retention: recurring jobs")
+    ap.add_argument(
+        "--retention-full",
+        action="store_true",
+        help="retention: 30 days of 1,000,000 occurrences over 10,000 jobs (about an hour)",
+    )
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
     args = ap.parse_args()
     only = set(args.only.split(","))
@@ -526,6 +540,31 @@ async def main() -> None:
                 )
                 done("prescale", figs)
                 bench_prescale.report(figs)
+            if "retention" in only:
+                import bench_retention
+
+                def doc(spec: dict[str, Any]) -> dict[str, Any]:
+                    return jobs.spec_document(ScheduledJobSpec.model_validate(spec))
+
+                full = args.retention_full
+                done(
+                    "retention",
+                    await bench_retention.retention(
+                        db,
+                        # 10 dead runs kept: the limit is reached within the simulated days
+                        doc(
+                            {
+                                "schedule": "* * * * *",
+                                "failedJobsHistoryLimit": 10,
+                                "target": {"log": {}},
+                            }
+                        ),
+                        doc({"runAt": "2020-01-01T00:00:00Z", "target": {"log": {}}}),
+                        days=30 if full else args.retention_days,
+                        per_day=1_000_000 if full else args.retention_per_day,
+                        n_jobs=10_000 if full else args.retention_jobs,
+                    ),
+                )
     finally:
         server.stop("fast")
     results["machine"]["total_seconds"] = round(time.perf_counter() - t_all, 1)

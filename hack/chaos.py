@@ -575,7 +575,7 @@ class Chaos:
         try:
             direct = await asyncio.to_thread(pg.start)
             async with Database(direct, max_size=4) as db:
-                await migrate(db)
+                await migrate(db, partitions=a.partitions)
                 async with db.connection() as conn:
                     await conn.execute(EFFECTS_DDL)
                 ledger = Ledger(rng=random.Random(a.seed + 1))
@@ -590,7 +590,6 @@ class Chaos:
                         namespace="default",
                         name=j.name,
                         spec=spec_for(j, ledger.port),
-                        partitions=a.partitions,
                     )
                     j.id = str(applied.job_id) if hasattr(applied, "job_id") else ""
                 rows = await db_fetch(direct, "SELECT id, name FROM cronwell_jobs")

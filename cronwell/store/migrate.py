@@ -6,7 +6,7 @@ import logging
 import re
 from importlib import resources
 
-from cronwell.errors import SchemaTooNew
+from cronwell.errors import SchemaMissing, SchemaTooNew
 from cronwell.store.db import Database
 
 log = logging.getLogger(__name__)
@@ -25,9 +25,15 @@ def migrations() -> list[tuple[int, str, str]]:
 
 SCHEMA_VERSION = migrations()[-1][0]
 
+DEFAULT_PARTITIONS = 16
+"""P of a new store when `migrate` is given none: enough for a few scheduler replicas to
+share the load; `cronwell partitions set N` changes it online."""
 
-async def migrate(db: Database) -> list[int]:
-    """Apply the missing migrations in one transaction; return the versions applied."""
+
+async def migrate(db: Database, *, partitions: int | None = None) -> list[int]:
+    """Apply the missing migrations in one transaction; return the versions applied.
+    A new store gets `partitions` as its partition count (else DEFAULT_PARTITIONS); a store
+    that has one keeps it (the caller compares, see cronwell.partitions)."""
     applied: list[int] = []
     async with db.transaction() as conn:
         await db.execute("MigrationLock", conn=conn)
@@ -46,17 +52,35 @@ async def migrate(db: Database) -> list[int]:
             await conn.execute(sql)
             await db.execute("MigrationRecord", {"version": version, "name": name}, conn=conn)
             applied.append(version)
+        p = partitions or DEFAULT_PARTITIONS
+        await db.execute("ConfigPartitionsInit", {"partitions": p}, conn=conn)
+        row = await db.fetchone("ConfigPartitionsGet", conn=conn)
+        await db.execute(
+            "PartitionEnsure", {"partitions": row["partitions"] if row else p}, conn=conn
+        )
     return applied
 
 
 async def check_schema(db: Database) -> None:
-    """Refuse to run against a schema newer than the code (or a missing one)."""
+    """Refuse to run against a schema newer than the code, an older one, or none at all
+    (read-only: a process that does not migrate must not create tables either)."""
     async with db.connection() as conn:
-        await db.execute("MigrationTableCreate", conn=conn)
-        done = {r["version"] for r in await db.fetch("MigrationList", conn=conn)}
+        present = await db.fetchone("SchemaPresent", conn=conn)
+        done = (
+            {r["version"] for r in await db.fetch("MigrationList", conn=conn)}
+            if present and present["present"]
+            else set()
+        )
     newest = max(done, default=0)
     if newest > SCHEMA_VERSION:
         raise SchemaTooNew(
             f"the database schema is at version {newest}, newer than this cronwell "
             f"({SCHEMA_VERSION}): upgrade cronwell"
+        )
+    if not done:
+        raise SchemaMissing("the database has no cronwell schema: run `cronwell migrate` first")
+    if newest < SCHEMA_VERSION:
+        raise SchemaMissing(
+            f"the database schema is at version {newest}, older than this cronwell "
+            f"({SCHEMA_VERSION}): run `cronwell migrate` first"
         )

@@ -23,11 +23,50 @@ SELECT version FROM cronwell_migrations ORDER BY version;
 -- Marks one migration applied.
 INSERT INTO cronwell_migrations (version, name) VALUES (%(version)s, %(name)s);
 
+-- name: SchemaPresent
+-- Whether a cronwell schema exists at all (read-only: checking never creates it).
+SELECT to_regclass('cronwell_migrations') IS NOT NULL AS present;
+
 -- name: PartitionEnsure
 -- Creates the partition lease rows 0..P-1 (idempotent).
 INSERT INTO cronwell_partitions (partition)
 SELECT generate_series(0, %(partitions)s - 1)
 ON CONFLICT (partition) DO NOTHING;
+
+-- name: PartitionTrim
+-- Drops the lease rows of partitions beyond a reduced P (their owners see the loss).
+DELETE FROM cronwell_partitions WHERE partition >= %(partitions)s;
+
+-- name: ConfigPartitionsInit
+-- The partition count of a new store (a store that has one keeps it).
+INSERT INTO cronwell_config (partitions) VALUES (%(partitions)s) ON CONFLICT (id) DO NOTHING;
+
+-- name: ConfigPartitionsGet
+-- The partition count P every process uses.
+SELECT partitions FROM cronwell_config;
+
+-- name: ConfigPartitionsShare
+-- P, read-locked for a job insert: a concurrent re-partition waits, then sees the job.
+SELECT partitions FROM cronwell_config FOR SHARE;
+
+-- name: ConfigPartitionsLock
+-- P, locked for a re-partition (inserts of new jobs wait until it commits).
+SELECT partitions FROM cronwell_config FOR UPDATE;
+
+-- name: ConfigPartitionsSet
+-- A new partition count (in the re-partition's transaction).
+UPDATE cronwell_config SET partitions = %(partitions)s, updated_at = now();
+
+-- name: JobPartitionList
+-- Every job's uid and partition, in uid order from `after` (re-partitioning, a page at a time).
+SELECT id, partition FROM cronwell_jobs WHERE id > %(after)s ORDER BY id LIMIT %(limit)s;
+
+-- name: JobPartitionSetBatch
+-- Moves jobs to their partition under the new P (row locks: a materialiser holding one of
+-- these jobs finishes first; the unique key makes any overlap a no-op anyway).
+UPDATE cronwell_jobs j SET partition = t.p
+FROM unnest(%(ids)s::uuid[], %(partitions)s::int[]) AS t(id, p)
+WHERE j.id = t.id AND j.partition <> t.p;
 
 -- name: ProcessHeartbeat
 -- Registers a process or refreshes its heartbeat.
@@ -89,7 +128,7 @@ FROM cronwell_partitions ORDER BY partition;
 -- Due jobs (next_run_at within the horizon) of one partition this holder owns right now at
 -- this epoch, oldest first, locked so concurrent materialisers never process a job twice.
 -- One partition per query keeps it an ordered index range scan that stops at the limit.
-SELECT j.id, j.spec, j.spec_hash, j.pool, j.next_run_at, now() AS db_now
+SELECT j.id, j.spec, j.spec_hash, j.pool, j.next_run_at, j.resumed_at, now() AS db_now
 FROM cronwell_jobs j
 WHERE j.partition = %(partition)s
   AND EXISTS (SELECT 1 FROM cronwell_partitions p
@@ -125,6 +164,11 @@ WHERE j.id = t.id;
 -- One notification per materialised batch (never per row): pool -> earliest run_at.
 SELECT pg_notify('cronwell_due', %(payload)s);
 
+-- name: JobNameLock
+-- Serialises upserts of one namespace/name (two concurrent applies of a new name: the
+-- second waits, then finds the first's row instead of violating the unique name).
+SELECT pg_advisory_xact_lock(7367, hashtext(%(namespace)s || '/' || %(name)s));
+
 -- name: JobGetLive
 -- The live job of a namespace/name, locked for an upsert or delete.
 SELECT id, spec, spec_hash, generation, suspended, next_run_at
@@ -148,7 +192,9 @@ VALUES (%(id)s, %(namespace)s, %(name)s, %(spec)s, %(spec_hash)s, %(generation)s
 UPDATE cronwell_jobs
 SET spec = %(spec)s, spec_hash = %(spec_hash)s, generation = %(generation)s, pool = %(pool)s,
     next_run_at = %(next_run_at)s, suspended = %(suspended)s,
-    suspended_reason = CASE WHEN %(suspended)s THEN suspended_reason END, updated_at = now()
+    suspended_reason = CASE WHEN %(suspended)s THEN suspended_reason END,
+    resumed_at = CASE WHEN suspended AND NOT %(suspended)s THEN now() ELSE resumed_at END,
+    updated_at = now()
 WHERE id = %(id)s;
 
 -- name: JobFutureOccurrencesDelete
@@ -175,8 +221,12 @@ DELETE FROM cronwell_occurrences o USING j
 WHERE o.job_id = j.id AND o.state IN ('pending', 'waiting') AND o.attempt = 0;
 
 -- name: JobSuspendSet
--- Suspends or resumes a job (resume applies the misfire policy to what was missed).
+-- Suspends or resumes a job; a resume records its instant (the instants before it that the
+-- suspension skipped are missed, reason Suspended, with at most the misfire policy's
+-- catch-up).
 UPDATE cronwell_jobs SET suspended = %(suspended)s, suspended_reason = %(reason)s,
+                         resumed_at = CASE WHEN suspended AND NOT %(suspended)s THEN now()
+                                           ELSE resumed_at END,
                          updated_at = now()
 WHERE id = %(id)s AND deleted_at IS NULL;
 
@@ -369,7 +419,18 @@ att AS (
                                    outcome, error, started_at)
     SELECT id, idempotency_key, attempt, fence, worker_id, 'lease_expired', 'lease expired',
            started_at
-    FROM reaped)
+    FROM reaped),
+-- A death by lease expiry is a death like any other: it counts toward suspendAfterFailures.
+jobs AS (
+    UPDATE cronwell_jobs j
+    SET consecutive_failures = j.consecutive_failures + d.n,
+        suspended = j.suspended OR coalesce(
+            (j.spec ->> 'suspendAfterFailures')::int <= j.consecutive_failures + d.n, false),
+        suspended_reason = CASE WHEN NOT j.suspended AND coalesce(
+            (j.spec ->> 'suspendAfterFailures')::int <= j.consecutive_failures + d.n, false)
+            THEN 'SuspendedAfterFailures' ELSE j.suspended_reason END
+    FROM (SELECT job_id, count(*) AS n FROM reaped WHERE state = 'dead' GROUP BY job_id) d
+    WHERE j.id = d.job_id)
 SELECT idempotency_key, job_id, state, reason, pool, overlap, run_at FROM reaped;
 
 -- name: RunsList
@@ -479,52 +540,54 @@ WHERE o.id = t.id;
 -- ==== operator: status write-back, drift repair ====
 
 -- name: StatusChangesRead
--- The oldest logged status changes (the operator's writer coalesces them per job).
+-- The oldest logged status changes (the operator's writer coalesces them per job); jobs in
+-- `skip` are backing off after failed writes, so their rows never block the others.
 SELECT id, job_id, occurrence_id, scheduled_for, state, reason, attempt, error, changed_at
-FROM cronwell_status_changes ORDER BY id LIMIT %(limit)s;
+FROM cronwell_status_changes
+WHERE NOT (job_id = ANY(%(skip)s::uuid[]))
+ORDER BY id LIMIT %(limit)s;
 
 -- name: StatusChangesDelete
 -- Forgets logged changes once the status they led to is written (or its CR is gone).
 DELETE FROM cronwell_status_changes WHERE id = ANY(%(ids)s::bigint[]);
 
 -- name: JobStatusBatch
--- Everything the status of each given job shows, in one pass over its history.
+-- Everything the status of each given job shows: totals from the job row (history is
+-- pruned, totals are not), the rest from the few newest occurrences of the job.
 SELECT j.id, j.namespace, j.name, j.generation, j.suspended, j.suspended_reason,
        j.consecutive_failures, j.missed_total, j.deleted_at,
        CASE WHEN NOT j.suspended AND j.deleted_at IS NULL
             THEN least(j.next_run_at, nxt.t) END AS next_schedule_time,
        (j.next_run_at IS NULL AND nxt.t IS NULL) AS schedule_done,
        ls.t AS last_schedule_time,
-       c.active, c.succeeded, c.dead, c.skipped, c.last_successful_time,
-       f.failed, f.last_failure_time, f.last_error,
+       c.active, j.succeeded_total AS succeeded, j.dead_total AS dead,
+       j.skipped_total AS skipped, j.last_successful_at AS last_successful_time,
+       j.failed_total AS failed, j.last_failure_at AS last_failure_time, j.last_error,
        fin.state AS last_state, fin.reason AS last_reason, fin.idempotency_key AS last_key,
        fin.last_error AS last_state_error,
        extract(epoch FROM fin.finished_at - fin.started_at) AS last_duration_seconds
 FROM cronwell_jobs j
+-- Every lateral reads the job's own rows through (job_id, scheduled_for): its cost is the
+-- job's retained history (bounded by its limits), never the size of the table or the
+-- pool's backlog (ordering by finished_at walked the global finished_at index instead).
 LEFT JOIN LATERAL (
-    SELECT min(o.scheduled_for) AS t FROM cronwell_occurrences o
-    WHERE o.job_id = j.id AND o.state = 'pending' AND o.attempt = 0) nxt ON true
+    SELECT o.scheduled_for AS t FROM cronwell_occurrences o
+    -- coalesce(): keeps the planner off the pool-wide claim index (a burst's backlog)
+    WHERE o.job_id = j.id AND coalesce(o.state = 'pending' AND o.attempt = 0, false)
+    ORDER BY o.scheduled_for LIMIT 1) nxt ON true
 LEFT JOIN LATERAL (
     SELECT o.scheduled_for AS t FROM cronwell_occurrences o
     WHERE o.job_id = j.id AND o.started_at IS NOT NULL
     ORDER BY o.scheduled_for DESC LIMIT 1) ls ON true
 LEFT JOIN LATERAL (
-    SELECT count(*) FILTER (WHERE o.state = 'running'
-                            OR (o.state = 'pending' AND o.attempt > 0)) AS active,
-           count(*) FILTER (WHERE o.state = 'succeeded') AS succeeded,
-           count(*) FILTER (WHERE o.state = 'dead') AS dead,
-           count(*) FILTER (WHERE o.state = 'skipped') AS skipped,
-           max(o.finished_at) FILTER (WHERE o.state = 'succeeded') AS last_successful_time
-    FROM cronwell_occurrences o WHERE o.job_id = j.id) c ON true
-LEFT JOIN LATERAL (
-    SELECT count(*) AS failed, max(a.finished_at) AS last_failure_time,
-           (array_agg(a.error ORDER BY a.finished_at DESC))[1] AS last_error
-    FROM cronwell_attempts a JOIN cronwell_occurrences o ON o.id = a.occurrence_id
-    WHERE o.job_id = j.id AND a.outcome IN ('failed', 'timeout', 'lease_expired')) f ON true
+    SELECT count(*) AS active FROM cronwell_occurrences o
+    WHERE o.job_id = j.id
+      AND (o.state = 'running' OR (o.state = 'pending' AND o.attempt > 0))) c ON true
+-- The last result: the newest finished occurrence by nominal instant.
 LEFT JOIN LATERAL (
     SELECT o.state, o.reason, o.idempotency_key, o.last_error, o.started_at, o.finished_at
     FROM cronwell_occurrences o WHERE o.job_id = j.id AND o.finished_at IS NOT NULL
-    ORDER BY o.finished_at DESC, o.id DESC LIMIT 1) fin ON true
+    ORDER BY o.scheduled_for DESC, o.id DESC LIMIT 1) fin ON true
 WHERE j.id = ANY(%(ids)s::uuid[]);
 
 -- name: JobLiveIdsList
@@ -616,7 +679,8 @@ RETURNING namespace, name;
 -- name: JobResumePausedBatch
 -- `cronwell resume --all`: resumes the selected jobs suspended with this reason only (jobs
 -- suspended by their spec, by hand or after failures stay suspended).
-UPDATE cronwell_jobs SET suspended = false, suspended_reason = NULL, updated_at = now()
+UPDATE cronwell_jobs SET suspended = false, suspended_reason = NULL, resumed_at = now(),
+                         updated_at = now()
 WHERE deleted_at IS NULL AND suspended AND suspended_reason = %(reason)s
   AND (%(namespace)s::text IS NULL OR namespace = %(namespace)s)
 RETURNING namespace, name;
@@ -659,3 +723,60 @@ GROUP BY 1;
 -- Change-log rows not yet written back (the operator's backlog gauge), with the database
 -- clock so that the writer measures its lag against the clock that stamped the rows.
 SELECT count(*) AS n, now() AS now FROM cronwell_status_changes;
+
+-- ==== maintenance: history limits and retention (cronwell/maintenance.py) ====
+
+-- name: HistoryLimitPrune
+-- Per-job history limits for the jobs after `after` in uid order (`jobs` of them): deletes
+-- at most `limit` finished occurrences (their attempts cascade) beyond the newest
+-- successfulJobsHistoryLimit succeeded ones and failedJobsHistoryLimit of each other final
+-- state. Returns the last job examined (NULL: the sweep is over) and the rows deleted.
+WITH js AS (
+    SELECT id, coalesce((spec ->> 'successfulJobsHistoryLimit')::int, 100) AS ok_keep,
+           coalesce((spec ->> 'failedJobsHistoryLimit')::int, 100) AS bad_keep
+    FROM cronwell_jobs WHERE id > %(after)s ORDER BY id LIMIT %(jobs)s),
+ranked AS (
+    SELECT o.id,
+           row_number() OVER (PARTITION BY o.job_id, o.state
+                              ORDER BY o.scheduled_for DESC, o.id DESC) AS rn,
+           CASE WHEN o.state = 'succeeded' THEN js.ok_keep ELSE js.bad_keep END AS keep
+    FROM js JOIN cronwell_occurrences o ON o.job_id = js.id
+    WHERE o.state IN ('succeeded', 'dead', 'skipped', 'missed', 'cancelled')),
+gone AS (
+    DELETE FROM cronwell_occurrences
+    WHERE id IN (SELECT id FROM ranked WHERE rn > keep LIMIT %(limit)s)
+    RETURNING 1)
+SELECT (SELECT max(id::text)::uuid FROM js) AS last_job, (SELECT count(*) FROM gone) AS deleted;
+
+-- name: HistoryRetentionPrune
+-- Store-wide retention: at most `limit` finished occurrences (attempts cascade) of deleted
+-- and one-shot jobs that finished longer than `retention` seconds ago, oldest first.
+DELETE FROM cronwell_occurrences
+WHERE id IN (SELECT o.id FROM cronwell_occurrences o JOIN cronwell_jobs j ON j.id = o.job_id
+             WHERE o.finished_at < now() - make_interval(secs => %(retention)s)
+               AND (j.deleted_at IS NOT NULL OR j.spec ->> 'runAt' IS NOT NULL)
+             ORDER BY o.finished_at LIMIT %(limit)s);
+
+-- name: JobTombstonePurge
+-- Forgets at most `limit` jobs deleted longer than `retention` seconds ago whose history
+-- is gone (nothing references them any more).
+DELETE FROM cronwell_jobs
+WHERE id IN (SELECT j.id FROM cronwell_jobs j
+             WHERE j.deleted_at < now() - make_interval(secs => %(retention)s)
+               AND NOT EXISTS (SELECT 1 FROM cronwell_occurrences o WHERE o.job_id = j.id)
+             LIMIT %(limit)s);
+
+-- name: StatusChangesPrune
+-- Change-log rows older than the retention (no operator drains the log in standalone use;
+-- a status is recomputed from the store anyway).
+DELETE FROM cronwell_status_changes
+WHERE id IN (SELECT id FROM cronwell_status_changes
+             WHERE changed_at < now() - make_interval(secs => %(retention)s)
+             ORDER BY id LIMIT %(limit)s);
+
+-- name: OutboxPublishedPrune
+-- Outbox messages published longer than the retention ago.
+DELETE FROM cronwell_outbox
+WHERE id IN (SELECT id FROM cronwell_outbox
+             WHERE published_at < now() - make_interval(secs => %(retention)s)
+             ORDER BY id LIMIT %(limit)s);

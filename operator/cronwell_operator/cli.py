@@ -36,7 +36,6 @@ def _drop_kopf_extras(record: logging.LogRecord) -> bool:
     help="Serve only this namespace (repeatable). Default: the whole cluster.",
 )
 @click.option("--kubeconfig", type=click.Path(dir_okay=False), help="Default: KUBECONFIG.")
-@click.option("--partitions", type=int, help="P of the schedulers (default 16).")
 @click.option(
     "--leader-election/--no-leader-election",
     default=None,

@@ -118,9 +118,11 @@ def configure(
     settings.persistence.diffbase_storage = kopf.StatusDiffBaseStorage(
         field="status.kopf.lastHandledConfiguration"
     )
-    # Handler failures (a refused spec, a database outage) become Warning Events on the CR;
-    # successes would be one Event per object per change, so only warnings are posted.
-    settings.posting.loggers = True
+    # kopf's log-to-Event bridge is off: it posted "Error Logging: Handler ... failed" on
+    # every retry and edit. The status writer posts Warning Events with specific reasons
+    # (InvalidSpec, UnknownTimeZone, MissedRun, DeadLettered, ...) once per transition.
+    settings.posting.enabled = False
+    settings.posting.loggers = False
     settings.posting.level = logging.WARNING
     settings.posting.reporting_component = "cronwell-operator"
     settings.posting.reporting_instance = cfg.identity
@@ -190,18 +192,20 @@ def _register_resource_handlers(registry: kopf.OperatorRegistry, ctx: Context) -
                 {"metadata": dict(body.metadata), "spec": dict(body.spec)}
             ).spec
         except pydantic.ValidationError as e:
+            # Reported in status (Ready=False InvalidSpec) and as one Warning Event by the
+            # status writer; not retried: the next change of the CR reconciles it again.
             message = f"ScheduledJob {ref.name}: {format_validation_error(e)}"
             if ctx.writer is not None:
                 ctx.writer.set_spec_error(ref, generation, message)
             ctx.m.operator_reconciles.labels(outcome="invalid").inc()
-            raise kopf.PermanentError(message) from None
+            log.warning(message, extra={"action": "invalid_spec", "job": ref.uid})
+            return
         try:
             applied = await jobs.apply_job(
                 ctx.db,
                 namespace=ref.namespace,
                 name=ref.name,
                 spec=spec,
-                partitions=ctx.settings.partitions,
                 uid=ref.uid,
                 generation=generation,
             )

@@ -20,7 +20,7 @@ from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 from urllib3.exceptions import HTTPError
 
-from cronwell.errors import CronwellError
+from cronwell.errors import ApiUnavailable, CronwellError
 from cronwell.models import GROUP, VERSION
 
 PLURAL = "scheduledjobs"
@@ -44,11 +44,18 @@ class KubeConflict(KubeError):
     """Optimistic concurrency: the object changed since it was read, or already exists."""
 
 
+class KubeUnavailable(KubeError, ApiUnavailable):
+    """The API server could not be reached, or answered 429/5xx: retry later."""
+
+
 def _translate(e: Exception, what: str) -> KubeError:
     if isinstance(e, ApiException):
-        cls = {404: KubeNotFound, 409: KubeConflict}.get(e.status or 0, KubeError)
+        status = e.status or 0
+        cls = {404: KubeNotFound, 409: KubeConflict}.get(status, KubeError)
+        if status == 429 or status >= 500:
+            cls = KubeUnavailable
         return cls(f"{what}: HTTP {e.status} {e.reason}", status=e.status)
-    return KubeError(f"{what}: {e}")
+    return KubeUnavailable(f"{what}: {e}")
 
 
 @dataclass(frozen=True)

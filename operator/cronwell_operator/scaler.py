@@ -35,6 +35,7 @@ from typing import Any
 
 import pydantic
 
+from cronwell.errors import EXPECTED_ERRORS
 from cronwell.forecast import (
     PoolForecast,
     export_metrics,
@@ -45,12 +46,17 @@ from cronwell.forecast import (
 from cronwell.loader import format_validation_error
 from cronwell.metrics import Metrics
 from cronwell.store.db import Database
+from cronwell.supervise import repeat
 from cronwell.workerpool import LastPreScale, NextBurst, PoolCondition, WorkerPoolSpec
 from cronwell.workerpool import WorkerPoolStatus as _Status
 from cronwell_operator.kube import CRef, Kube, KubeError, KubeNotFound
 from cronwell_operator.settings import OperatorSettings
 from cronwell_operator.status import condition as status_condition
 from cronwell_operator.status import same_status
+
+_EXPECTED: tuple[type[Exception], ...] = (*EXPECTED_ERRORS, KubeError)
+"""What a pre-scale tick retries with backoff: the database or the API server unavailable,
+or the API server refusing a request (RBAC, a conflicting change)."""
 
 log = logging.getLogger(__name__)
 
@@ -279,19 +285,27 @@ class Scaler:
         self._crd_missing = False
 
     async def run(self) -> None:
+        """Tick forever. The database or the API server down, or the API server refusing
+        a request (RBAC, a conflicting change): one line, retried with backoff; any other
+        error is a bug and stops the operator."""
         log.info("pre-scaler started", extra={"action": "prescale_start"})
-        while True:
+
+        async def step() -> float:
             t0 = time.monotonic()
             try:
-                delay = await self.tick()
-            except Exception as e:  # the database or the API server may be down: retry
+                return await self.tick()
+            except _EXPECTED:
                 self.stats.errors += 1
-                log.warning(
-                    "pre-scale tick failed", extra={"action": "prescale_error", "error": str(e)}
-                )
-                delay = self.settings.scale_interval_seconds
-            self._tick_seconds = time.monotonic() - t0
-            await asyncio.sleep(delay)
+                raise
+            finally:
+                self._tick_seconds = time.monotonic() - t0
+
+        await repeat(
+            "pre-scale tick",
+            step,
+            interval_seconds=self.settings.scale_interval_seconds,
+            expected=_EXPECTED,
+        )
 
     async def _db_now(self) -> tuple[datetime, float]:
         row = await self.db.fetchone("ClockNow")

@@ -22,12 +22,6 @@ class OperatorSettings(BaseSettings):
         description="Namespaces to serve; empty = the whole cluster. Drift repair only "
         "tombstones store rows of these namespaces.",
     )
-    partitions: int = Field(
-        16,
-        ge=1,
-        le=4096,
-        description="P of the schedulers (hash(uid) % P); must match CRONWELL_PARTITIONS.",
-    )
     # -- leader election (coordination.k8s.io Lease), as client-go's defaults
     leader_election: bool = Field(
         True, description="Hold a Lease so that one replica reconciles at a time."

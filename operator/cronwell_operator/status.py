@@ -10,7 +10,10 @@ alter a job's status (see migration 0002). The writer, running only in the leade
 3. patches the status subresource only when it differs from what the CR shows (a cache of
    the last status seen or written), and posts Events for dead letters, missed runs and
    failed attempts (one Event per reason per job per pass, with a count);
-4. deletes the rows it handled; rows of a job whose patch failed stay for the next pass.
+4. deletes the rows it handled; rows of a job whose patch failed stay, and that job backs
+   off (exponentially, per job): its rows are skipped by the next reads, so a job that
+   keeps failing never blocks the jobs behind it, and a pass where every write failed
+   waits before the next one instead of looping against the API server.
 
 Every patch and Event goes through one token bucket (`status_qps`, `status_burst`): the
 API server sees a bounded request rate however large a burst of runs is.
@@ -35,9 +38,11 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 
+from cronwell.errors import EXPECTED_ERRORS
 from cronwell.metrics import Metrics
 from cronwell.models import Condition, LastResult, RunCounters, ScheduledJobStatus
 from cronwell.store.db import Database
+from cronwell.supervise import Backoff, repeat
 from cronwell_operator.kube import CRef, Kube, KubeError, KubeNotFound
 from cronwell_operator.settings import OperatorSettings
 
@@ -278,6 +283,46 @@ def events_for(changes: Iterable[Mapping[str, Any]]) -> list[EventSpec]:
     return out
 
 
+def spec_error_reason(message: str) -> str:
+    """The Event reason of a refused spec: specific where Kubernetes CronJob has one."""
+    if "spec.timeZone" in message:
+        return "UnknownTimeZone"
+    if "spec.schedule" in message:
+        return "InvalidSchedule"
+    return "InvalidSpec"
+
+
+# Ready=False reasons that are failures the user must act on (each posts one Warning).
+_FAILING_READY = {"InvalidSpec", "SuspendedAfterFailures"}
+
+
+def transition_events(
+    previous: Mapping[str, Any] | None, status: Mapping[str, Any]
+) -> list[EventSpec]:
+    """A Warning Event when the Ready condition enters a failure (a refused spec, a
+    suspension after failures) or its message changes: once per transition, never per
+    pass or per metadata-only edit (the CR's own status is the memory, so a restarted
+    operator does not post it again)."""
+    prev = _ready(previous)
+    new = _ready(status)
+    if new.get("status") != "False" or new.get("reason") not in _FAILING_READY:
+        return []
+    if (prev.get("reason"), prev.get("message")) == (new.get("reason"), new.get("message")):
+        return []
+    message = str(new.get("message") or "")
+    reason = str(new["reason"])
+    if reason == "InvalidSpec":
+        reason = spec_error_reason(message)
+    return [EventSpec("Warning", reason, message)]
+
+
+def _ready(status: Mapping[str, Any] | None) -> Mapping[str, Any]:
+    for c in (status or {}).get("conditions") or []:
+        if c.get("type") == "Ready":
+            return dict(c)
+    return {}
+
+
 # --------------------------------------------------------------------------- rate limiting
 
 
@@ -316,6 +361,28 @@ class WriterStats:
     rows: int = 0
 
 
+class JobBackoff:
+    """Per-job retry times after failed status writes (monotonic seconds)."""
+
+    def __init__(self, first_seconds: float = 1.0, max_seconds: float = 60.0):
+        self.first, self.max = first_seconds, max_seconds
+        self._jobs: dict[str, tuple[Backoff, float]] = {}
+
+    def failed(self, uid: str, now: float) -> float:
+        """Record a failure; seconds until the job is tried again."""
+        b = self._jobs.get(uid, (Backoff(self.first, self.max), 0.0))[0]
+        delay = b.failure()
+        self._jobs[uid] = (b, now + delay)
+        return delay
+
+    def succeeded(self, uid: str) -> None:
+        self._jobs.pop(uid, None)
+
+    def waiting(self, now: float) -> set[str]:
+        """Jobs not to be tried now."""
+        return {uid for uid, (_, at) in self._jobs.items() if at > now}
+
+
 @dataclass
 class _Known:
     ref: CRef
@@ -338,6 +405,7 @@ class StatusWriter:
         self._limiter = TokenBucket(self.settings.status_qps, self.settings.status_burst)
         self._sem = asyncio.Semaphore(self.settings.status_concurrency)
         self._clock_offset = 0.0
+        self.backoff = JobBackoff()
 
     # -- called by the kopf handlers (same event loop)
 
@@ -369,20 +437,21 @@ class StatusWriter:
     async def run(self) -> None:
         log.info("status writer started", extra={"action": "status_writer_start"})
         self.metrics.operator_leader.set(1)
+
+        async def step() -> float:
+            try:
+                busy = await self.pass_once()
+            except EXPECTED_ERRORS:
+                self.stats.errors += 1
+                raise
+            if not busy:
+                self._wake.clear()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._wake.wait(), self.settings.status_poll_seconds)
+            return 0.0
+
         try:
-            while True:
-                try:
-                    busy = await self.pass_once()
-                except Exception as e:  # the database may be down: try again next pass
-                    self.stats.errors += 1
-                    log.warning(
-                        "status pass failed", extra={"action": "status_error", "error": str(e)}
-                    )
-                    busy = False
-                if not busy:
-                    self._wake.clear()
-                    with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(self._wake.wait(), self.settings.status_poll_seconds)
+            await repeat("status write-back", step, interval_seconds=0.0)
         finally:
             self.metrics.operator_leader.set(0)
 
@@ -394,12 +463,17 @@ class StatusWriter:
             self.metrics.operator_status_backlog.set(int(backlog["n"]))
             # database clock - local clock: lags are measured on the clock that stamped rows
             self._clock_offset = backlog["now"].timestamp() - time.time()
-        rows = await self.db.fetch("StatusChangesRead", {"limit": s.status_batch_size})
+        waiting = self.backoff.waiting(time.monotonic())
+        rows = await self.db.fetch(
+            "StatusChangesRead",
+            {"limit": s.status_batch_size, "skip": [uuid.UUID(u) for u in waiting]},
+        )
         self.stats.passes += 1
         changes: dict[str, list[Any]] = defaultdict(list)
         for r in rows:
             changes[str(r["job_id"])].append(r)
-        touched, self._touched = self._touched, set()
+        touched = self._touched - waiting
+        self._touched -= touched
         uids = sorted(set(changes) | touched)
         if not uids:
             return False
@@ -411,13 +485,19 @@ class StatusWriter:
             *(self._write(uid, facts.get(uid), changes.get(uid, [])) for uid in uids)
         )
         done = [r["id"] for uid, ok in zip(uids, results, strict=True) if ok for r in changes[uid]]
+        now = time.monotonic()
         for uid, ok in zip(uids, results, strict=True):
-            if not ok:
+            if ok:
+                self.backoff.succeeded(uid)
+            else:
+                self.backoff.failed(uid, now)
                 self._touched.add(uid)
         if done:
             await self.db.execute("StatusChangesDelete", {"ids": done})
         self.stats.rows += len(done)
-        return len(rows) >= s.status_batch_size
+        # More is waiting only if this pass made progress: a pass where every write failed
+        # (the API server is down) waits for the poll interval, not loops at once.
+        return len(rows) >= s.status_batch_size and any(results)
 
     async def _write(self, uid: str, row: Any, changes: list[Any]) -> bool:
         """Bring one CR's status up to date; False to retry it next pass."""
@@ -442,9 +522,11 @@ class StatusWriter:
                 status = build_status(
                     row, previous=known.status, spec_error=known.spec_error, now=now
                 )
+                posts = events_for(changes)
                 if same_status(status, known.status):
                     self.stats.skipped += 1
                 else:
+                    posts = transition_events(known.status, status) + posts
                     await self._limiter.take()
                     self.metrics.operator_api_requests.labels(kind="status_patch").inc()
                     await self.kube.patch_status(ref.namespace, ref.name, status)
@@ -454,7 +536,7 @@ class StatusWriter:
                         oldest = min(c["changed_at"] for c in changes).timestamp()
                         lag = time.time() + self._clock_offset - oldest
                         self.metrics.operator_status_lag.observe(max(0.0, lag))
-                for ev in events_for(changes):
+                for ev in posts:
                     await self._limiter.take()
                     self.metrics.operator_api_requests.labels(kind="event").inc()
                     await self.kube.post_event(

@@ -305,6 +305,25 @@ def test_a_spec_the_store_refuses_is_reported_not_retried(
         "a Warning Event naming the field",
     )  # fmt: skip
     assert events >= 1
+    # One Warning with CronJob's reason, posted by the transition, not by each edit; kopf's
+    # log bridge ("Error Logging: Handler ... failed permanently") is not the channel.
+    for i in range(2):  # metadata-only edits
+        kube.kubectl("label", "sj", "wrong", "-n", ns, f"edit=n{i}", "--overwrite")
+    eventually(  # kopf records the last configuration it handled in status.kopf
+        operator,
+        lambda: '"n1"' in json.dumps((get(kube, ns, "wrong").get("status") or {}).get("kopf")),
+        "the operator to handle both edits",
+    )
+    items = json.loads(
+        kube.kubectl(
+            "get", "events", "-n", ns, "--field-selector", "involvedObject.name=wrong",
+            "-o", "json",
+        ).stdout
+    )["items"]  # fmt: skip
+    warnings = [(e["type"], e["reason"]) for e in items]
+    assert warnings.count(("Warning", "UnknownTimeZone")) == 1, warnings
+    assert sum(e.get("count") or 1 for e in items if e["reason"] == "UnknownTimeZone") == 1
+    assert not [w for w in warnings if w[1] == "Logging" or w[0] == "Error"], warnings
     # Fixing the spec clears it.
     apply(kube, ns, sj("wrong", 'schedule: "1 * * * *"\ntimeZone: UTC\ntarget: {log: {}}'))
     eventually(operator, lambda: job(store, uid), "the job row after the fix")

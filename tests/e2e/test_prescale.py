@@ -138,7 +138,7 @@ def burst_at(store: str, pool: str, n: int, lead_seconds: float) -> datetime:
         )
         async with Database(store, max_size=2) as db:
             for i in range(n):
-                await apply_job(db, namespace="jobs", name=f"{pool}-{i}", spec=spec, partitions=16)
+                await apply_job(db, namespace="jobs", name=f"{pool}-{i}", spec=spec)
 
     asyncio.run(go())
     return at

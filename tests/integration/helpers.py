@@ -5,21 +5,17 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from cronwell import jobs
+from cronwell import jobs, partitions
 from cronwell.models import ScheduledJobSpec
 from cronwell.scheduler import Scheduler
 from cronwell.settings import SchedulerSettings
 from cronwell.store.db import Database
 
 
-async def make_job(db: Database, name: str, partitions: int = 1, **spec: Any) -> jobs.Applied:
+async def make_job(db: Database, name: str, **spec: Any) -> jobs.Applied:
     spec.setdefault("target", {"log": {"message": name}})
     return await jobs.apply_job(
-        db,
-        namespace="default",
-        name=name,
-        spec=ScheduledJobSpec.model_validate(spec),
-        partitions=partitions,
+        db, namespace="default", name=name, spec=ScheduledJobSpec.model_validate(spec)
     )
 
 
@@ -32,13 +28,13 @@ async def set_cursor(db: Database, name: str, sql_instant: str) -> None:
         )
 
 
-async def scheduler(db: Database, **settings: Any) -> Scheduler:
-    """A scheduler that owns every partition (P=1 unless given)."""
-    settings.setdefault("partitions", 1)
+async def scheduler(db: Database, *, partition_count: int = 1, **settings: Any) -> Scheduler:
+    """A scheduler that owns every partition (the store re-partitioned to P=1 unless
+    another P is given)."""
+    await partitions.set_count(db, partition_count)
     s = Scheduler(db, SchedulerSettings(**settings))
-    await db.execute("PartitionEnsure", {"partitions": s.settings.partitions})
     await s.balance()
-    assert len(s.owned) == s.settings.partitions
+    assert len(s.owned) == partition_count
     return s
 
 

@@ -11,7 +11,7 @@ from typing import Any
 
 from click.testing import CliRunner, Result
 
-from cronwell import dispatch, jobs, schedule
+from cronwell import dispatch, jobs, maintenance, schedule
 from cronwell.backfill import backfill
 from cronwell.cli import main
 from cronwell.store.db import Database
@@ -233,6 +233,6 @@ async def test_backfill_queued_behind_a_running_occurrence_is_not_stranded(db: D
     }
     assert await dispatch.succeed(db, [(running.key, running.fence)]) == {key}
     assert await _run_all(db) == []  # stranded until the reaper passes
-    await dispatch.reap(db, limit=100)
+    await maintenance.reap(db, limit=100)
     # The first starts; its completion (buffered) promotes the next.
     assert await _run_all(db) == [schedule.occurrence_key(job.id, top - k * H) for k in (6, 5)]

@@ -162,3 +162,26 @@ def test_pause_and_resume_selectors(db_url: str, tmp_path: Path) -> None:
     missing = cli("pause", "nope", url=db_url)
     assert missing.returncode == 1 and "no ScheduledJob default/nope" in missing.stderr
     assert "Traceback" not in missing.stderr + unconfirmed.stderr
+
+
+def test_partition_count_lives_in_the_store(empty_db_url: str, tmp_path: Path) -> None:
+    """`migrate --partitions` sets P of a new store; a migrate (or scheduler) configured
+    with another P refuses in one line; `partitions set` changes it and moves the jobs."""
+    made = cli("migrate", "--partitions", "4", url=empty_db_url)
+    assert made.returncode == 0 and "(4 partitions)" in made.stdout, made.stderr
+    (tmp_path / "j.yaml").write_text(
+        "apiVersion: cronwell.dev/v1alpha1\nkind: ScheduledJob\nmetadata: {name: j}\n"
+        "spec: {schedule: '*/5 * * * *', target: {log: {}}}\n"
+    )
+    assert cli("apply", "-f", str(tmp_path), url=empty_db_url).returncode == 0
+    other = cli("migrate", "--partitions", "8", url=empty_db_url)
+    assert other.returncode == 1 and "Traceback" not in other.stderr
+    assert "configured with 8 partitions but the store uses 4" in other.stderr
+    assert "cronwell partitions set 8" in other.stderr
+    changed = cli("partitions", "set", "8", url=empty_db_url)
+    assert changed.returncode == 0 and "partitions 4 -> 8" in changed.stdout, changed.stderr
+    assert cli("partitions", "get", url=empty_db_url).stdout.strip() == "8"
+    status = cli("status", url=empty_db_url)
+    assert "partitions (8)" in status.stdout
+    bad = cli("partitions", "set", "0", url=empty_db_url)
+    assert bad.returncode == 2 and "Traceback" not in bad.stderr

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import urllib.request
 
-from cronwell import jobs
+from cronwell import jobs, partitions
 from cronwell.embedded import free_port
 from cronwell.metrics import Metrics
 from cronwell.scheduler import Scheduler
@@ -26,8 +26,8 @@ async def test_scheduler_metrics_follow_materialisation(db: Database) -> None:
     await make_job(db, "late", schedule="* * * * *", misfirePolicy="Skip")
     await set_cursor(db, "late", "date_trunc('minute', now()) - interval '10 minutes'")
     m = Metrics()
-    s = Scheduler(db, SchedulerSettings(partitions=1), metrics=m)
-    await db.execute("PartitionEnsure", {"partitions": 1})
+    await partitions.set_count(db, 1)
+    s = Scheduler(db, SchedulerSettings(), metrics=m)
     await s.balance()
     await s.materialise_until_idle()
     await s.report_gauges()
@@ -49,8 +49,8 @@ async def test_jobs_behind_counts_an_unowned_partition(db: Database) -> None:
     await make_job(db, "stuck", schedule="* * * * *")
     await set_cursor(db, "stuck", "now() - interval '1 minute'")
     m = Metrics()
-    s = Scheduler(db, SchedulerSettings(partitions=1), metrics=m)
-    await db.execute("PartitionEnsure", {"partitions": 1})
+    await partitions.set_count(db, 1)
+    s = Scheduler(db, SchedulerSettings(), metrics=m)
     await s.balance()
     await s.report_gauges()  # before materialising: one job behind
     assert value(m, "cronwell_jobs_behind") == 1

@@ -7,7 +7,7 @@ import itertools
 import json
 from datetime import timedelta
 
-from cronwell import jobs, schedule
+from cronwell import jobs, partitions, schedule
 from cronwell.models import ScheduledJobSpec
 from cronwell.scheduler import Scheduler
 from cronwell.settings import SchedulerSettings
@@ -75,8 +75,8 @@ async def test_concurrent_materialisers_create_each_occurrence_once(db: Database
 
 
 async def test_partitions_balance_and_fence(db: Database) -> None:
-    settings = SchedulerSettings(partitions=8, partition_lease_seconds=1.5)
-    await db.execute("PartitionEnsure", {"partitions": 8})
+    settings = SchedulerSettings(partition_lease_seconds=1.5)
+    await partitions.set_count(db, 8)
     a, b = Scheduler(db, settings, holder="a"), Scheduler(db, settings, holder="b")
     await a.balance()
     assert len(a.owned) == 8
@@ -91,7 +91,7 @@ async def test_partitions_balance_and_fence(db: Database) -> None:
     assert len(b.owned) == 8
     assert all(b.owned[p] == old[p] + 1 for p in old)
     # a's stale claim at its old epochs materialises nothing, even for due jobs
-    await make_job(db, "due", partitions=8, schedule="* * * * * *")
+    await make_job(db, "due", schedule="* * * * * *")
     assert sum([await a.materialise_once(p) for p in range(8)]) == 0
     assert await b.materialise_until_idle() == 1
     # a's renewal now fails and it stops claiming
@@ -100,8 +100,8 @@ async def test_partitions_balance_and_fence(db: Database) -> None:
 
 
 async def test_resign_hands_over_at_once(db: Database) -> None:
-    settings = SchedulerSettings(partitions=4, partition_lease_seconds=30)
-    await db.execute("PartitionEnsure", {"partitions": 4})
+    settings = SchedulerSettings(partition_lease_seconds=30)
+    await partitions.set_count(db, 4)
     a, b = Scheduler(db, settings, holder="a"), Scheduler(db, settings, holder="b")
     await a.balance()
     await a.resign()
@@ -204,3 +204,35 @@ async def test_delete_keeps_history_drops_unstarted(db: Database) -> None:
     assert await occurrences(db, "del") == []
     again = await make_job(db, "del", schedule="*/10 * * * * *")
     assert again.action == "created"  # a re-created job is a new job
+
+
+async def test_suspension_records_missed_instants_and_resume_catches_up_once(
+    db: Database,
+) -> None:
+    """As Kubernetes CronJob: instants that fell while suspended are missed (reason
+    Suspended, counted); on resume, RunOnce runs at most one of them, even when all are
+    within startingDeadlineSeconds."""
+    await make_job(
+        db,
+        "paused",
+        schedule="* * * * * *",
+        concurrencyPolicy="Allow",
+        misfirePolicy="RunOnce",
+        startingDeadlineSeconds=60,
+    )
+    await jobs.set_suspended(db, namespace="default", name="paused", suspended=True)
+    # four instants pass while suspended (the cursor stays where suspension found it)
+    await set_cursor(db, "paused", "date_trunc('second', now()) - interval '4 s'")
+    await jobs.set_suspended(db, namespace="default", name="paused", suspended=False)
+    s = await scheduler(db, horizon_seconds=0.001)
+    await s.materialise_until_idle()
+    occ = await occurrences(db, "paused")
+    (resumed,) = await db.fetch("JobList", {"namespace": None})
+    during = [o for o in occ if o["scheduled_for"] < occ[-1]["scheduled_for"]]
+    missed = [o for o in occ if o["state"] == "missed"]
+    catchup = [o for o in occ if o["origin"] == "catchup"]
+    assert len(catchup) == 1, [(o["state"], o["origin"]) for o in occ]
+    assert len(missed) >= 3 and all(o["reason"] == "Suspended" for o in missed)
+    assert resumed["missed_total"] == len(missed)
+    assert catchup[0]["scheduled_for"] > max(o["scheduled_for"] for o in missed)
+    assert len(during) >= 4

@@ -8,12 +8,14 @@ import itertools
 import os
 import signal
 import time
+import uuid
 from collections import defaultdict
 from datetime import timedelta
 from pathlib import Path
 
 import pytest
 
+from cronwell import partitions
 from cronwell.store.db import Database
 from tests.procs import spawn, stop
 
@@ -40,8 +42,9 @@ async def _wait_for(cond, timeout: float = 30.0) -> float:  # type: ignore[no-un
 
 
 async def test_kill_minus_nine_a_scheduler(db: Database, db_url: str, tmp_path: Path) -> None:
+    await partitions.set_count(db, 4)
     for i in range(40):
-        await make_job(db, f"sec{i}", partitions=4, schedule="* * * * * *")
+        await make_job(db, f"sec{i}", schedule="* * * * * *")
     env = {
         "CRONWELL_DATABASE_URL": db_url,
         "CRONWELL_PARTITIONS": "4",
@@ -85,3 +88,58 @@ async def test_kill_minus_nine_a_scheduler(db: Database, db_url: str, tmp_path: 
 async def _one_owner(db: Database) -> bool:
     o = await _owners(db)
     return len(o) == 1 and list(o.values()) == [4]
+
+
+async def test_repartition_online_loses_and_repeats_nothing(
+    db: Database, db_url: str, tmp_path: Path
+) -> None:
+    """`cronwell partitions set 7` while two schedulers materialise 30 per-second jobs at
+    P=4: every job moves, the schedulers take the 7 partitions over, and every job's
+    instants stay one second apart, each once, none missed."""
+    await partitions.set_count(db, 4)
+    for i in range(30):
+        await make_job(db, f"sec{i}", schedule="* * * * * *")
+    env = {
+        "CRONWELL_DATABASE_URL": db_url,
+        "CRONWELL_PARTITION_LEASE_SECONDS": "2",
+        "CRONWELL_HORIZON_SECONDS": "1",
+        "CRONWELL_TICK_SECONDS": "0.2",
+        "CRONWELL_LOG_LEVEL": "WARNING",
+    }
+    a = spawn("scheduler", env=env, log=tmp_path / "a.log")
+    b = spawn("scheduler", env=env, log=tmp_path / "b.log")
+    try:
+
+        async def owned(n: int) -> bool:
+            o = await _owners(db)
+            return len(o) == 2 and sum(o.values()) == n
+
+        await _wait_for(lambda: owned(4))
+        await asyncio.sleep(1.5)
+        changed_at = await db_now(db)
+        old, moved = await partitions.set_count(db, 7)
+        assert old == 4 and moved > 0
+        await _wait_for(lambda: owned(7))
+        await asyncio.sleep(2.5)
+        # a scheduler configured with the old count refuses to start, saying why
+        c = spawn("scheduler", "--partitions", "4", env=env, log=tmp_path / "c.log")
+        assert c.wait(60) != 0
+    finally:
+        assert stop(a) == 0, (tmp_path / "a.log").read_text()
+        assert stop(b) == 0, (tmp_path / "b.log").read_text()
+    assert "cronwell partitions set 4" in (tmp_path / "c.log").read_text()
+    assert "Traceback" not in (tmp_path / "c.log").read_text()
+    rows = await db.fetch("JobPartitionList", {"after": uuid.UUID(int=0), "limit": 100})
+    assert {r["partition"] for r in rows} <= set(range(7)) and len(rows) == 30
+    occ = await occurrences(db)
+    by_job: dict[str, list] = defaultdict(list)  # type: ignore[type-arg]
+    for o in occ:
+        by_job[o["name"]].append(o["scheduled_for"])
+    assert len(by_job) == 30
+    for name, instants in by_job.items():
+        assert len(instants) == len(set(instants)), f"{name}: duplicate instants"
+        instants.sort()
+        gaps = [b - a for a, b in itertools.pairwise(instants) if b - a != timedelta(seconds=1)]
+        assert not gaps, f"{name}: lost instants around {gaps}"
+        assert instants[-1] > changed_at + timedelta(seconds=2), f"{name} stopped at the change"
+    assert not [o for o in occ if o["state"] == "missed"]

@@ -8,7 +8,8 @@ from typing import Any
 import psycopg
 import pytest
 
-from cronwell.errors import DatabaseUnavailable, SchemaTooNew
+from cronwell import partitions
+from cronwell.errors import DatabaseUnavailable, PartitionMismatch, SchemaMissing, SchemaTooNew
 from cronwell.store import Database, migrate
 from cronwell.store._queries import q
 from cronwell.store.migrate import SCHEMA_VERSION, check_schema
@@ -33,6 +34,30 @@ async def test_refuses_a_newer_schema(db: Database) -> None:
         await migrate(db)
     with pytest.raises(SchemaTooNew):
         await check_schema(db)
+
+
+async def test_check_schema_refuses_a_missing_schema_without_creating_one(
+    empty_db_url: str,
+) -> None:
+    """A process that does not migrate (the operator) must refuse an empty database, and
+    checking must not create tables in it."""
+    async with Database(empty_db_url) as db:
+        with pytest.raises(SchemaMissing, match="run `cronwell migrate`"):
+            await check_schema(db)
+        row = await db.fetchone("SchemaPresent")
+        assert row is not None and row["present"] is False
+        await migrate(db)
+        await check_schema(db)
+
+
+async def test_migrate_stores_the_partition_count_of_a_new_store(empty_db_url: str) -> None:
+    async with Database(empty_db_url) as db:
+        await migrate(db, partitions=5)
+        await migrate(db)  # a store that has a count keeps it
+        assert await partitions.read(db) == 5
+        assert len(await db.fetch("PartitionList")) == 5
+        with pytest.raises(PartitionMismatch, match="configured with 8 partitions but the store"):
+            await partitions.check(db, 8)
 
 
 async def test_unreachable_database_is_a_clear_error() -> None:
@@ -61,7 +86,8 @@ async def _plan(db: Database, name: str, params: dict[str, Any]) -> str:
 
 _FILL = """
 INSERT INTO cronwell_partitions (partition, holder, epoch, expires_at)
-SELECT p, 'h', 1, now() + interval '1 hour' FROM generate_series(0, 15) p;
+SELECT p, 'h', 1, now() + interval '1 hour' FROM generate_series(0, 15) p
+ON CONFLICT (partition) DO UPDATE SET holder = 'h', epoch = 1, expires_at = excluded.expires_at;
 INSERT INTO cronwell_jobs (id, namespace, name, spec, spec_hash, pool, partition, next_run_at)
 SELECT gen_random_uuid(), 'default', 'j' || i, '{}', '', 'default', i % 16,
        now() + (i % 86400) * interval '1 second'

@@ -5,6 +5,7 @@ AtMostOnce, LeaseLost aborts (async and sync handlers), self-fencing, graceful s
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
 import socket
 import time
@@ -14,7 +15,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from cronwell import dispatch
+from cronwell import dispatch, maintenance
 from cronwell.errors import LeaseLost
 from cronwell.handlers import Context
 from cronwell.models import RetryPolicy
@@ -315,7 +316,7 @@ async def test_at_most_once_never_reruns_an_ambiguous_attempt(db: Database, db_u
         "WHERE idempotency_key = %s",
         lease_key,
     )
-    reaped = await dispatch.reap(db, limit=10)
+    reaped = await maintenance.reap(db, limit=10)
     assert [(r["state"], r["reason"]) for r in reaped] == [("dead", "Ambiguous")]
 
     async with running_worker(db_url):
@@ -685,3 +686,43 @@ async def test_a_worker_runs_jobs_sharing_a_spec_and_a_changed_spec(
         key = await trigger(db, "twin-a")
         o = await wait_for(lambda: state_is(db, key, "dead"))
     assert o["reason"] == "UnknownHandler"
+
+
+_HEARTBEAT_BREAKS = """
+CREATE FUNCTION test_break_heartbeats() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    IF NEW.state = OLD.state AND NEW.lease_expires_at IS DISTINCT FROM OLD.lease_expires_at
+    THEN RAISE EXCEPTION 'heartbeats are broken' USING ERRCODE = 'XX000';
+    END IF;
+    RETURN NEW;
+END $$;
+CREATE TRIGGER test_break_heartbeats BEFORE UPDATE ON cronwell_occurrences
+    FOR EACH ROW EXECUTE FUNCTION test_break_heartbeats();
+"""
+
+
+async def test_a_crashed_heartbeat_task_stops_the_worker_at_once(db: Database, db_url: str) -> None:
+    """A background task that dies of an unexpected error (not the database being down) is
+    noticed while the worker runs: its running attempt is cancelled and run() raises the
+    error (the process exits non-zero), instead of the worker claiming on unguarded."""
+    from cronwell.settings import WorkerSettings
+    from cronwell_worker.runtime import Worker
+
+    await handler_job(db, "blocked", "t-wait-event")
+    async with Database(db_url, max_size=10) as wdb:
+        w = Worker(wdb, WorkerSettings(lease_seconds=3.0, poll_seconds=0.2))
+        task = asyncio.create_task(w.run())
+        try:
+            key = await trigger(db, "blocked")
+            await started(key)
+            await sql(db, _HEARTBEAT_BREAKS)
+            with pytest.raises(psycopg.errors.InternalError_, match="heartbeats are broken"):
+                await asyncio.wait_for(asyncio.shield(task), 15)
+        finally:
+            if not task.done():
+                w.stop()
+                w.stop()
+                with contextlib.suppress(Exception):
+                    await asyncio.wait_for(task, 20)
+    assert marks_of(None, "cancelled", key), "the running attempt was not cancelled"
+    CONTROL.pop(key, None)

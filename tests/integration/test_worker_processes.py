@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from cronwell import dispatch
+from cronwell import maintenance
 from cronwell.store.db import Database
 from tests.procs import spawn, stop
 
@@ -66,7 +66,7 @@ async def _reap_until(db: Database, key: str, timeout: float = 15.0) -> dict[str
     """Run the reaper until it requeues `key` (only possible once its lease ran out)."""
 
     async def reaped() -> dict[str, Any] | None:
-        rows = await dispatch.reap(db, limit=100)
+        rows = await maintenance.reap(db, limit=100)
         return next((r for r in rows if r["idempotency_key"] == key), None)
 
     return await wait_for(reaped, timeout, f"the reaper to requeue {key}")

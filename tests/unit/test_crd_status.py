@@ -204,3 +204,20 @@ def test_cronwell_errors_map_to_kopf_errors_explicitly() -> None:
     assert handlers.kopf_error(DatabaseError("x")).delay == 30  # type: ignore[union-attr]
     assert isinstance(handlers.kopf_error(JobNotFound("x")), kopf.TemporaryError)
     assert isinstance(handlers.kopf_error(SpecError("x")), kopf.PermanentError)
+
+
+def test_a_failing_ready_posts_one_warning_per_transition() -> None:
+    bad = status.build_status(
+        None, previous=None, spec_error=(1, "spec.timeZone: unknown time zone 'x'"), now=NOW
+    )
+    (ev,) = status.transition_events(None, bad)
+    assert (ev.type, ev.reason) == ("Warning", "UnknownTimeZone")
+    assert "unknown time zone" in ev.message
+    # the same failure again (a metadata-only edit, a restart): nothing new to say
+    assert status.transition_events(bad, bad) == []
+    # another failure is another transition
+    cron = status.build_status(None, previous=bad, spec_error=(2, "spec.schedule: x"), now=NOW)
+    assert [e.reason for e in status.transition_events(bad, cron)] == ["InvalidSchedule"]
+    # recovering posts no Warning
+    ok = status.build_status(row(), previous=cron, spec_error=None, now=NOW)
+    assert status.transition_events(cron, ok) == []

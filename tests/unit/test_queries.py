@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import re
 from pathlib import Path
 
@@ -19,17 +20,50 @@ def test_every_query_has_a_description() -> None:
         assert re.match(r"^[A-Z][a-zA-Z]+$", name), name
 
 
+_SOURCES = ("cronwell/**/*.py", "worker/**/*.py", "operator/**/*.py", "hack/*.py")
+# Functions whose first argument is a query name (the store's, and thin wrappers of it).
+_RUNNERS = {"fetch", "fetchone", "execute", "q", "_drain", "_store_rows"}
+
+
+def query_names_called(source: str) -> set[str]:
+    """Literal query names passed to the store (`db.fetch("JobList", ...)` and wrappers)."""
+    names = set()
+    for node in ast.walk(ast.parse(source)):
+        if not isinstance(node, ast.Call) or not node.args:
+            continue
+        func = node.func
+        callee = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", None)
+        arg = node.args[0]
+        if (
+            callee in _RUNNERS
+            and isinstance(arg, ast.Constant)
+            and isinstance(arg.value, str)
+            and re.fullmatch(r"[A-Z][a-z]+(?:[A-Z][a-z0-9]*)+", arg.value)
+        ):
+            names.add(arg.value)
+    return names
+
+
 def test_names_used_in_code_exist_and_all_are_used() -> None:
-    used: set[str] = set()
-    for f in [
-        *ROOT.glob("cronwell/**/*.py"),
-        *ROOT.glob("worker/**/*.py"),
-        *ROOT.glob("operator/**/*.py"),
-    ]:
-        used |= set(re.findall(r'"([A-Z][a-z]+(?:[A-Z][a-z]+)+)"', f.read_text()))
+    """Both ways: a query name called in code must exist (a typo fails here, not in
+    production), and every query must be used somewhere."""
+    called: set[str] = set()
+    mentioned: set[str] = set()
+    for pattern in _SOURCES:
+        for f in ROOT.glob(pattern):
+            text = f.read_text()
+            called |= query_names_called(text)
+            mentioned |= set(re.findall(r'"([A-Z][a-z]+(?:[A-Z][a-z]+)+)"', text))
     known = set(queries())
-    referenced = used & known
-    assert referenced == known, f"unused queries: {sorted(known - referenced)}"
+    assert called, "no query call found: the scan is broken"
+    assert called <= known, f"unknown query names called: {sorted(called - known)}"
+    assert mentioned >= known, f"unused queries: {sorted(known - mentioned)}"
+
+
+def test_a_mistyped_query_name_is_caught() -> None:
+    source = 'async def f(db):\n    await db.fetch("JobLsit", {})\n'
+    assert query_names_called(source) == {"JobLsit"}
+    assert "JobLsit" not in queries()
 
 
 def test_parse_rejects_duplicates_and_missing_descriptions() -> None:

@@ -300,7 +300,6 @@ def dev(
                     namespace=item.job.metadata.namespace,
                     name=item.job.metadata.name,
                     spec=item.job.spec,
-                    partitions=settings.partitions,
                 )
                 click.echo(
                     f"{a.namespace}/{a.name}: {a.action}, next run {_fmt_time(a.next_run_at)} UTC"

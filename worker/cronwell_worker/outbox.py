@@ -30,8 +30,9 @@ import httpx
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from cronwell.errors import CronwellError
+from cronwell.errors import EXPECTED_ERRORS, CronwellError
 from cronwell.store.db import Database
+from cronwell.supervise import Backoff
 
 log = logging.getLogger("cronwell.outbox")
 
@@ -199,7 +200,7 @@ class Relay:
                 )
                 try:
                     await self._call(m)
-                except Exception as e:
+                except Exception as e:  # the user's publisher: any error is a failed publish
                     err = f"{type(e).__name__}: {e}" if not isinstance(e, PublishError) else str(e)
                     bad.append((m.id, err[:2000]))
                     # The row's attempt count (shared by all relays) sets the backoff.
@@ -232,16 +233,19 @@ class Relay:
     async def run(self) -> None:
         """Publish until stop()."""
         log.info("outbox relay started", extra={"action": "outbox_relay_start"})
+        backoff = Backoff(first_seconds=0.5, max_seconds=max(self.settings.poll_seconds, 30.0))
         while not self._stop.is_set():
             delay = self.settings.poll_seconds
             try:
                 published, failed = await self.publish_once()
                 if published + failed >= self.settings.batch_size and published:
                     delay = 0
-            except Exception as e:
+                backoff.success()
+            except EXPECTED_ERRORS as e:  # anything else is a bug: it stops the process
+                delay = backoff.failure()
                 log.warning(
-                    "outbox relay pass failed",
-                    extra={"action": "outbox_relay_failed", "error": str(e)},
+                    f"outbox relay pass failed; retrying in {delay:.1f}s: {e}",
+                    extra={"action": "outbox_relay_failed"},
                 )
             if delay > 0:
                 with contextlib.suppress(TimeoutError):

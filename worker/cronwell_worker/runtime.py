@@ -27,16 +27,18 @@ from typing import Any
 
 import httpx
 import psycopg
+import pydantic
 
 from cronwell import dispatch
 from cronwell.dispatch import Claimed
-from cronwell.errors import LeaseLost
+from cronwell.errors import EXPECTED_ERRORS, DatabaseError, LeaseLost
 from cronwell.handlers import Context
 from cronwell.metrics import Metrics
 from cronwell.models import Delivery, RetryPolicy, ScheduledJobSpec
 from cronwell.scheduler import process_id
 from cronwell.settings import WorkerSettings
 from cronwell.store.db import Database
+from cronwell.supervise import Backoff, Supervisor
 from cronwell_worker import targets
 
 log = logging.getLogger("cronwell.worker")
@@ -120,32 +122,43 @@ class Worker:
     # -- lifecycle --------------------------------------------------------------------
 
     async def run(self) -> None:
-        """Run until stop(); then drain within the grace period and release what is left."""
+        """Run until stop(); then drain within the grace period and release what is left.
+
+        The background tasks (heartbeats, the self-fencing watchdog, completions, LISTEN,
+        the registry) are watched while the worker runs: if one dies of an unexpected
+        error, claiming stops, running attempts are cancelled at once (their leases may no
+        longer be guarded) and the error is raised, so the process exits non-zero."""
         self._http = httpx.AsyncClient(follow_redirects=False)
         await self._register()
-        tasks = [
-            asyncio.create_task(c(), name=c.__name__)
-            for c in (
-                self._listen,
-                self._heartbeat_loop,
-                self._watchdog_loop,
-                self._complete_loop,
-                self._registry_loop,
-            )
-        ]
+        tasks = Supervisor(f"worker {self.id}")
+        for c in (
+            self._listen,
+            self._heartbeat_loop,
+            self._watchdog_loop,
+            self._complete_loop,
+            self._registry_loop,
+        ):
+            tasks.spawn(c(), c.__name__.lstrip("_"))
         log.info(
             "worker started",
             extra={"action": "worker_start", "worker": self.id, "pool": self.settings.pool},
         )
+        claim = asyncio.create_task(self._claim_loop(), name="claim_loop")
         try:
-            await self._claim_loop()
+            await tasks.wait(claim)
+        except BaseException:
+            self._stopping.set()
+            self._abort_all("a background task of the worker crashed")
+            raise
         finally:
+            self._stopping.set()
+            self._wake.set()
+            with contextlib.suppress(Exception, asyncio.CancelledError):
+                await asyncio.wait_for(claim, 10)
             await self._drain()
-            for t in tasks:
-                t.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
+            await tasks.stop()
             await self._flush()
-            with contextlib.suppress(Exception):
+            with contextlib.suppress(DatabaseError):
                 await self.db.execute("ProcessDelete", {"id": self.id})
             await self._http.aclose()
             if self._http_insecure is not None:
@@ -156,10 +169,13 @@ class Worker:
         """First call: stop claiming and let running attempts finish within the grace
         period. Second call: cancel running attempts now (each is recorded as cancelled)."""
         if self._stopping.is_set():
-            for r in list(self.running.values()):
-                self._cancel(r, ABORT_SHUTDOWN, "second stop signal")
+            self._abort_all("second stop signal")
         self._stopping.set()
         self._wake.set()
+
+    def _abort_all(self, why: str) -> None:
+        for r in list(self.running.values()):
+            self._cancel(r, ABORT_SHUTDOWN, why)
 
     @property
     def stopping(self) -> bool:
@@ -193,6 +209,7 @@ class Worker:
 
     async def _claim_loop(self) -> None:
         s = self.settings
+        backoff = Backoff(first_seconds=0.5, max_seconds=s.poll_seconds)
         while not self._stopping.is_set():
             # Cleared before the claim: a NOTIFY arriving while it runs wakes the next one.
             self._wake.clear()
@@ -225,9 +242,13 @@ class Worker:
                     row = await self.db.fetchone("OccurrenceNextDue", {"pool": s.pool})
                     if row and row["next_due"] is not None:
                         delay = (row["next_due"] - row["db_now"]).total_seconds()
-            except Exception as e:
-                log.warning("claim failed", extra={"action": "claim_failed", "error": str(e)})
-                delay = 1.0
+                backoff.success()
+            except EXPECTED_ERRORS as e:
+                delay = backoff.failure()
+                log.warning(
+                    f"claim failed; retrying in {delay:.1f}s: {e}",
+                    extra={"action": "claim_failed"},
+                )
             if delay > 0 and not self._stopping.is_set():
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._wake.wait(), min(delay, s.poll_seconds))
@@ -255,7 +276,7 @@ class Worker:
             return
         try:
             released = await dispatch.release(self.db, [(c.key, c.fence) for c in claimed])
-        except Exception as e:
+        except DatabaseError as e:
             log.error(
                 "could not release claimed occurrences; their leases will expire and be reaped",
                 extra={"action": "release_failed", "error": str(e), "n": len(claimed)},
@@ -309,7 +330,7 @@ class Worker:
         r = _Running(c, ctx, deadline)
         try:
             r.spec = self._spec(c)
-        except Exception as e:
+        except (pydantic.ValidationError, ValueError) as e:
             r.spec_error = e
         self.running[c.key] = r
         self._handlers += 1
@@ -409,7 +430,7 @@ class Worker:
             outcome = "timeout"
         except targets.TargetError as e:
             error = e
-        except Exception as e:
+        except Exception as e:  # the job's own code: any error is this attempt's failure
             error = targets.TargetError(f"{type(e).__name__}: {e}")
         self._handler_done(r)
         if error is not None:
@@ -460,7 +481,7 @@ class Worker:
                 delay_seconds=delay,
                 outcome=outcome,
             )
-        except Exception as db_error:
+        except DatabaseError as db_error:
             log.error(
                 "could not record failure; the lease will expire and be reaped",
                 extra=extra | {"error": str(db_error)},
@@ -515,16 +536,18 @@ class Worker:
         batch, self._done = self._done, []
         if not batch:
             return
-        for attempt in range(30):
+        backoff = Backoff(first_seconds=0.1, max_seconds=2.0)
+        for _ in range(30):
             try:
                 ok = await dispatch.succeed(self.db, [(k, f) for k, f, _ in batch])
                 break
-            except Exception as e:
+            except EXPECTED_ERRORS as e:
+                delay = backoff.failure()
                 log.warning(
-                    "completion write failed; retrying",
-                    extra={"action": "complete_retry", "error": str(e)},
+                    f"completion write failed; retrying in {delay:.1f}s: {e}",
+                    extra={"action": "complete_retry"},
                 )
-                await asyncio.sleep(min(2.0, 0.1 * 2**attempt))
+                await asyncio.sleep(delay)
         else:
             ok = set()
         for k, _, fut in batch:
@@ -555,8 +578,9 @@ class Worker:
             alive = await dispatch.heartbeat(
                 self.db, worker_id=self.id, running=held, lease_seconds=lease
             )
-        except Exception as e:
-            log.warning("heartbeat failed", extra={"action": "heartbeat_failed", "error": str(e)})
+        except EXPECTED_ERRORS as e:
+            # The watchdog self-fences the attempts if renewals keep failing.
+            log.warning(f"heartbeat failed: {e}", extra={"action": "heartbeat_failed"})
             return
         for k, fence in held:
             r = self.running.get(k)
@@ -602,7 +626,7 @@ class Worker:
     # -- registry ---------------------------------------------------------------------
 
     async def _register(self) -> None:
-        with contextlib.suppress(Exception):
+        with contextlib.suppress(DatabaseError):
             await self.db.execute(
                 "ProcessHeartbeat",
                 {

@@ -1,0 +1,130 @@
+"""Housekeeping, run by the schedulers (River's job_rescuer and job_cleaner are the model).
+
+- The **reaper** (every scheduler, every tick): expired leases back to pending or dead,
+  and waiting occurrences left with nothing ahead of them promoted.
+- The **pruner** (the owner of partition 0 only, every `prune_interval_seconds`): each
+  job's history limits (`successfulJobsHistoryLimit` for succeeded occurrences,
+  `failedJobsHistoryLimit` for each other final state), and the store-wide retention
+  (finished occurrences of deleted and one-shot jobs, tombstoned jobs, drained outbox
+  messages and status change rows older than `retention_seconds`).
+
+Every delete is a bounded batch (`DELETE … WHERE id IN (SELECT … LIMIT n)`) in its own
+short transaction, touching only finished rows, which neither the claim path nor the
+materialiser ever lock: pruning holds no long lock and never waits on the hot path.
+Counters in status are totals kept in the job row (migration 0003), so pruning history
+never makes them go down.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from cronwell import dispatch
+from cronwell.metrics import Metrics
+from cronwell.store.db import Database
+
+log = logging.getLogger(__name__)
+
+_ZERO = uuid.UUID(int=0)
+
+
+async def reap(db: Database, *, limit: int) -> list[dict[str, Any]]:
+    """Expired leases back to pending (AtLeastOnce) or dead (AtMostOnce / exhausted; a
+    death counts toward suspendAfterFailures like any other); and waiting occurrences left
+    with nothing active ahead of them start."""
+    async with db.transaction() as conn:
+        rows = await db.fetch("LeaseReap", {"limit": limit}, conn=conn)
+        stranded = await db.fetch("WaitingStranded", {"limit": limit}, conn=conn)
+        await dispatch.promote_waiting(
+            db,
+            conn,
+            [
+                r["job_id"]
+                for r in rows
+                if r["state"] == "dead" and r["overlap"] in dispatch.BUFFERED
+            ]
+            + [r["job_id"] for r in stranded],
+        )
+        await dispatch.notify_due(
+            db, conn, [(r["pool"], r["run_at"]) for r in rows if r["state"] == "pending"]
+        )
+    return [dict(r) for r in rows]
+
+
+@dataclass
+class PruneResult:
+    """Rows one prune pass deleted."""
+
+    history: int = 0
+    """Occurrences beyond their job's history limits."""
+    retention: int = 0
+    """Occurrences of deleted and one-shot jobs older than the retention."""
+    jobs: int = 0
+    """Tombstoned jobs forgotten."""
+    other: int = 0
+    """Status change rows and published outbox messages older than the retention."""
+
+
+class Pruner:
+    """History limits and retention, in small batches."""
+
+    def __init__(
+        self,
+        db: Database,
+        *,
+        retention_seconds: float,
+        batch_rows: int = 1000,
+        batch_jobs: int = 200,
+        metrics: Metrics | None = None,
+    ):
+        self.db = db
+        self.retention_seconds = retention_seconds
+        self.batch_rows = batch_rows
+        self.batch_jobs = batch_jobs
+        self.metrics = metrics
+
+    async def prune_once(self) -> PruneResult:
+        """One full pass: every job's history limits, then the store-wide retention."""
+        res = PruneResult()
+        after = _ZERO
+        while True:
+            row = await self.db.fetchone(
+                "HistoryLimitPrune",
+                {"after": after, "jobs": self.batch_jobs, "limit": self.batch_rows},
+            )
+            if row is None or row["last_job"] is None:
+                break
+            res.history += int(row["deleted"])
+            if int(row["deleted"]) < self.batch_rows:
+                after = row["last_job"]  # this range is within its limits: next range
+        params = {"retention": self.retention_seconds, "limit": self.batch_rows}
+        res.retention = await self._drain("HistoryRetentionPrune", params)
+        res.jobs = await self._drain("JobTombstonePurge", params)
+        res.other = await self._drain("StatusChangesPrune", params)
+        res.other += await self._drain("OutboxPublishedPrune", params)
+        if self.metrics is not None:
+            self.metrics.pruned.labels("history").inc(res.history)
+            self.metrics.pruned.labels("retention").inc(res.retention)
+        if res.history or res.retention or res.jobs or res.other:
+            log.info(
+                "history pruned",
+                extra={
+                    "action": "prune",
+                    "history": res.history,
+                    "retention": res.retention,
+                    "jobs": res.jobs,
+                    "other": res.other,
+                },
+            )
+        return res
+
+    async def _drain(self, query: str, params: dict[str, Any]) -> int:
+        total = 0
+        while True:
+            n = await self.db.execute(query, params)
+            total += n
+            if n < self.batch_rows:
+                return total
