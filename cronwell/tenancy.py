@@ -112,3 +112,38 @@ def check(
                 "ask the pool's owner to add it to the pool's handlers",
             )
     return None
+
+
+def from_workerpool(obj: Mapping[str, Any]) -> PoolPolicy | None:
+    """A WorkerPool object's policy (None when it does not validate: it serves nobody)."""
+    import pydantic
+
+    from cronwell.workerpool import WorkerPool
+
+    try:
+        wp = WorkerPool.model_validate(obj)
+    except pydantic.ValidationError:
+        return None
+    sel = wp.spec.namespace_selector
+    return PoolPolicy(
+        wp.pool,
+        wp.metadata.namespace,
+        tuple(wp.spec.namespaces),
+        sel.model_dump(by_alias=True) if sel is not None else None,
+        tuple(wp.spec.handlers) if wp.spec.handlers is not None else None,
+    )
+
+
+def static(pool: str, namespaces: str | None, handlers: str | None) -> PoolPolicy:
+    """A static pool's policy from comma-separated settings (namespaces None: any)."""
+
+    def split(v: str) -> tuple[str, ...]:
+        return tuple(p for p in v.replace(",", " ").split() if p)
+
+    return PoolPolicy(
+        pool,
+        None,
+        split(namespaces) if namespaces is not None else (ANY,),
+        None,
+        split(handlers) if handlers is not None else None,
+    )

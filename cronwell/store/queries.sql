@@ -722,3 +722,7 @@ DELETE FROM cronwell_job_secrets WHERE job_id = %(job_id)s;
 -- Live jobs whose spec has Secret-backed headers (the operator re-resolves them on a period).
 SELECT id, namespace, name, spec FROM cronwell_jobs
 WHERE deleted_at IS NULL AND jsonb_path_exists(spec, '$.target.http.headers[*].valueFrom');
+
+-- name: PoolPolicyListAll
+-- Every WorkerPool's policy row (the operator's sync deletes those of vanished WorkerPools).
+SELECT pool, owner_namespace FROM cronwell_pool_policies;

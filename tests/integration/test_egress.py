@@ -64,9 +64,7 @@ def _denied(w: Any) -> float:
     return float(v or 0)
 
 
-async def test_the_default_policy_refuses_loopback_and_counts_it(
-    db: Database, db_url: str
-) -> None:
+async def test_the_default_policy_refuses_loopback_and_counts_it(db: Database, db_url: str) -> None:
     with http_server() as srv:
         await make_job(
             db,

@@ -38,7 +38,6 @@ from cronwell.egress import (
     NamespaceEgress,
     Rules,
 )
-from cronwell.egress import split_list as egress_split
 from cronwell.errors import LeaseLost
 from cronwell.handlers import Context
 from cronwell.metrics import Metrics
@@ -723,15 +722,7 @@ class _View:
     def pools(self, settings: WorkerSettings) -> list[list[tenancy.PoolPolicy]]:
         """The policy sets a job must each pass: the WorkerPools' rows (any of them may
         allow), and this worker's own static policy when it restricts anything."""
-        static = tenancy.PoolPolicy(
-            settings.pool,
-            None,
-            tuple(egress_split(settings.pool_namespaces)),
-            None,
-            tuple(egress_split(settings.pool_handlers))
-            if settings.pool_handlers is not None
-            else None,
-        )
+        static = tenancy.static(settings.pool, settings.pool_namespaces, settings.pool_handlers)
         sets = [self.pool_rows]
         if tenancy.ANY not in static.namespaces or static.handlers is not None:
             sets.append([static])
