@@ -128,7 +128,7 @@ def from_workerpool(obj: Mapping[str, Any]) -> PoolPolicy | None:
     return PoolPolicy(
         wp.pool,
         wp.metadata.namespace,
-        tuple(wp.spec.namespaces),
+        tuple(wp.spec.namespaces or ()),
         sel.model_dump(by_alias=True) if sel is not None else None,
         tuple(wp.spec.handlers) if wp.spec.handlers is not None else None,
     )

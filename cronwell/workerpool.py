@@ -93,8 +93,8 @@ class WorkerPoolSpec(_Model):
     default_duration_seconds: float = Field(
         1.0, gt=0, le=86400, description="Duration assumed for jobs without history."
     )
-    namespaces: list[str] = Field(
-        default_factory=list,
+    namespaces: list[str] | None = Field(
+        None,
         description="Namespaces whose ScheduledJobs may use this pool, besides the "
         "WorkerPool's own ('*': any namespace).",
     )

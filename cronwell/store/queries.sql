@@ -705,10 +705,6 @@ SET ciphertext = excluded.ciphertext, digest = excluded.digest, resolved_at = no
 WHERE s.digest <> excluded.digest
 RETURNING job_id;
 
--- name: JobSecretDigest
--- The digest of a job's stored header values (the operator skips rewriting equal ones).
-SELECT digest FROM cronwell_job_secrets WHERE job_id = %(job_id)s;
-
 -- name: JobSecretGet
 -- A job's encrypted header values, read by the worker for each attempt (rotation reaches
 -- the next attempt).

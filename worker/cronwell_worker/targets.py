@@ -73,7 +73,31 @@ async def run_http(
     secrets: Mapping[str, str] | None = None,
 ) -> None:
     """One call. `secrets` holds the values of the valueFrom headers (decrypted from the
-    store for this attempt); never logged, never part of an error message."""
+    store for this attempt); never logged, never part of an error message: a server that
+    echoes the request in its error answer would otherwise put a credential into the
+    store's last_error, `cronwell runs`, `dlq show`, Events and logs."""
+    sensitive = [v for v in (secrets or {}).values() if v]
+    for h in target.headers:
+        if h.value is not None and _ENV_REF.search(h.value):
+            sensitive += [v for v in (os.environ.get(n) for n in _ENV_REF.findall(h.value)) if v]
+    try:
+        await _call_http(target, ctx, client, timeout_seconds, secrets)
+    except TargetError as e:
+        message = str(e)
+        for value in sorted(set(sensitive), key=len, reverse=True):
+            message = message.replace(value, "***")
+        if message == str(e):
+            raise
+        raise TargetError(message, retryable=e.retryable, sent=e.sent, reason=e.reason) from None
+
+
+async def _call_http(
+    target: HttpTarget,
+    ctx: Context,
+    client: httpx.AsyncClient,
+    timeout_seconds: float,
+    secrets: Mapping[str, str] | None,
+) -> None:
     headers: dict[str, str] = {}
     for h in target.headers:
         if h.value is not None:
