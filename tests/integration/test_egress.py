@@ -54,7 +54,7 @@ def redirector(address: str, location: str) -> Iterator[tuple[str, list[str]]]:
 
 
 async def _dead(db: Database, key: str) -> dict[str, Any]:
-    return await wait_for(lambda: state_is(db, key, "dead"))
+    return await wait_for(lambda: state_is(db, key, "dead"), 60)
 
 
 def _denied(w: Any) -> float:
@@ -127,7 +127,7 @@ async def test_redirects_are_off_by_default_and_every_hop_is_checked(
                 off = await _dead(db, await trigger(db, "off"))
                 denied = await _dead(db, await trigger(db, "hop-denied"))
                 ok_key = await trigger(db, "hop-allowed")
-                await wait_for(lambda: state_is(db, ok_key, "succeeded"))
+                await wait_for(lambda: state_is(db, ok_key, "succeeded"), 60)
                 assert _denied(w) == 1
     assert (off["reason"], off["attempt"]) == ("Redirect", 1)
     assert "not followed" in off["last_error"] and "followRedirects: true" in off["last_error"]

@@ -49,7 +49,7 @@ async def test_a_workerpool_policy_refuses_other_namespaces_and_handlers(
     await make_job(db, "log", schedule=FAR_FUTURE)
     async with running_worker(db_url, policy_refresh_seconds=0.1) as w:
         first = await trigger(db, "log")
-        o = await wait_for(lambda: state_is(db, first, "dead"))
+        o = await wait_for(lambda: state_is(db, first, "dead"), 60)
         assert (o["reason"], o["attempt"]) == ("PoolNotAllowed", 1)
         assert (
             "namespace default may not use pool 'default' (allowed: payments)" in (o["last_error"])
@@ -68,11 +68,11 @@ async def test_a_workerpool_policy_refuses_other_namespaces_and_handlers(
         )  # fmt: skip
         await make_job(db, "refund", schedule=FAR_FUTURE, target={"handler": {"name": "refund"}})
         key = await trigger(db, "refund")
-        o = await wait_for(lambda: state_is(db, key, "dead"))
+        o = await wait_for(lambda: state_is(db, key, "dead"), 60)
         assert (o["reason"], o["attempt"]) == ("HandlerNotAllowed", 1)
         assert "does not serve handler 'refund' (it serves: charge)" in o["last_error"]
         key = await trigger(db, "log")  # a log target in an allowed namespace runs
-        await wait_for(lambda: state_is(db, key, "succeeded"))
+        await wait_for(lambda: state_is(db, key, "succeeded"), 60)
         assert _denied(w, "PoolNotAllowed") == 1 and _denied(w, "HandlerNotAllowed") == 1
 
 
@@ -80,7 +80,7 @@ async def test_a_static_pool_policy_from_the_workers_settings(db: Database, db_u
     await make_job(db, "job", schedule=FAR_FUTURE)
     async with running_worker(db_url, pool_namespaces="team-a,team-b"):
         key = await trigger(db, "job")
-        o = await wait_for(lambda: state_is(db, key, "dead"))
+        o = await wait_for(lambda: state_is(db, key, "dead"), 60)
     assert o["reason"] == "PoolNotAllowed"
     assert "(allowed: team-a, team-b)" in o["last_error"]
     assert "the pool's namespaces in the chart's worker.pools" in o["last_error"]
@@ -96,7 +96,7 @@ async def test_a_namespace_egress_annotation_binds_its_jobs(db: Database, db_url
         )  # fmt: skip
         async with running_worker(db_url, policy_refresh_seconds=0.1):
             key = await trigger(db, "call")
-            o = await wait_for(lambda: state_is(db, key, "dead"))
+            o = await wait_for(lambda: state_is(db, key, "dead"), 60)
     assert (o["reason"], o["attempt"]) == ("EgressDenied", 1)
     assert (
         "not in namespace default's cronwell.dev/egress-allow annotation (*.example.com)"

@@ -121,6 +121,9 @@ class Worker:
             secrets = SecretBox.from_settings(ss.secrets_key, ss.secrets_key_file)
         self.secrets = secrets
         self._tenancy = _Tenancy(db, settings)
+        static = tenancy.static(settings.pool, settings.pool_namespaces, settings.pool_handlers)
+        restricts = tenancy.ANY not in static.namespaces or static.handlers is not None
+        self._static_pool = [static] if restricts else None
         self.settings = settings
         self.metrics = metrics or Metrics()
         self.id = worker_id or process_id("worker")
@@ -347,7 +350,11 @@ class Worker:
         may not use this pool or handler), the job's egress policy and its Secret values."""
         view = await self._tenancy.view()
         handler = spec.target.handler.name if spec.target.handler is not None else None
-        for policies in view.pools(self.settings):
+        sets = (
+            [view.pool_rows] if self._static_pool is None else [view.pool_rows, self._static_pool]
+        )
+        # The WorkerPools' rows (any may allow) and this worker's own static policy.
+        for policies in sets:
             refusal = tenancy.check(
                 policies,
                 pool=self.settings.pool,
@@ -359,7 +366,8 @@ class Worker:
                 raise targets.TargetError(
                     refusal.message, retryable=False, sent=False, reason=refusal.reason
                 )
-        policy = self.egress.for_namespace(view.egress(c.namespace))
+        ns_egress = view.egress(c.namespace)
+        policy = self.egress if ns_egress is None else self.egress.for_namespace(ns_egress)
         http = spec.target.http
         if http is None or not http.secret_headers:
             return policy, None
@@ -718,15 +726,6 @@ class _View:
                 # An annotation that does not parse denies everything rather than nothing.
                 self._egress[namespace] = NamespaceEgress(namespace, allow=Rules())
         return self._egress[namespace]
-
-    def pools(self, settings: WorkerSettings) -> list[list[tenancy.PoolPolicy]]:
-        """The policy sets a job must each pass: the WorkerPools' rows (any of them may
-        allow), and this worker's own static policy when it restricts anything."""
-        static = tenancy.static(settings.pool, settings.pool_namespaces, settings.pool_handlers)
-        sets = [self.pool_rows]
-        if tenancy.ANY not in static.namespaces or static.handlers is not None:
-            sets.append([static])
-        return sets
 
 
 class _Tenancy:
