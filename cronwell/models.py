@@ -173,6 +173,7 @@ class HttpTarget(CamelModel):
     )
     headers: list[Header] = Field(
         default_factory=list,
+        max_length=64,
         description="Extra request headers: [{name, value}] or [{name, valueFrom: "
         "{secretKeyRef: {name, key}}}].",
         json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"]},
