@@ -28,6 +28,7 @@ from cronwell import dispatch, jobs
 from cronwell.egress import EgressPolicy
 from cronwell.errors import LeaseLost
 from cronwell.handlers import Context, StaleFence
+from cronwell.secretbox import SecretBox
 from cronwell.settings import WorkerSettings
 from cronwell.store.db import Database
 from cronwell_worker.runtime import Outcome, Worker
@@ -178,6 +179,7 @@ async def running_worker(
     *,
     worker_id: str | None = None,
     egress: EgressPolicy | None = None,
+    secrets: SecretBox | None = None,
     **settings: Any,
 ) -> AsyncIterator[RunningWorker]:
     settings.setdefault("lease_seconds", 2.0)
@@ -193,6 +195,7 @@ async def running_worker(
             worker_id=worker_id,
             on_outcome=outcomes.append,
             egress=egress,
+            secrets=secrets,
         )
         task = asyncio.create_task(w.run())
         rw = RunningWorker(w, wdb, task, outcomes)
