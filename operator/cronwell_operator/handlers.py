@@ -215,14 +215,20 @@ def _register_resource_handlers(registry: kopf.OperatorRegistry, ctx: Context) -
                     f"job {ref.uid} was deleted from the store (e.g. `cronwell delete`); "
                     "delete and re-create the ScheduledJob to schedule it again"
                 )
-            await tenancy_sync.resolve_secrets(
-                ctx.db,
-                ctx.kube,
-                ctx.secrets,
-                job_id=applied.id,
-                namespace=ref.namespace,
-                spec=spec,
-            )
+            # Before a trigger runs, so its attempt finds the values; a missing Secret does
+            # not hold up the rest (kopf retries and posts a Warning Event naming it).
+            unresolved: tenancy_sync.SecretUnresolved | None = None
+            try:
+                await tenancy_sync.resolve_secrets(
+                    ctx.db,
+                    ctx.kube,
+                    ctx.secrets,
+                    job_id=applied.id,
+                    namespace=ref.namespace,
+                    spec=spec,
+                )
+            except tenancy_sync.SecretUnresolved as e:
+                unresolved = e
             if applied.action == "unchanged":
                 # Same meaning, newer generation (e.g. a no-op edit): record it as observed.
                 await ctx.db.execute(
@@ -242,6 +248,8 @@ def _register_resource_handlers(registry: kopf.OperatorRegistry, ctx: Context) -
                         "job triggered",
                         extra={"action": "job_triggered", "key": key, "trigger": value},
                     )
+            if unresolved is not None:
+                raise unresolved
         except CronwellError as e:
             ctx.m.operator_reconciles.labels(outcome="error").inc()
             raise kopf_error(e) from e

@@ -26,7 +26,7 @@ from cronwell.errors import CronwellError
 from cronwell.models import ScheduledJobSpec
 from cronwell.secretbox import SecretBox, SecretsKeyError
 from cronwell.store.db import Database
-from cronwell_operator.kube import Kube, KubeNotFound
+from cronwell_operator.kube import Kube, KubeError, KubeNotFound
 from cronwell_operator.settings import OperatorSettings
 
 log = logging.getLogger(__name__)
@@ -68,6 +68,11 @@ async def resolve_secrets(
             raise SecretUnresolved(
                 f"header {h.name!r}: {e}: create the Secret {ref.name} with key {ref.key} in "
                 f"namespace {namespace} (the ScheduledJob's own)"
+            ) from None
+        except KubeError as e:
+            raise SecretUnresolved(
+                f"header {h.name!r}: cannot read Secret {namespace}/{ref.name}: {e}: grant the "
+                "operator `get` on it (chart value operator.secretAccess)"
             ) from None
     row = await db.fetchone(
         "JobSecretUpsert",
