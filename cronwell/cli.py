@@ -286,16 +286,49 @@ def scheduler_cmd(env: Env, /, metrics_port: int, **opts: Any) -> None:
     run_until_signal(go, lambda: holder[0].stop() if holder else None)
 
 
-def _load_or_fail(paths: tuple[Path, ...]) -> tuple[list[Any], int]:
-    """Valid documents and the number of invalid ones (each reported on stderr)."""
+def _load_or_fail(paths: tuple[Path, ...], *, standalone: bool = False) -> tuple[list[Any], int]:
+    """Every document, or none: any invalid one is reported on stderr (one line each) and
+    the command stops before touching the store (a multi-document file with one bad
+    document applies nothing). `standalone`: also the checks the operator's webhook makes
+    in a cluster that need nothing but the spec (egress policy; Secret references, which
+    only the operator can resolve)."""
+    from cronwell.egress import EgressDenied
+    from cronwell.errors import SpecError
     from cronwell.loader import load
+    from cronwell.settings import EgressSettings
 
     loaded, errors = load(paths)
-    for e in errors:
-        click.secho(f"error: {e}", fg="red", err=True)
-    if errors and not loaded:
-        raise click.ClickException(f"{len(errors)} invalid document(s); nothing applied")
-    return loaded, len(errors)
+    if standalone and not errors:
+        try:
+            policy = EgressSettings().policy()
+        except EgressDenied as e:
+            raise click.ClickException(str(e)) from None
+        for item in loaded:
+            http = item.job.spec.target.http
+            if http is None:
+                continue
+            try:
+                policy.check_url(http.url)
+            except EgressDenied as e:
+                errors.append(SpecError(f"{item.source} (ScheduledJob {item.job.metadata.name})"
+                                        f": {e}", source=item.source))  # fmt: skip
+            if http.secret_headers:
+                errors.append(
+                    SpecError(
+                        f"{item.source} (ScheduledJob {item.job.metadata.name}): "
+                        "spec.target.http.headers: valueFrom.secretKeyRef is resolved by the "
+                        "operator in a cluster; without one, use value: with ${env:VAR} "
+                        "(a variable of the workers' environment)",
+                        source=item.source,
+                    )
+                )
+    for err in errors:
+        click.secho(f"error: {err}", fg="red", err=True)
+    if errors:
+        raise click.ClickException(
+            f"{len(errors)} invalid document(s); nothing applied: fix them and apply again"
+        )
+    return loaded, 0
 
 
 @main.command("apply")
@@ -311,8 +344,8 @@ def _load_or_fail(paths: tuple[Path, ...]) -> tuple[list[Any], int]:
 @click.pass_obj
 def apply_cmd(env: Env, paths: tuple[Path, ...]) -> None:
     """Create or update ScheduledJobs from YAML in the store (standalone `kubectl apply`).
-    Invalid documents are reported and skipped; valid ones are applied."""
-    loaded, n_errors = _load_or_fail(paths)
+    All or nothing: any invalid document is reported and nothing is applied."""
+    loaded, n_errors = _load_or_fail(paths, standalone=True)
 
     async def go() -> list[jobs.Applied]:
         async with env.database(migrate_first=True) as db:

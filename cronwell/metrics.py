@@ -106,6 +106,13 @@ class Metrics:
             ["pool"],
             registry=r,
         )
+        self.policy_denied = Counter(
+            "cronwell_policy_denied",
+            "Attempts a tenant-safety policy refused, by reason (EgressDenied, "
+            "PoolNotAllowed, HandlerNotAllowed).",
+            ["pool", "reason"],
+            registry=r,
+        )
         # forecast (operator: WorkerPool pre-scaling)
         self.forecast_demand = Gauge(
             "cronwell_forecast_demand",

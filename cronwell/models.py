@@ -104,6 +104,64 @@ class RetryPolicy(CamelModel):
     )
 
 
+_HEADER_NAME = r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$"
+
+
+class SecretKeySelector(CamelModel):
+    """One key of a Secret in the ScheduledJob's own namespace (never another's)."""
+
+    name: Annotated[
+        str,
+        Field(min_length=1, max_length=253, pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$",
+              description="Name of the Secret, in the ScheduledJob's namespace."),
+    ]  # fmt: skip
+    key: Annotated[
+        str,
+        Field(min_length=1, max_length=253, pattern=r"^[-._a-zA-Z0-9]+$",
+              description="Key in the Secret's data."),
+    ]  # fmt: skip
+
+
+class HeaderValueSource(CamelModel):
+    """Where a header's value comes from instead of the spec."""
+
+    secret_key_ref: SecretKeySelector = Field(
+        description="A key of a Secret in the same namespace; resolved by the operator."
+    )
+
+
+class Header(CamelModel):
+    """One request header: a literal `value`, or `valueFrom` a Secret (kept out of the CR)."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                {
+                    "rule": "has(self.value) != has(self.valueFrom)",
+                    "message": "a header needs exactly one of value or valueFrom",
+                }
+            ]
+        }
+    )
+
+    name: Annotated[
+        str, Field(min_length=1, max_length=256, pattern=_HEADER_NAME, description="Header name.")
+    ]
+    value: str | None = Field(None, max_length=8192, description="Literal value.")
+    value_from: HeaderValueSource | None = Field(
+        None, description="The value from a Secret key (credentials: keep them out of Git)."
+    )
+
+    @model_validator(mode="after")
+    def _one_source(self) -> Header:
+        if (self.value is None) == (self.value_from is None):
+            raise ValueError(
+                f"header {self.name!r}: set exactly one of value or valueFrom "
+                "(valueFrom: {secretKeyRef: {name: SECRET, key: KEY}})"
+            )
+        return self
+
+
 class HttpTarget(CamelModel):
     """An HTTP call; the occurrence's idempotency key is sent as the Idempotency-Key header."""
 
@@ -113,12 +171,45 @@ class HttpTarget(CamelModel):
     method: Literal["GET", "POST", "PUT", "PATCH", "DELETE"] = Field(
         "POST", description="HTTP method."
     )
-    headers: dict[str, str] = Field(default_factory=dict, description="Extra request headers.")
+    headers: list[Header] = Field(
+        default_factory=list,
+        max_length=64,
+        description="Extra request headers: [{name, value}] or [{name, valueFrom: "
+        "{secretKeyRef: {name, key}}}].",
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"]},
+    )
     body: str | None = Field(None, max_length=65536, description="Request body.")
     connect_timeout_seconds: float = Field(
         5.0, gt=0, le=300, description="Connect timeout, in seconds."
     )
     verify_tls: bool = Field(True, description="Verify the server's TLS certificate.")
+    follow_redirects: bool = Field(
+        False,
+        description="Follow redirects (at most 5, each hop checked by the egress policy). "
+        "Off: a 3xx answer fails the attempt.",
+    )
+
+    @field_validator("headers", mode="before")
+    @classmethod
+    def _headers_map(cls, v: Any) -> Any:
+        """The first shape, a map of literal values, still loads (stored specs, old YAML)."""
+        if isinstance(v, dict):
+            return [{"name": k, "value": val} for k, val in v.items()]
+        return v
+
+    @field_validator("headers")
+    @classmethod
+    def _unique(cls, v: list[Header]) -> list[Header]:
+        seen: set[str] = set()
+        for h in v:
+            if h.name.lower() in seen:
+                raise ValueError(f"header {h.name!r} is given twice: keep one")
+            seen.add(h.name.lower())
+        return v
+
+    @property
+    def secret_headers(self) -> list[Header]:
+        return [h for h in self.headers if h.value_from is not None]
 
 
 class HandlerTarget(CamelModel):

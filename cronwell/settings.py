@@ -9,6 +9,8 @@ import platformdirs
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from cronwell.egress import EgressPolicy, split_list
+
 
 class _Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="CRONWELL_", extra="ignore", frozen=True)
@@ -103,4 +105,54 @@ class WorkerSettings(_Settings):
     )
     complete_flush_seconds: float = Field(
         0.005, ge=0, description="Successful completions are written in batches this often."
+    )
+    pool_namespaces: str = Field(
+        "*",
+        description="Static pool policy: namespaces whose jobs this pool runs, comma-separated "
+        "('*': any; the chart sets it from worker.pools). WorkerPools' policies come from the "
+        "store and apply too.",
+    )
+    pool_handlers: str | None = Field(
+        None, description="Static pool policy: handlers it serves, comma-separated (unset: any)."
+    )
+    policy_refresh_seconds: float = Field(
+        5.0,
+        gt=0,
+        description="How long namespace and pool policies read from the store are reused.",
+    )
+
+
+class EgressSettings(_Settings):
+    """The cluster's egress policy for http targets (cronwell.egress); the same variables
+    on the operator (admission), `cronwell apply` and the workers (connect time)."""
+
+    egress_allow_cidrs: str = Field(
+        "",
+        description="CIDRs exempt from the built-in deny list, comma-separated (e.g. "
+        "127.0.0.1/32 for a local test server). Empty: the secure default.",
+    )
+    egress_allow_hosts: str = Field(
+        "", description="Host patterns exempt from the built-in deny list (*.svc.local)."
+    )
+    egress_deny_cidrs: str = Field("", description="CIDRs no http target may reach.")
+    egress_deny_hosts: str = Field("", description="Host patterns no http target may reach.")
+
+    def policy(self) -> EgressPolicy:
+        return EgressPolicy.from_lists(
+            allow_cidrs=split_list(self.egress_allow_cidrs),
+            allow_hosts=split_list(self.egress_allow_hosts),
+            deny_cidrs=split_list(self.egress_deny_cidrs),
+            deny_hosts=split_list(self.egress_deny_hosts),
+        )
+
+
+class SecretsSettings(_Settings):
+    """The key that encrypts Secret-backed header values in the store (cronwell.secretbox);
+    the operator and the workers need the same one (the chart's secrets Secret)."""
+
+    secrets_key: str | None = Field(
+        None, description="Fernet key(s), comma-separated, newest first (key rotation)."
+    )
+    secrets_key_file: Path | None = Field(
+        None, description="File holding the key(s) (a mounted Secret); wins over secrets_key."
     )

@@ -36,6 +36,25 @@ class ScaleTargetRef(_Model):
     )
 
 
+class LabelSelectorRequirement(_Model):
+    """One matchExpressions entry of a Kubernetes label selector."""
+
+    key: str = Field(min_length=1, max_length=317, description="The label key.")
+    operator: Literal["In", "NotIn", "Exists", "DoesNotExist"] = Field(
+        description="In, NotIn, Exists or DoesNotExist."
+    )
+    values: list[str] = Field(default_factory=list, description="Values for In and NotIn.")
+
+
+class LabelSelector(_Model):
+    """A Kubernetes label selector over Namespaces."""
+
+    match_labels: dict[str, str] = Field(default_factory=dict, description="Labels to equal.")
+    match_expressions: list[LabelSelectorRequirement] = Field(
+        default_factory=list, description="Label requirements."
+    )
+
+
 class WorkerPoolSpec(_Model):
     """How many workers a pool may have and how far ahead of a burst they must be ready."""
 
@@ -73,6 +92,17 @@ class WorkerPoolSpec(_Model):
     )
     default_duration_seconds: float = Field(
         1.0, gt=0, le=86400, description="Duration assumed for jobs without history."
+    )
+    namespaces: list[str] | None = Field(
+        None,
+        description="Namespaces whose ScheduledJobs may use this pool, besides the "
+        "WorkerPool's own ('*': any namespace).",
+    )
+    namespace_selector: LabelSelector | None = Field(
+        None, description="Namespaces (by label) that may use this pool, besides those listed."
+    )
+    handlers: list[str] | None = Field(
+        None, description="Handlers this pool serves (unset: any registered in its image)."
     )
 
     @model_validator(mode="after")

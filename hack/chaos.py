@@ -241,6 +241,8 @@ class Fleet:
     def env(self) -> dict[str, str]:
         return os.environ | {
             "CRONWELL_DATABASE_URL": self.db_url,
+            # The ledger listens on 127.0.0.1, denied to http targets by default.
+            "CRONWELL_EGRESS_ALLOW_CIDRS": "127.0.0.1/32",
             "CRONWELL_PARTITIONS": str(self.partitions),
             "CRONWELL_PARTITION_LEASE_SECONDS": str(PARTITION_LEASE),
             "CRONWELL_HORIZON_SECONDS": "10",

@@ -780,3 +780,68 @@ DELETE FROM cronwell_outbox
 WHERE id IN (SELECT id FROM cronwell_outbox
              WHERE published_at < now() - make_interval(secs => %(retention)s)
              ORDER BY id LIMIT %(limit)s);
+
+-- ==== tenancy: namespace and pool policies, encrypted Secret-backed headers ====
+
+-- name: NamespacePolicyUpsert
+-- The operator records a Namespace's labels and egress annotations (workers read them).
+INSERT INTO cronwell_namespace_policies AS p (namespace, labels, egress_allow, egress_deny)
+VALUES (%(namespace)s, %(labels)s, %(egress_allow)s, %(egress_deny)s)
+ON CONFLICT (namespace) DO UPDATE
+SET labels = excluded.labels, egress_allow = excluded.egress_allow,
+    egress_deny = excluded.egress_deny, updated_at = now()
+WHERE (p.labels, p.egress_allow, p.egress_deny)
+      IS DISTINCT FROM (excluded.labels, excluded.egress_allow, excluded.egress_deny);
+
+-- name: NamespacePolicyDelete
+-- A Namespace is gone.
+DELETE FROM cronwell_namespace_policies WHERE namespace = %(namespace)s;
+
+-- name: NamespacePolicyList
+-- Every namespace's labels and egress annotations (a worker caches them for a few seconds).
+SELECT namespace, labels, egress_allow, egress_deny FROM cronwell_namespace_policies;
+
+-- name: PoolPolicyUpsert
+-- The operator records a WorkerPool's namespaces, namespace selector and handlers.
+INSERT INTO cronwell_pool_policies AS p (pool, owner_namespace, namespaces,
+                                         namespace_selector, handlers)
+VALUES (%(pool)s, %(owner_namespace)s, %(namespaces)s, %(namespace_selector)s, %(handlers)s)
+ON CONFLICT (pool, owner_namespace) DO UPDATE
+SET namespaces = excluded.namespaces, namespace_selector = excluded.namespace_selector,
+    handlers = excluded.handlers, updated_at = now();
+
+-- name: PoolPolicyDelete
+-- A WorkerPool is gone.
+DELETE FROM cronwell_pool_policies WHERE pool = %(pool)s AND owner_namespace = %(owner_namespace)s;
+
+-- name: PoolPolicyList
+-- The policies of one pool (one row per WorkerPool of that name).
+SELECT pool, owner_namespace, namespaces, namespace_selector, handlers
+FROM cronwell_pool_policies WHERE pool = %(pool)s;
+
+-- name: JobSecretUpsert
+-- Stores a job's encrypted header values when they changed (digest), so rotation lands.
+INSERT INTO cronwell_job_secrets AS s (job_id, ciphertext, digest)
+VALUES (%(job_id)s, %(ciphertext)s, %(digest)s)
+ON CONFLICT (job_id) DO UPDATE
+SET ciphertext = excluded.ciphertext, digest = excluded.digest, resolved_at = now()
+WHERE s.digest <> excluded.digest
+RETURNING job_id;
+
+-- name: JobSecretGet
+-- A job's encrypted header values, read by the worker for each attempt (rotation reaches
+-- the next attempt).
+SELECT ciphertext FROM cronwell_job_secrets WHERE job_id = %(job_id)s;
+
+-- name: JobSecretDelete
+-- A job no longer has Secret-backed headers.
+DELETE FROM cronwell_job_secrets WHERE job_id = %(job_id)s;
+
+-- name: JobSecretRefList
+-- Live jobs whose spec has Secret-backed headers (the operator re-resolves them on a period).
+SELECT id, namespace, name, spec FROM cronwell_jobs
+WHERE deleted_at IS NULL AND jsonb_path_exists(spec, '$.target.http.headers[*].valueFrom');
+
+-- name: PoolPolicyListAll
+-- Every WorkerPool's policy row (the operator's sync deletes those of vanished WorkerPools).
+SELECT pool, owner_namespace FROM cronwell_pool_policies;

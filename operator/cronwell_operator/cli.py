@@ -72,6 +72,20 @@ def _drop_kopf_extras(record: logging.LogRecord) -> bool:
     "pools and every WorkerPool's name.",
 )
 @click.option(
+    "--pool-namespaces",
+    "pool_namespaces",
+    multiple=True,
+    metavar="POOL=NS,NS",
+    help="Namespaces that may use a static pool ('*': any, the default); repeatable.",
+)
+@click.option(
+    "--pool-handlers",
+    "pool_handlers",
+    multiple=True,
+    metavar="POOL=H,H",
+    help="Handlers a static pool serves (default: any); repeatable.",
+)
+@click.option(
     "--webhook-require-known-pool/--no-webhook-require-known-pool",
     default=None,
     help="Refuse a spec.pool that is neither a WorkerPool nor a static pool (default on).",
@@ -95,6 +109,12 @@ def operator(
     """Run the Kubernetes operator: ScheduledJob CRs into the store (create, update, suspend,
     trigger, delete with a finalizer, drift repair) and results back into their status."""
     given = {k: v for k, v in opts.items() if v is not None and v != ()}
+    for key in ("pool_namespaces", "pool_handlers"):
+        if key in given:
+            pairs = [item.partition("=") for item in given[key]]
+            if any(not sep or not pool for pool, sep, _ in pairs):
+                raise click.BadParameter(f"use POOL=A,B (got {given[key]!r})", param_hint=key)
+            given[key] = {pool: value for pool, _, value in pairs}
     if namespaces:
         given["namespaces"] = list(namespaces)
     settings = OperatorSettings(**given)

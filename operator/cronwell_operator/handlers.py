@@ -32,8 +32,9 @@ from cronwell.errors import (
 from cronwell.loader import format_validation_error
 from cronwell.metrics import Metrics
 from cronwell.models import GROUP, VERSION, ScheduledJob
+from cronwell.secretbox import SecretBox
 from cronwell.store.db import Database
-from cronwell_operator import webhook
+from cronwell_operator import tenancy_sync, webhook
 from cronwell_operator.kube import PLURAL, CRef, Kube
 from cronwell_operator.settings import OperatorSettings
 from cronwell_operator.status import StatusWriter
@@ -53,6 +54,7 @@ class Context:
     settings: OperatorSettings
     writer: StatusWriter | None = None
     metrics: Metrics | None = None
+    secrets: SecretBox | None = None
 
     def __post_init__(self) -> None:
         # The served Metrics object: given, else the writer's (the same one in the leader).
@@ -104,6 +106,8 @@ def kopf_error(e: CronwellError) -> kopf.TemporaryError | kopf.PermanentError:
         return kopf.TemporaryError(str(e), delay=5)
     if isinstance(e, SpecError):
         return kopf.PermanentError(str(e))
+    if isinstance(e, tenancy_sync.SecretUnresolved):
+        return kopf.TemporaryError(str(e), delay=30)
     return kopf.TemporaryError(f"{type(e).__name__}: {e}", delay=60)
 
 
@@ -215,6 +219,20 @@ def _register_resource_handlers(registry: kopf.OperatorRegistry, ctx: Context) -
                     f"job {ref.uid} was deleted from the store (e.g. `cronwell delete`); "
                     "delete and re-create the ScheduledJob to schedule it again"
                 )
+            # Before a trigger runs, so its attempt finds the values; a missing Secret does
+            # not hold up the rest (kopf retries and posts a Warning Event naming it).
+            unresolved: tenancy_sync.SecretUnresolved | None = None
+            try:
+                await tenancy_sync.resolve_secrets(
+                    ctx.db,
+                    ctx.kube,
+                    ctx.secrets,
+                    job_id=applied.id,
+                    namespace=ref.namespace,
+                    spec=spec,
+                )
+            except tenancy_sync.SecretUnresolved as e:
+                unresolved = e
             if applied.action == "unchanged":
                 # Same meaning, newer generation (e.g. a no-op edit): record it as observed.
                 await ctx.db.execute(
@@ -234,6 +252,8 @@ def _register_resource_handlers(registry: kopf.OperatorRegistry, ctx: Context) -
                         "job triggered",
                         extra={"action": "job_triggered", "key": key, "trigger": value},
                     )
+            if unresolved is not None:
+                raise unresolved
         except CronwellError as e:
             ctx.m.operator_reconciles.labels(outcome="error").inc()
             raise kopf_error(e) from e

@@ -7,6 +7,7 @@ translated here into cronwell errors (KubeError and subclasses), raised `from` t
 from __future__ import annotations
 
 import asyncio
+import base64
 import functools
 import os
 import uuid
@@ -264,15 +265,52 @@ class Kube:
         """Every WorkerPool's name; None without the WorkerPool CRD."""
         return await self.list_cluster_names(self.WP_PLURAL)
 
-    async def namespace_annotations(self, name: str) -> dict[str, str]:
-        """A Namespace's annotations ({} if it does not exist)."""
+    async def namespace_meta(self, name: str) -> dict[str, dict[str, str]]:
+        """A Namespace's labels and annotations (both {} if it does not exist)."""
         try:
             ns: client.V1Namespace = await self._call(
                 f"get Namespace {name}", self.core.read_namespace, name
             )
         except KubeNotFound:
-            return {}
-        return dict((ns.metadata.annotations if ns.metadata else None) or {})
+            return {"labels": {}, "annotations": {}}
+        meta = ns.metadata
+        return {
+            "labels": dict((meta.labels if meta else None) or {}),
+            "annotations": dict((meta.annotations if meta else None) or {}),
+        }
+
+    async def list_namespaces(self, names: Iterable[str] = ()) -> list[dict[str, Any]]:
+        """Namespaces (these, or all) as {name, labels, annotations} (the tenancy sync)."""
+        wanted = list(names)
+        if wanted:
+            out = []
+            for n in wanted:
+                meta = await self.namespace_meta(n)
+                out.append({"name": n, **meta})
+            return out
+        page = await self._call("list Namespaces", self.core.list_namespace)
+        return [
+            {
+                "name": ns.metadata.name,
+                "labels": dict(ns.metadata.labels or {}),
+                "annotations": dict(ns.metadata.annotations or {}),
+            }
+            for ns in page.items
+        ]
+
+    async def read_secret_key(self, namespace: str, name: str, key: str) -> str:
+        """One key of a Secret, decoded (KubeNotFound when the Secret or the key is absent).
+        Only the operator calls this: workers never read Secrets."""
+        secret: client.V1Secret = await self._call(
+            f"get Secret {namespace}/{name}", self.core.read_namespaced_secret, name, namespace
+        )
+        data = secret.data or {}
+        if key not in data:
+            raise KubeNotFound(
+                f"Secret {namespace}/{name} has no key {key!r} (keys: "
+                f"{', '.join(sorted(data)) or 'none'})"
+            )
+        return base64.b64decode(data[key]).decode("utf-8", errors="replace")
 
     # -- WorkerPools, scale, HPA (the pre-scaler's calls: operator/cronwell_operator/scaler.py)
 

@@ -24,7 +24,7 @@ import kopf
 from cronwell.metrics import Metrics
 from cronwell.store.db import Database
 from cronwell.store.migrate import check_schema
-from cronwell_operator import drift, handlers
+from cronwell_operator import drift, handlers, tenancy_sync
 from cronwell_operator.kube import Kube
 from cronwell_operator.leader import LeaderElector, LeadershipLost
 from cronwell_operator.scaler import Scaler
@@ -66,6 +66,8 @@ class Operator:
         self.elector = LeaderElector(kube, settings)
         self.writer = StatusWriter(db, kube, settings, metrics=self.metrics)
         self.scaler = Scaler(db, kube, settings, self.metrics)
+        self.secrets = tenancy_sync.box_from_env()
+        self.tenancy = tenancy_sync.TenancySync(db, kube, settings, self.secrets)
 
     def stop(self) -> None:
         self.stop_event.set()
@@ -91,7 +93,12 @@ class Operator:
         kopf_settings = kopf.OperatorSettings()
         handlers.configure(kopf_settings, s, manage_webhook=leader)
         ctx = handlers.Context(
-            self.db, self.kube, s, self.writer if leader else None, metrics=self.metrics
+            self.db,
+            self.kube,
+            s,
+            self.writer if leader else None,
+            metrics=self.metrics,
+            secrets=self.secrets,
         )
         handlers.register(registry, ctx, webhook_only=not leader)
         loop = asyncio.get_running_loop()
@@ -162,6 +169,7 @@ class Operator:
             # its start as its own and, on exit, waits up to 5 s for them before cancelling.
             stopper = asyncio.create_task(self.stop_event.wait(), name="stop")
             tasks.append(asyncio.create_task(self.writer.run(), name="status-writer"))
+            tasks.append(asyncio.create_task(self.tenancy.run(), name="tenancy-sync"))
             if s.prescale:
                 tasks.append(asyncio.create_task(self.scaler.run(), name="pre-scaler"))
             if s.leader_election:

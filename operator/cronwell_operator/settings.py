@@ -85,6 +85,24 @@ class OperatorSettings(BaseSettings):
         "(the chart passes its worker pool names); 'default' is the pool of a spec that "
         "names none.",
     )
+    pool_namespaces: dict[str, str] = Field(
+        default_factory=dict,
+        description="Static pools' namespaces, comma-separated per pool ('*': any, the "
+        "default of a pool not listed); the chart passes worker.pools[].namespaces.",
+    )
+    pool_handlers: dict[str, str] = Field(
+        default_factory=dict,
+        description="Static pools' handlers, comma-separated per pool (a pool not listed "
+        "serves any handler).",
+    )
+    tenancy_sync_seconds: float = Field(
+        10.0,
+        gt=0,
+        description="How often Namespaces, WorkerPools and Secret-backed header values are "
+        "synced into the store for the workers: a rotated Secret reaches the next attempt "
+        "within this (one list of Namespaces and WorkerPools and one GET per referenced "
+        "Secret per pass).",
+    )
     webhook_require_known_pool: bool = Field(
         True,
         description="Refuse a spec.pool that is neither a WorkerPool nor in `pools`: nothing "

@@ -16,10 +16,16 @@ message names the field and the fix, as `cronwell apply` does (the same
   `cronwell.dev/max-occurrences-per-hour`). Checked only when a change raises the job's own
   rate, so an edit that slows a job down is never refused in a namespace already over.
 
-Secret references: a ScheduledJob carries none (HTTP headers are literal strings; handler
-credentials stay in the worker's environment or mounted files, read by the handler code),
-so no reference to another namespace's Secret can be expressed and there is nothing to
-check. A spec field that names a Secret would need this rule (same namespace only) first.
+- **egress**: an http target's URL as written (a literal IP or a host name) passes the
+  egress policy (`cronwell.egress`: built-in deny list, the cluster's CRONWELL_EGRESS_*
+  lists, the Namespace annotations `cronwell.dev/egress-allow`/`-deny`). Checked when the
+  URL is new or changed; the workers check again at connect time, after DNS.
+- **tenancy**: the job's namespace may use `spec.pool` and the pool serves its handler
+  (WorkerPool `namespaces`/`namespaceSelector`/`handlers`; static pools' from settings).
+  Checked when the pool or the handler is new or changed; the workers check again.
+
+Secret references (`headers[].valueFrom.secretKeyRef`) have no namespace field: the Secret
+is always in the ScheduledJob's own namespace (the schema forbids anything else).
 
 The rate of a schedule is its instants on a day it runs, divided by 24 (seconds x minutes
 x hours of the expanded cron; `H` fields expanded with a fixed seed, the count is the same
@@ -55,13 +61,16 @@ import kopf
 import pydantic
 from croniter import croniter
 
+from cronwell import tenancy
 from cronwell.cronexpr import croniter_args
+from cronwell.egress import EgressDenied, EgressPolicy, NamespaceEgress
 from cronwell.errors import CronwellError
 from cronwell.loader import format_validation_error
 from cronwell.metrics import Metrics
 from cronwell.models import GROUP, ScheduledJob
+from cronwell.settings import EgressSettings
 from cronwell.store.db import Database
-from cronwell_operator.kube import Kube
+from cronwell_operator.kube import Kube, KubeNotFound
 from cronwell_operator.settings import OperatorSettings
 
 log = logging.getLogger(__name__)
@@ -168,12 +177,20 @@ def _num(x: float) -> str:
 class Admission:
     """The rules that need the cluster (WorkerPools, the Namespace) or the store."""
 
-    def __init__(self, db: Database, kube: Kube, settings: OperatorSettings, metrics: Metrics):
+    def __init__(
+        self,
+        db: Database,
+        kube: Kube,
+        settings: OperatorSettings,
+        metrics: Metrics,
+        egress: EgressPolicy | None = None,
+    ):
         self.db = db
         self.kube = kube
         self.settings = settings
         self.metrics = metrics
-        self._pools: tuple[float, frozenset[str] | None] | None = None
+        self.egress = egress if egress is not None else EgressSettings().policy()
+        self._pools: tuple[float, dict[str, list[tenancy.PoolPolicy]] | None] | None = None
         self._pools_lock = asyncio.Lock()
 
     async def review(self, body: dict[str, Any], old: dict[str, Any] | None) -> Verdict:
@@ -191,39 +208,97 @@ class Admission:
         warnings: list[str] = []
         old_spec = (old or {}).get("spec") or None
         old_pool = old_spec.get("pool", "default") if old_spec is not None else None
-        if self.settings.webhook_require_known_pool and parsed.spec.pool != old_pool:
-            pool = await self._check_pool(parsed, warnings)
-            if pool is not None:
-                return pool
+        old_target = (old_spec or {}).get("target") or {}
+        http = parsed.spec.target.http
+        url_changed = http is not None and http.url != (old_target.get("http") or {}).get("url")
+        handler = parsed.spec.target.handler
+        old_handler = (old_target.get("handler") or {}).get("name")
+        pool_changed = parsed.spec.pool != old_pool
+        pool_check = pool_changed or (handler is not None and handler.name != old_handler)
+        meta: dict[str, Any] = {}
+        if url_changed or pool_check:
+            meta = await self._namespace(parsed.metadata.namespace, warnings)
+        if url_changed:
+            denial = self._check_egress(parsed, meta, warnings)
+            if denial is not None:
+                return denial
+        if pool_check:
+            verdict = await self._check_pool(parsed, meta, warnings, known=pool_changed)
+            if verdict is not None:
+                return verdict
         rate = await self._check_rate(parsed, body, old_spec, warnings)
         if rate is not None:
             return rate
         reason = "unchecked" if any("not checked" in w for w in warnings) else "none"
         return Verdict(None, reason, tuple(warnings))
 
+    # -- namespace
+
+    async def _namespace(self, namespace: str, warnings: list[str]) -> dict[str, Any]:
+        """The Namespace's labels and annotations ({} when it cannot be read: say so)."""
+        try:
+            return await self.kube.namespace_meta(namespace)
+        except CronwellError as e:
+            warnings.append(f"namespace {namespace} could not be read ({e}): its egress "
+                            "annotations and labels were not applied here")  # fmt: skip
+            return {}
+
+    # -- egress
+
+    def _check_egress(
+        self, job: ScheduledJob, meta: Mapping[str, Any], warnings: list[str]
+    ) -> Verdict | None:
+        http = job.spec.target.http
+        assert http is not None
+        name, namespace = job.metadata.name, job.metadata.namespace
+        try:
+            ns = NamespaceEgress.from_annotations(namespace, meta.get("annotations") or {})
+            self.egress.for_namespace(ns).check_url(http.url)
+        except EgressDenied as e:
+            return Verdict(f"ScheduledJob {name}: {e}", "egress")
+        return None
+
     # -- pool
 
-    async def _workerpools(self, max_age: float) -> frozenset[str] | None:
-        """WorkerPool names (None: not served by the API server), listed at most once per
-        `max_age` seconds however many reviews arrive together."""
+    async def _workerpools(self, max_age: float) -> dict[str, list[tenancy.PoolPolicy]] | None:
+        """WorkerPools' policies by pool name (None: not served by the API server), listed
+        at most once per `max_age` seconds however many reviews arrive together."""
         async with self._pools_lock:
             now = time.monotonic()
             if self._pools is not None and now - self._pools[0] <= max_age:
                 return self._pools[1]
-            names = await self.kube.workerpool_names()
-            found = frozenset(names) if names is not None else None
+            found: dict[str, list[tenancy.PoolPolicy]] | None
+            try:
+                objs = await self.kube.list_workerpools()
+            except KubeNotFound:
+                found = None
+            else:
+                found = {}
+                for obj in objs:
+                    name = (obj.get("metadata") or {}).get("name")
+                    policy = tenancy.from_workerpool(obj)
+                    if name:
+                        found.setdefault(name, [])  # an invalid WorkerPool still names a pool
+                        if policy is not None:
+                            found[name].append(policy)
             self._pools = (time.monotonic(), found)
             return found
 
-    async def _check_pool(self, job: ScheduledJob, warnings: list[str]) -> Verdict | None:
+    def _static(self, pool: str) -> tenancy.PoolPolicy:
+        s = self.settings
+        return tenancy.static(pool, s.pool_namespaces.get(pool), s.pool_handlers.get(pool))
+
+    async def _check_pool(
+        self, job: ScheduledJob, meta: Mapping[str, Any], warnings: list[str], *, known: bool
+    ) -> Verdict | None:
+        """The pool exists (when `known` and required) and the namespace may use it and
+        its handler."""
         pool = job.spec.pool
         static = set(self.settings.pools)
-        if pool in static:
-            return None
         try:
             pools = await self._workerpools(self.settings.webhook_pool_cache_seconds)
-            if pools is None or pool not in pools:  # maybe created a moment ago: look again
-                pools = await self._workerpools(0)
+            if pool not in static and (pools is None or pool not in pools):
+                pools = await self._workerpools(0)  # maybe created a moment ago: look again
         except CronwellError as e:
             log.warning(
                 "could not list WorkerPools; spec.pool not checked",
@@ -231,12 +306,27 @@ class Admission:
             )
             warnings.append(f"spec.pool {pool!r} was not checked: could not list WorkerPools")
             return None
-        if pools is not None and pool in pools:
+        policies = list((pools or {}).get(pool, []))
+        if pool in static:
+            policies.append(self._static(pool))
+        if pool in static or (pools is not None and pool in pools):
+            handler = job.spec.target.handler
+            refusal = tenancy.check(
+                policies,
+                pool=pool,
+                namespace=job.metadata.namespace,
+                labels=meta.get("labels") or {},
+                handler=handler.name if handler is not None else None,
+            )
+            if refusal is None:
+                return None
+            return Verdict(f"ScheduledJob {job.metadata.name}: {refusal.message}", "tenancy")
+        if not (known and self.settings.webhook_require_known_pool):
             return None
-        known = ", ".join(sorted(static | set(pools or ()))) or "none"
+        known_names = ", ".join(sorted(static | set(pools or ()))) or "none"
         return Verdict(
             f"ScheduledJob {job.metadata.name}: spec.pool: no worker pool {pool!r} (known "
-            f"pools: {known}): set spec.pool to a known pool, or create a WorkerPool named "
+            f"pools: {known_names}): set spec.pool to a known pool, or create a WorkerPool named "
             f"{pool!r} (cronwell.dev/v1alpha1) for the worker Deployment that serves it",
             "pool",
         )
@@ -246,7 +336,9 @@ class Admission:
     async def _cap(self, namespace: str) -> tuple[int, str]:
         """The namespace's cap and a note when its annotation is not usable."""
         default = self.settings.webhook_max_occurrences_per_hour
-        raw = (await self.kube.namespace_annotations(namespace)).get(RATE_ANNOTATION)
+        raw = ((await self.kube.namespace_meta(namespace)).get("annotations") or {}).get(
+            RATE_ANNOTATION
+        )
         if raw is None:
             return default, ""
         try:

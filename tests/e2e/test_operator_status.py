@@ -35,7 +35,13 @@ def stack(
     op = OperatorProcess(kube.kubeconfig, store, logs / "operator.log", args=args)
     env = {"CRONWELL_DATABASE_URL": store}
     scheduler = procs.spawn("scheduler", env=env, log=logs / "scheduler.log")
-    worker = procs.spawn("worker", env=env, log=logs / "worker.log")
+    # The failing target below is on 127.0.0.1 (denied by default): allowed explicitly, so
+    # its attempts fail by connection and are retried, as the test needs.
+    worker = procs.spawn(
+        "worker",
+        env=env | {"CRONWELL_EGRESS_ALLOW_CIDRS": "127.0.0.1/32"},
+        log=logs / "worker.log",
+    )
     try:
         op.start().wait_ready(120)
         yield op

@@ -49,7 +49,7 @@ def operator(
     args = ["-n", ns, "-n", rate_ns, "--lease-name", f"op-{ns}", *FAST_LEASE_ARGS]
     args += ["--webhook-port", str(free_port()), "--webhook-addr", "127.0.0.1"]
     args += ["--webhook-host", "127.0.0.1", "--webhook-cert-dir", str(tmp / "certs")]
-    args += ["--pool", "default", "--pool", "batch"]
+    args += ["--pool", "default", "--pool", "batch", "--pool-namespaces", f"batch={ns}"]
     args += ["--webhook-max-occurrences-per-hour", str(RATE_CAP)]
     op = OperatorProcess(kube.kubeconfig, store, tmp / "operator.log", args=args)
     try:
@@ -345,6 +345,94 @@ def test_a_namespace_schedule_rate_is_capped(
         f"3,000 (the namespace's {RATE_ANNOTATION} annotation 'lots' is not a whole number "
         ">= 0, so the default applies)"
     ) in stderr, stderr
+
+
+def test_http_targets_are_checked_against_the_egress_policy(
+    kube: Cluster, ns: str, rate_ns: str, operator: OperatorProcess
+) -> None:
+    """The issue's first example, and the rest of the secure default, refused at apply."""
+    for url, rule in (
+        ("http://169.254.169.254/latest/meta-data",
+         "host '169.254.169.254' is link-local (cloud metadata) (169.254.0.0/16)"),
+        ("http://metadata.google.internal/computeMetadata/v1/",
+         "host 'metadata.google.internal' is a cloud metadata host name"),
+        ("https://kubernetes.default.svc/api", "is the Kubernetes API server"),
+        ("http://127.0.0.1:6443/", "is loopback (127.0.0.0/8)"),
+    ):  # fmt: skip
+        stderr = refused(
+            kube, ns, sj("ssrf", f'schedule: "@daily"\ntarget: {{http: {{url: "{url}"}}}}')
+        )
+        assert DENIED + f"ScheduledJob ssrf: spec.target.http.url: {rule}" in stderr, stderr
+        assert "egress.allowCidrs/allowHosts" in stderr  # the fix
+    assert kube.kubectl("get", "sj", "ssrf", "-n", ns, check=False).returncode != 0
+    # A namespace tightens with its annotation (and cannot open what the cluster denies).
+    kube.kubectl("annotate", "namespace", rate_ns, "cronwell.dev/egress-allow=*.example.com",
+                 "--overwrite")  # fmt: skip
+    try:
+        stderr = refused(
+            kube,
+            rate_ns,
+            sj("out", 'schedule: "@daily"\ntarget: {http: {url: "https://api.other.org/x"}}'),
+        )
+        assert (
+            "spec.target.http.url: host 'api.other.org' is not in namespace "
+            f"{rate_ns}'s cronwell.dev/egress-allow annotation (*.example.com)"
+        ) in stderr, stderr
+        applied(
+            kube,
+            rate_ns,
+            sj("out", 'schedule: "@daily"\ntarget: {http: {url: "https://api.example.com/x"}}'),
+        )
+    finally:
+        kube.kubectl("annotate", "namespace", rate_ns, "cronwell.dev/egress-allow-")
+        kube.kubectl("delete", "sj", "out", "-n", rate_ns, "--timeout=60s", check=False)
+
+
+def test_pools_and_handlers_per_namespace(
+    kube: Cluster, ns: str, rate_ns: str, operator: OperatorProcess
+) -> None:
+    kube.apply(
+        f"apiVersion: cronwell.dev/v1alpha1\nkind: WorkerPool\nmetadata: {{name: payments, "
+        f"namespace: {ns}}}\nspec: {{scaleTargetRef: {{name: worker-payments}}, "
+        "handlers: [charge]}\n"
+    )
+    charge = 'schedule: "@daily"\npool: payments\ntarget: {handler: {name: charge}}'
+    try:
+        # Its own namespace may use it, for the handlers it serves.
+        applied(kube, ns, sj("pay", charge))
+        stderr = refused(kube, ns, sj("refund", charge.replace("charge", "refund")))
+        assert (
+            DENIED + "ScheduledJob refund: spec.target.handler.name: pool 'payments' does not "
+            "serve handler 'refund' (it serves: charge): use a pool that serves it, or ask "
+            "the pool's owner to add it to the pool's handlers"
+        ) in stderr, stderr
+        # Another namespace may not, until the WorkerPool lets it in by label.
+        stderr = refused(kube, rate_ns, sj("pay", charge))
+        assert (
+            DENIED + f"ScheduledJob pay: spec.pool: namespace {rate_ns} may not use pool "
+            f"'payments' (allowed: {ns}): use a pool of your namespace, or ask its owner to "
+            f"add {rate_ns} to spec.namespaces (or a matching namespaceSelector) of the "
+            f"WorkerPool payments in namespace {ns}"
+        ) in stderr, stderr
+        kube.kubectl("label", "namespace", rate_ns, "team=pay", "--overwrite")
+        selector = '{"spec": {"namespaceSelector": {"matchLabels": {"team": "pay"}}}}'
+        kube.kubectl("patch", "workerpool", "payments", "-n", ns, "--type=merge", "-p", selector)
+
+        def admitted() -> bool:
+            out = kube.kubectl("apply", "--dry-run=server", "-n", rate_ns, "-f", "-",
+                               input=sj("pay", charge), check=False)  # fmt: skip
+            return out.returncode == 0
+
+        wait_until(admitted, 30, "admitted by the namespace selector")
+        # A static pool's namespaces (--pool-namespaces batch=NS).
+        stderr = refused(kube, rate_ns, sj("b", 'schedule: "@daily"\npool: batch\n'
+                                          "target: {log: {}}"))  # fmt: skip
+        assert f"namespace {rate_ns} may not use pool 'batch' (allowed: {ns})" in stderr
+        assert "the pool's namespaces in the chart's worker.pools" in stderr
+    finally:
+        kube.kubectl("label", "namespace", rate_ns, "team-")
+        kube.kubectl("delete", "sj", "pay", "-n", ns, "--timeout=60s", check=False)
+        kube.kubectl("delete", "workerpool", "payments", "-n", ns, check=False)
 
 
 async def test_workerpool_listing_tolerates_a_missing_crd(kube: Cluster, ns: str) -> None:

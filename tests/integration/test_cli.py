@@ -28,7 +28,7 @@ def cli(
     )
 
 
-def test_apply_reports_bad_files_and_applies_the_rest(db_url: str, tmp_path: Path) -> None:
+def test_apply_reports_bad_files_and_applies_nothing(db_url: str, tmp_path: Path) -> None:
     (tmp_path / "good.yaml").write_text(
         "apiVersion: cronwell.dev/v1alpha1\nkind: ScheduledJob\nmetadata: {name: good}\n"
         "spec: {schedule: '*/5 * * * *', target: {log: {message: hi}}}\n"
@@ -36,6 +36,12 @@ def test_apply_reports_bad_files_and_applies_the_rest(db_url: str, tmp_path: Pat
     (tmp_path / "bad.yaml").write_text(
         "apiVersion: cronwell.dev/v1alpha1\nkind: ScheduledJob\nmetadata: {name: bad}\n"
         "spec: {schedule: '*/5 * * *', timeZone: Mars/Base, target: {log: {}}}\n"
+    )
+    # One file, two documents, the second bad: the first is not applied either.
+    (tmp_path / "multi.yaml").write_text(
+        "apiVersion: cronwell.dev/v1alpha1\nkind: ScheduledJob\nmetadata: {name: first}\n"
+        "spec: {schedule: '@hourly', target: {log: {}}}\n---\n"
+        "apiVersion: batch/v1\nkind: CronJob\nmetadata: {name: legacy}\nspec: {}\n"
     )
     r = cli("apply", "-f", str(tmp_path), url=db_url)
     assert r.returncode == 1
@@ -45,12 +51,17 @@ def test_apply_reports_bad_files_and_applies_the_rest(db_url: str, tmp_path: Pat
         "has 4 fields: use 5" in r.stderr
     )
     assert "spec.timeZone: unknown time zone 'Mars/Base'" in r.stderr
-    assert "scheduledjob.cronwell.dev/good created" in r.stdout
-    again = cli("apply", "-f", str(tmp_path / "good.yaml"), url=db_url)
-    assert again.returncode == 0 and "good unchanged" in again.stdout
+    assert f"{tmp_path / 'multi.yaml'}#2: kind CronJob is not a ScheduledJob" in r.stderr
+    assert "2 invalid document(s); nothing applied: fix them and apply again" in r.stderr
+    assert "created" not in r.stdout
+    listed = cli("jobs", url=db_url)
+    assert "default/good" not in listed.stdout and "default/first" not in listed.stdout
+    (tmp_path / "bad.yaml").unlink()
+    (tmp_path / "multi.yaml").unlink()
+    again = cli("apply", "-f", str(tmp_path), url=db_url)
+    assert again.returncode == 0 and "good created" in again.stdout
     listed = cli("jobs", url=db_url)
     assert "default/good" in listed.stdout and "*/5 * * * *" in listed.stdout
-    assert "default/bad" not in listed.stdout
 
 
 def test_unreachable_database_is_one_clear_line() -> None:

@@ -25,8 +25,10 @@ import psycopg
 
 import cronwell
 from cronwell import dispatch, jobs
+from cronwell.egress import EgressPolicy
 from cronwell.errors import LeaseLost
 from cronwell.handlers import Context, StaleFence
+from cronwell.secretbox import SecretBox
 from cronwell.settings import WorkerSettings
 from cronwell.store.db import Database
 from cronwell_worker.runtime import Outcome, Worker
@@ -36,6 +38,9 @@ from .helpers import make_job
 REPO = Path(__file__).resolve().parents[2]
 HANDLERS_MODULE = "tests.integration.worker_helpers"
 FAR_FUTURE = "0 0 1 1 *"  # once a year: jobs that only run when triggered
+LOCAL_EGRESS = "127.0.0.1/32"
+"""Tests' HTTP servers listen on 127.0.0.1, which the egress policy denies by default:
+every test worker allows exactly this address, explicitly."""
 T = TypeVar("T")
 
 # -- waiting ------------------------------------------------------------------------------
@@ -170,14 +175,28 @@ class RunningWorker:
 
 @contextlib.asynccontextmanager
 async def running_worker(
-    db_url: str, *, worker_id: str | None = None, **settings: Any
+    db_url: str,
+    *,
+    worker_id: str | None = None,
+    egress: EgressPolicy | None = None,
+    secrets: SecretBox | None = None,
+    **settings: Any,
 ) -> AsyncIterator[RunningWorker]:
     settings.setdefault("lease_seconds", 2.0)
     settings.setdefault("poll_seconds", 0.2)
     settings.setdefault("shutdown_grace_seconds", 5.0)
     async with Database(db_url, max_size=10) as wdb:
         outcomes: list[Outcome] = []
-        w = Worker(wdb, WorkerSettings(**settings), worker_id=worker_id, on_outcome=outcomes.append)
+        if egress is None:
+            egress = EgressPolicy.from_lists(allow_cidrs=[LOCAL_EGRESS])
+        w = Worker(
+            wdb,
+            WorkerSettings(**settings),
+            worker_id=worker_id,
+            on_outcome=outcomes.append,
+            egress=egress,
+            secrets=secrets,
+        )
         task = asyncio.create_task(w.run())
         rw = RunningWorker(w, wdb, task, outcomes)
         try:
@@ -429,6 +448,7 @@ def worker_env(db_url: str, marks: Path, **extra: str) -> dict[str, str]:
         "CRONWELL_DATABASE_URL": db_url,
         "CRONWELL_TEST_MARKS": str(marks),
         "CRONWELL_LOG_LEVEL": "INFO",
+        "CRONWELL_EGRESS_ALLOW_CIDRS": LOCAL_EGRESS,
         "PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "worker")]),
     }
     return env | extra

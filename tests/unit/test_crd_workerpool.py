@@ -99,7 +99,7 @@ def test_crd_defaults_equal_pydantic_defaults() -> None:
     }
     model = WorkerPoolSpec.model_validate(minimal)
     assert WorkerPoolSpec.model_validate(defaulted) == model
-    assert model.model_dump(mode="json", by_alias=True) == defaulted
+    assert model.model_dump(mode="json", by_alias=True, exclude_none=True) == defaulted
 
 
 def test_status_round_trips_through_the_schema_names() -> None:

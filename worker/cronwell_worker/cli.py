@@ -286,7 +286,7 @@ def dev(
 ) -> None:
     """Apply YAML and run a scheduler and workers in one process, printing each attempt."""
     _import(imports)
-    loaded, n_errors = _load_or_fail((jobs_dir,))
+    loaded, n_errors = _load_or_fail((jobs_dir,), standalone=True)
     view = LiveView()
     stop = asyncio.Event()
     serve = sorted(set(pools) or {i.job.spec.pool for i in loaded} or {"default"})

@@ -29,17 +29,26 @@ import httpx
 import psycopg
 import pydantic
 
-from cronwell import dispatch
+from cronwell import dispatch, tenancy
 from cronwell.dispatch import Claimed
+from cronwell.egress import (
+    ALLOW_ANNOTATION,
+    DENY_ANNOTATION,
+    EgressDenied,
+    EgressPolicy,
+    NamespaceEgress,
+    Rules,
+)
 from cronwell.errors import EXPECTED_ERRORS, DatabaseError, LeaseLost
 from cronwell.handlers import Context
 from cronwell.metrics import Metrics
 from cronwell.models import Delivery, RetryPolicy, ScheduledJobSpec
 from cronwell.scheduler import process_id
-from cronwell.settings import WorkerSettings
+from cronwell.secretbox import SecretBox, SecretsKeyError
+from cronwell.settings import EgressSettings, SecretsSettings, WorkerSettings
 from cronwell.store.db import Database
 from cronwell.supervise import Backoff, Supervisor
-from cronwell_worker import targets
+from cronwell_worker import egress, targets
 
 log = logging.getLogger("cronwell.worker")
 
@@ -102,8 +111,21 @@ class Worker:
         worker_id: str | None = None,
         on_outcome: Callable[[Outcome], None] | None = None,
         metrics: Metrics | None = None,
+        egress: EgressPolicy | None = None,
+        secrets: SecretBox | None = None,
     ):
+        """`egress` is the cluster's policy (default: CRONWELL_EGRESS_*); `secrets` the key
+        of Secret-backed header values (default: CRONWELL_SECRETS_KEY[_FILE], if set)."""
         self.db = db
+        self.egress = egress if egress is not None else EgressSettings().policy()
+        if secrets is None:
+            ss = SecretsSettings()
+            secrets = SecretBox.from_settings(ss.secrets_key, ss.secrets_key_file)
+        self.secrets = secrets
+        self._tenancy = _Tenancy(db, settings)
+        static = tenancy.static(settings.pool, settings.pool_namespaces, settings.pool_handlers)
+        restricts = tenancy.ANY not in static.namespaces or static.handlers is not None
+        self._static_pool = [static] if restricts else None
         self.settings = settings
         self.metrics = metrics or Metrics()
         self.id = worker_id or process_id("worker")
@@ -116,8 +138,7 @@ class Worker:
         self._wake = asyncio.Event()
         self._done: list[tuple[str, int, asyncio.Future[bool]]] = []
         self._flush_now = asyncio.Event()
-        self._http: httpx.AsyncClient | None = None
-        self._http_insecure: httpx.AsyncClient | None = None
+        self._clients: dict[tuple[bool, EgressPolicy], httpx.AsyncClient] = {}
 
     # -- lifecycle --------------------------------------------------------------------
 
@@ -128,7 +149,6 @@ class Worker:
         the registry) are watched while the worker runs: if one dies of an unexpected
         error, claiming stops, running attempts are cancelled at once (their leases may no
         longer be guarded) and the error is raised, so the process exits non-zero."""
-        self._http = httpx.AsyncClient(follow_redirects=False)
         await self._register()
         tasks = Supervisor(f"worker {self.id}")
         for c in (
@@ -160,9 +180,8 @@ class Worker:
             await self._flush()
             with contextlib.suppress(DatabaseError):
                 await self.db.execute("ProcessDelete", {"id": self.id})
-            await self._http.aclose()
-            if self._http_insecure is not None:
-                await self._http_insecure.aclose()
+            for client in self._clients.values():
+                await client.aclose()
             log.info("worker stopped", extra={"action": "worker_stop", "worker": self.id})
 
     def stop(self) -> None:
@@ -336,13 +355,57 @@ class Worker:
         self._handlers += 1
         r.task = asyncio.create_task(self._execute(r), name=f"attempt {c.key}")
 
-    def _client(self, spec: ScheduledJobSpec) -> httpx.AsyncClient:
-        assert self._http is not None
-        if spec.target.http is not None and not spec.target.http.verify_tls:
-            if self._http_insecure is None:
-                self._http_insecure = httpx.AsyncClient(follow_redirects=False, verify=False)
-            return self._http_insecure
-        return self._http
+    def _client(self, spec: ScheduledJobSpec, policy: EgressPolicy) -> httpx.AsyncClient:
+        """One client per (TLS verification, egress policy): a pooled connection is reused
+        only by jobs under the policy it was checked against."""
+        verify = spec.target.http is None or spec.target.http.verify_tls
+        client = self._clients.get((verify, policy))
+        if client is None:
+            client = self._clients[(verify, policy)] = egress.client(policy, verify=verify)
+        return client
+
+    async def _admit(
+        self, c: Claimed, spec: ScheduledJobSpec
+    ) -> tuple[EgressPolicy, dict[str, str] | None]:
+        """The pool policy (raises a non-retryable TargetError when the job's namespace
+        may not use this pool or handler), the job's egress policy and its Secret values."""
+        view = await self._tenancy.view()
+        handler = spec.target.handler.name if spec.target.handler is not None else None
+        sets = (
+            [view.pool_rows] if self._static_pool is None else [view.pool_rows, self._static_pool]
+        )
+        # The WorkerPools' rows (any may allow) and this worker's own static policy.
+        for policies in sets:
+            refusal = tenancy.check(
+                policies,
+                pool=self.settings.pool,
+                namespace=c.namespace,
+                labels=view.labels(c.namespace),
+                handler=handler,
+            )
+            if refusal is not None:
+                raise targets.TargetError(
+                    refusal.message, retryable=False, sent=False, reason=refusal.reason
+                )
+        ns_egress = view.egress(c.namespace)
+        policy = self.egress if ns_egress is None else self.egress.for_namespace(ns_egress)
+        http = spec.target.http
+        if http is None or not http.secret_headers:
+            return policy, None
+        row = await self.db.fetchone("JobSecretGet", {"job_id": c.job_id})
+        if row is None:
+            return policy, {}
+        if self.secrets is None:
+            raise targets.TargetError(
+                "the job has Secret-backed headers but this worker has no secrets key: set "
+                "CRONWELL_SECRETS_KEY (the chart's secrets Secret) as on the operator",
+                sent=False,
+                reason="SecretUnresolved",
+            )
+        try:
+            return policy, self.secrets.decrypt(row["ciphertext"])
+        except SecretsKeyError as e:
+            raise targets.TargetError(str(e), sent=False, reason="SecretUnresolved") from None
 
     async def _execute(self, r: _Running) -> None:
         try:
@@ -393,8 +456,11 @@ class Worker:
         error: targets.TargetError | None = None
         outcome = "failed"
         try:
+            policy, secrets = await self._admit(c, spec)
             async with asyncio.timeout(c.timeout_seconds):
-                await targets.run(spec.target, ctx, self._client(spec), c.timeout_seconds)
+                await targets.run(
+                    spec.target, ctx, self._client(spec, policy), c.timeout_seconds, secrets
+                )
         except asyncio.CancelledError:
             ctx.cancel()
             self._handler_done(r)
@@ -459,6 +525,8 @@ class Worker:
         Not retried: errors retrying cannot fix (HTTP 4xx but 408/429, unknown handler,
         invalid target), the last attempt, and under AtMostOnce any attempt that may have
         had an effect (`sent`): that one is dead with reason Ambiguous."""
+        if e.reason in POLICY_REASONS:
+            self.metrics.policy_denied.labels(self.settings.pool, e.reason).inc()
         at_most_once = c.delivery == Delivery.AT_MOST_ONCE
         ambiguous = at_most_once and e.sent and e.retryable
         retry_ok = e.retryable and c.attempt < c.max_attempts and not ambiguous
@@ -645,6 +713,71 @@ class Worker:
         while True:
             await asyncio.sleep(5.0)
             await self._register()
+
+
+POLICY_REASONS = frozenset({"EgressDenied", "PoolNotAllowed", "HandlerNotAllowed"})
+
+
+@dataclass(frozen=True)
+class _View:
+    """Namespace and pool policies as last read from the store."""
+
+    namespaces: dict[str, dict[str, Any]]
+    pool_rows: list[tenancy.PoolPolicy]
+    _egress: dict[str, NamespaceEgress | None] = field(default_factory=dict)
+
+    def labels(self, namespace: str) -> dict[str, str]:
+        return dict((self.namespaces.get(namespace) or {}).get("labels") or {})
+
+    def egress(self, namespace: str) -> NamespaceEgress | None:
+        if namespace not in self._egress:
+            row = self.namespaces.get(namespace)
+            ann = {}
+            if row is not None:
+                ann = {
+                    k: v
+                    for k, v in (
+                        (ALLOW_ANNOTATION, row["egress_allow"]),
+                        (DENY_ANNOTATION, row["egress_deny"]),
+                    )
+                    if v is not None
+                }
+            try:
+                self._egress[namespace] = (
+                    NamespaceEgress.from_annotations(namespace, ann) if ann else None
+                )
+            except EgressDenied:
+                # An annotation that does not parse denies everything rather than nothing.
+                self._egress[namespace] = NamespaceEgress(namespace, allow=Rules())
+        return self._egress[namespace]
+
+
+class _Tenancy:
+    """Reads the policies the operator syncs, at most once per policy_refresh_seconds."""
+
+    def __init__(self, db: Database, settings: WorkerSettings):
+        self.db, self.settings = db, settings
+        self._view: _View | None = None
+        self._at = 0.0
+        self._lock = asyncio.Lock()
+
+    async def view(self) -> _View:
+        if self._view is not None and time.monotonic() - self._at < (
+            self.settings.policy_refresh_seconds
+        ):
+            return self._view
+        async with self._lock:
+            if self._view is None or time.monotonic() - self._at >= (
+                self.settings.policy_refresh_seconds
+            ):
+                ns = await self.db.fetch("NamespacePolicyList")
+                pools = await self.db.fetch("PoolPolicyList", {"pool": self.settings.pool})
+                self._view = _View(
+                    {r["namespace"]: dict(r) for r in ns},
+                    [tenancy.PoolPolicy.from_row(r) for r in pools],
+                )
+                self._at = time.monotonic()
+        return self._view
 
 
 class _PoolMetrics:

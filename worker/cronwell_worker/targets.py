@@ -9,11 +9,13 @@ import logging
 import os
 import re
 import threading
+from collections.abc import Mapping
 from typing import Any
 
 import httpx
 
 from cronwell import handlers
+from cronwell.egress import EgressDenied
 from cronwell.errors import LeaseLost
 from cronwell.handlers import Context
 from cronwell.models import HttpTarget, Target
@@ -37,10 +39,20 @@ class TargetError(Exception):
 
 
 def _expand(value: str) -> str:
-    """Header values may name environment variables: `Bearer ${env:API_TOKEN}`."""
+    """Header values may name environment variables: `Bearer ${env:API_TOKEN}`; never the
+    worker's own configuration (CRONWELL_*: the database URL, the secrets key), which a
+    tenant could otherwise send to a server of theirs."""
 
     def sub(m: re.Match[str]) -> str:
         name = m.group(1)
+        if name.startswith("CRONWELL_"):
+            raise TargetError(
+                f"header refers to {name}: the worker's own settings are never sent; use "
+                "valueFrom: {secretKeyRef: {name, key}} for a credential",
+                retryable=False,
+                sent=False,
+                reason="InvalidTarget",
+            )
         if name not in os.environ:
             raise TargetError(
                 f"header refers to unset environment variable {name}",
@@ -54,9 +66,51 @@ def _expand(value: str) -> str:
 
 
 async def run_http(
-    target: HttpTarget, ctx: Context, client: httpx.AsyncClient, timeout_seconds: float
+    target: HttpTarget,
+    ctx: Context,
+    client: httpx.AsyncClient,
+    timeout_seconds: float,
+    secrets: Mapping[str, str] | None = None,
 ) -> None:
-    headers = {k: _expand(v) for k, v in target.headers.items()}
+    """One call. `secrets` holds the values of the valueFrom headers (decrypted from the
+    store for this attempt); never logged, never part of an error message: a server that
+    echoes the request in its error answer would otherwise put a credential into the
+    store's last_error, `cronwell runs`, `dlq show`, Events and logs."""
+    sensitive = [v for v in (secrets or {}).values() if v]
+    for h in target.headers:
+        if h.value is not None and _ENV_REF.search(h.value):
+            sensitive += [v for v in (os.environ.get(n) for n in _ENV_REF.findall(h.value)) if v]
+    try:
+        await _call_http(target, ctx, client, timeout_seconds, secrets)
+    except TargetError as e:
+        message = str(e)
+        for value in sorted(set(sensitive), key=len, reverse=True):
+            message = message.replace(value, "***")
+        if message == str(e):
+            raise
+        raise TargetError(message, retryable=e.retryable, sent=e.sent, reason=e.reason) from None
+
+
+async def _call_http(
+    target: HttpTarget,
+    ctx: Context,
+    client: httpx.AsyncClient,
+    timeout_seconds: float,
+    secrets: Mapping[str, str] | None,
+) -> None:
+    headers: dict[str, str] = {}
+    for h in target.headers:
+        if h.value is not None:
+            headers[h.name] = _expand(h.value)
+        elif secrets is None or h.name not in secrets:
+            raise TargetError(
+                f"header {h.name!r}: its Secret has not been resolved (the operator resolves "
+                "valueFrom; check its Events on the ScheduledJob)",
+                sent=False,
+                reason="SecretUnresolved",
+            )
+        else:
+            headers[h.name] = secrets[h.name]
     headers |= {
         "Idempotency-Key": ctx.key,
         "Cronwell-Fence-Token": str(ctx.fence),
@@ -70,7 +124,15 @@ async def run_http(
             headers=headers,
             content=target.body,
             timeout=httpx.Timeout(timeout_seconds, connect=target.connect_timeout_seconds),
+            follow_redirects=target.follow_redirects,
         )
+    except EgressDenied as e:
+        # Refused before any connection: nothing was sent, and retrying cannot help.
+        raise TargetError(str(e), retryable=False, sent=False, reason="EgressDenied") from None
+    except httpx.TooManyRedirects as e:
+        raise TargetError(
+            f"{target.method} {target.url}: {e}", retryable=False, reason="TooManyRedirects"
+        ) from None
     except (httpx.ConnectError, httpx.ConnectTimeout) as e:
         # No connection, so no request: nothing was sent (safe to retry even AtMostOnce).
         raise TargetError(f"connect to {target.url} failed: {e!r}", sent=False) from e
@@ -78,6 +140,14 @@ async def run_http(
         raise TargetError(f"{target.method} {target.url}: {type(e).__name__}: {e}") from e
     if 200 <= resp.status_code < 300:
         return
+    if resp.is_redirect and not target.follow_redirects:
+        raise TargetError(
+            f"{target.method} {target.url} answered {resp.status_code} (redirect to "
+            f"{resp.headers.get('location', '?')}), not followed: point the url at the final "
+            "address, or set followRedirects: true (every hop is checked by the egress policy)",
+            retryable=False,
+            reason="Redirect",
+        )
     retryable = not (400 <= resp.status_code < 500) or resp.status_code in (408, 429)
     raise TargetError(
         f"{target.method} {target.url} answered {resp.status_code}: {resp.text[:200]}",
@@ -142,11 +212,15 @@ def _settle(fut: asyncio.Future[None], exc: BaseException | None) -> None:
 
 
 async def run(
-    target: Target, ctx: Context, client: httpx.AsyncClient, timeout_seconds: float
+    target: Target,
+    ctx: Context,
+    client: httpx.AsyncClient,
+    timeout_seconds: float,
+    secrets: Mapping[str, str] | None = None,
 ) -> None:
     """Run one attempt of `target`."""
     if target.http is not None:
-        await run_http(target.http, ctx, client, timeout_seconds)
+        await run_http(target.http, ctx, client, timeout_seconds, secrets)
     elif target.handler is not None:
         ctx.payload = dict(target.handler.payload)
         await run_handler(target.handler.name, ctx)

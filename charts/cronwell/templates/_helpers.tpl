@@ -211,3 +211,35 @@ pods' checksum all see the same one. */}}
 {{- end }}
 {{- toYaml (get $cache "_generated") }}
 {{- end }}
+
+{{/* Tenant safety, for the operator and the workers: the egress policy (checked at
+admission and at connect time) and the key of Secret-backed header values (a file). */}}
+{{- define "cronwell.tenancyEnv" -}}
+- name: CRONWELL_EGRESS_ALLOW_CIDRS
+  value: {{ join "," .Values.egress.allowCidrs | quote }}
+- name: CRONWELL_EGRESS_ALLOW_HOSTS
+  value: {{ join "," .Values.egress.allowHosts | quote }}
+- name: CRONWELL_EGRESS_DENY_CIDRS
+  value: {{ join "," .Values.egress.denyCidrs | quote }}
+- name: CRONWELL_EGRESS_DENY_HOSTS
+  value: {{ join "," .Values.egress.denyHosts | quote }}
+- name: CRONWELL_SECRETS_KEY_FILE
+  value: /etc/cronwell/secrets-key/{{ .Values.secretsKey.key }}
+{{- end }}
+
+{{- define "cronwell.secretsKeySecretName" -}}
+{{- .Values.secretsKey.existingSecret | default (printf "%s-secrets-key" (include "cronwell.fullname" .)) }}
+{{- end }}
+
+{{- define "cronwell.secretsKeyMount" -}}
+- name: secrets-key
+  mountPath: /etc/cronwell/secrets-key
+  readOnly: true
+{{- end }}
+
+{{- define "cronwell.secretsKeyVolume" -}}
+- name: secrets-key
+  secret:
+    secretName: {{ include "cronwell.secretsKeySecretName" . }}
+    defaultMode: 0440
+{{- end }}
