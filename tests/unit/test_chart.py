@@ -257,7 +257,7 @@ def test_operator_rules_are_exactly_what_it_uses(default: list[dict[str, Any]]) 
         "customresourcedefinitions": {"list", "watch"},
         "scheduledjobs": {"get", "list", "watch", "patch", "update"},
         "workerpools": {"get", "list", "watch"},  # the pre-scaler never writes a spec
-        "namespaces": {"get"},  # the webhook's per-namespace annotation
+        "namespaces": {"get", "list"},  # annotations and labels: webhook, tenancy sync
         "scheduledjobs/status": {"get", "patch", "update"},
         "workerpools/status": {"patch"},
         "events": {"create", "patch"},
@@ -288,7 +288,7 @@ def test_namespaced_operator_gets_roles_not_cluster_rules(full: list[dict[str, A
     assert [(r["resources"], r["verbs"]) for r in cluster_role["rules"]] == [
         (["customresourcedefinitions"], ["list", "watch"]),
         (["workerpools"], ["get", "list", "watch"]),
-        (["namespaces"], ["get"]),
+        (["namespaces"], ["get", "list"]),
     ]
     for ns in ("team-a", "team-b"):
         role = named(

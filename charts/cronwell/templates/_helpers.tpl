@@ -223,8 +223,10 @@ admission and at connect time) and the key of Secret-backed header values (a fil
   value: {{ join "," .Values.egress.denyCidrs | quote }}
 - name: CRONWELL_EGRESS_DENY_HOSTS
   value: {{ join "," .Values.egress.denyHosts | quote }}
+{{- if .Values.operator.enabled }}
 - name: CRONWELL_SECRETS_KEY_FILE
   value: /etc/cronwell/secrets-key/{{ .Values.secretsKey.key }}
+{{- end }}
 {{- end }}
 
 {{- define "cronwell.secretsKeySecretName" -}}
@@ -232,14 +234,18 @@ admission and at connect time) and the key of Secret-backed header values (a fil
 {{- end }}
 
 {{- define "cronwell.secretsKeyMount" -}}
+{{- if .Values.operator.enabled }}
 - name: secrets-key
   mountPath: /etc/cronwell/secrets-key
   readOnly: true
 {{- end }}
+{{- end }}
 
 {{- define "cronwell.secretsKeyVolume" -}}
+{{- if .Values.operator.enabled }}
 - name: secrets-key
   secret:
     secretName: {{ include "cronwell.secretsKeySecretName" . }}
     defaultMode: 0440
+{{- end }}
 {{- end }}
