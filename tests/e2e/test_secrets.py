@@ -227,3 +227,41 @@ spec:
     )  # fmt: skip
     assert o["reason"] in ("SecretUnresolved", "AttemptsExhausted"), o
     assert server.auth("/nosecret") == []
+
+
+def test_namespaces_and_workerpools_are_synced_for_the_workers(
+    kube: Cluster, ns: str, store: str, stack: tuple[OperatorProcess, Path]
+) -> None:
+    """The workers read no Kubernetes object: the leader copies what they enforce (a
+    Namespace's labels and egress annotations, a WorkerPool's tenancy) into the store, and
+    forgets it when it is gone."""
+    op, _ = stack
+    kube.kubectl("annotate", "namespace", ns, "cronwell.dev/egress-deny=10.0.0.0/8,*.corp",
+                 "--overwrite")  # fmt: skip
+    kube.kubectl("label", "namespace", ns, "team=pay", "--overwrite")
+    kube.apply(
+        f"apiVersion: cronwell.dev/v1alpha1\nkind: WorkerPool\nmetadata: {{name: payments, "
+        f"namespace: {ns}}}\nspec: {{scaleTargetRef: {{name: worker-payments}}, "
+        "namespaces: [billing], handlers: [charge], "
+        "namespaceSelector: {matchLabels: {team: pay}}}\n"
+    )
+    row = wait_until(
+        lambda: sql(store, "SELECT labels, egress_allow, egress_deny FROM "
+                    "cronwell_namespace_policies WHERE namespace = %s AND egress_deny IS NOT "
+                    "NULL AND labels ? 'team'", (ns,)),
+        60, "the namespace's policy in the store", check=op._alive,
+    )[0]  # fmt: skip
+    assert row["labels"]["team"] == "pay"
+    assert (row["egress_allow"], row["egress_deny"]) == (None, "10.0.0.0/8,*.corp")
+    pool = wait_until(
+        lambda: sql(store, "SELECT * FROM cronwell_pool_policies WHERE pool = 'payments'"),
+        60, "the WorkerPool's policy in the store", check=op._alive,
+    )[0]  # fmt: skip
+    assert pool["owner_namespace"] == ns and pool["namespaces"] == ["billing"]
+    assert pool["handlers"] == ["charge"]
+    assert pool["namespace_selector"] == {"matchLabels": {"team": "pay"}, "matchExpressions": []}
+    kube.kubectl("delete", "workerpool", "payments", "-n", ns)
+    wait_until(
+        lambda: not sql(store, "SELECT 1 FROM cronwell_pool_policies WHERE pool = 'payments'"),
+        60, "the WorkerPool's policy gone", check=op._alive,
+    )  # fmt: skip
