@@ -307,11 +307,11 @@ def test_a_spec_the_store_refuses_is_reported_not_retried(
     assert events >= 1
     # One Warning with CronJob's reason, posted by the transition, not by each edit; kopf's
     # log bridge ("Error Logging: Handler ... failed permanently") is not the channel.
-    for i in range(2):  # metadata-only edits
-        kube.kubectl("label", "sj", "wrong", "-n", ns, f"edit=n{i}", "--overwrite")
+    for i in ("first-edit", "second-edit"):  # metadata-only edits
+        kube.kubectl("label", "sj", "wrong", "-n", ns, f"edit={i}", "--overwrite")
     eventually(  # kopf records the last configuration it handled in status.kopf
         operator,
-        lambda: '"n1"' in json.dumps((get(kube, ns, "wrong").get("status") or {}).get("kopf")),
+        lambda: "second-edit" in str((get(kube, ns, "wrong").get("status") or {}).get("kopf")),
         "the operator to handle both edits",
     )
     items = json.loads(

@@ -40,7 +40,8 @@ class Server:
                 # /echo answers 400 with the request's headers in the body, as some servers
                 # do: the worker must not carry the credential into the error it records.
                 status = 400 if self.path == "/echo" else 200
-                body = json.dumps(headers).encode() if status == 400 else b"{}"
+                echo = f"bad credentials: {headers.get('authorization')}"
+                body = echo.encode() if status == 400 else b"{}"
                 self.send_response(status)
                 self.send_header("Content-Length", str(len(body)))
                 self.end_headers()
@@ -168,7 +169,7 @@ def test_secret_headers_are_sent_rotated_and_never_shown(
     )  # fmt: skip
     assert server.auth("/echo") == [v2]
     shown = _cli(store, "dlq", "show", dead["idempotency_key"])
-    assert "answered 400" in shown and "***" in shown
+    assert "answered 400: bad credentials: ***" in shown, shown
     outputs = {
         "dlq show": shown,
         "dlq show --json": _cli(store, "dlq", "show", dead["idempotency_key"], "--json"),
@@ -226,3 +227,41 @@ spec:
     )  # fmt: skip
     assert o["reason"] in ("SecretUnresolved", "AttemptsExhausted"), o
     assert server.auth("/nosecret") == []
+
+
+def test_namespaces_and_workerpools_are_synced_for_the_workers(
+    kube: Cluster, ns: str, store: str, stack: tuple[OperatorProcess, Path]
+) -> None:
+    """The workers read no Kubernetes object: the leader copies what they enforce (a
+    Namespace's labels and egress annotations, a WorkerPool's tenancy) into the store, and
+    forgets it when it is gone."""
+    op, _ = stack
+    kube.kubectl("annotate", "namespace", ns, "cronwell.dev/egress-deny=10.0.0.0/8,*.corp",
+                 "--overwrite")  # fmt: skip
+    kube.kubectl("label", "namespace", ns, "team=pay", "--overwrite")
+    kube.apply(
+        f"apiVersion: cronwell.dev/v1alpha1\nkind: WorkerPool\nmetadata: {{name: payments, "
+        f"namespace: {ns}}}\nspec: {{scaleTargetRef: {{name: worker-payments}}, "
+        "namespaces: [billing], handlers: [charge], "
+        "namespaceSelector: {matchLabels: {team: pay}}}\n"
+    )
+    row = wait_until(
+        lambda: sql(store, "SELECT labels, egress_allow, egress_deny FROM "
+                    "cronwell_namespace_policies WHERE namespace = %s AND egress_deny IS NOT "
+                    "NULL AND labels ? 'team'", (ns,)),
+        60, "the namespace's policy in the store", check=op._alive,
+    )[0]  # fmt: skip
+    assert row["labels"]["team"] == "pay"
+    assert (row["egress_allow"], row["egress_deny"]) == (None, "10.0.0.0/8,*.corp")
+    pool = wait_until(
+        lambda: sql(store, "SELECT * FROM cronwell_pool_policies WHERE pool = 'payments'"),
+        60, "the WorkerPool's policy in the store", check=op._alive,
+    )[0]  # fmt: skip
+    assert pool["owner_namespace"] == ns and pool["namespaces"] == ["billing"]
+    assert pool["handlers"] == ["charge"]
+    assert pool["namespace_selector"] == {"matchLabels": {"team": "pay"}, "matchExpressions": []}
+    kube.kubectl("delete", "workerpool", "payments", "-n", ns)
+    wait_until(
+        lambda: not sql(store, "SELECT 1 FROM cronwell_pool_policies WHERE pool = 'payments'"),
+        60, "the WorkerPool's policy gone", check=op._alive,
+    )  # fmt: skip

@@ -356,8 +356,9 @@ def test_http_targets_are_checked_against_the_egress_policy(
          "host '169.254.169.254' is link-local (cloud metadata) (169.254.0.0/16)"),
         ("http://metadata.google.internal/computeMetadata/v1/",
          "host 'metadata.google.internal' is a cloud metadata host name"),
-        ("https://kubernetes.default.svc/api", "is the Kubernetes API server"),
-        ("http://127.0.0.1:6443/", "is loopback (127.0.0.0/8)"),
+        ("https://kubernetes.default.svc/api",
+         "host 'kubernetes.default.svc' is the Kubernetes API server (kubernetes.default.svc)"),
+        ("http://127.0.0.1:6443/", "host '127.0.0.1' is loopback (127.0.0.0/8)"),
     ):  # fmt: skip
         stderr = refused(
             kube, ns, sj("ssrf", f'schedule: "@daily"\ntarget: {{http: {{url: "{url}"}}}}')
