@@ -12,6 +12,8 @@ machine, prints a table and writes bench/results/<name>.json.
   database's clock, and the time until all succeeded.
 - prescale: one burst with the worker pool at its minimum (1 process) vs pre-scaled (the
   processes the operator's forecast plans), start lag side by side (hack/bench_prescale.py).
+- schedule: `next_after` per call (median, p99) for per-minute, per-second and yearly
+  schedules, outside and an hour before DST changes (hack/bench_schedule.py; no database).
 """
 
 from __future__ import annotations
@@ -259,6 +261,7 @@ SECTIONS = (
     "profile",
     "status",
     "prescale",
+    "schedule",
 )
 COMPARED = (
     "per_second",
@@ -378,6 +381,7 @@ async def main() -> None:
     ap.add_argument("--prescale-max-workers", type=int, default=4)
     ap.add_argument("--status-jobs", type=int, default=10_000, help="CRs of the status bench")
     ap.add_argument("--status-qps", default="20,100", help="operator --status-qps settings")
+    ap.add_argument("--schedule-calls", type=int, default=10_000, help="schedule: calls per case")
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
     args = ap.parse_args()
     only = set(args.only.split(","))
@@ -497,6 +501,10 @@ async def main() -> None:
                     }
                     | prof,
                 )
+            if "schedule" in only:
+                import bench_schedule
+
+                done("schedule", bench_schedule.schedule_bench(args.schedule_calls))
             if "status" in only:
                 import bench_status
                 import psycopg
