@@ -43,11 +43,9 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
-from croniter import croniter
-
-from cronwell.cronexpr import croniter_args, uses_hash
+from cronwell.cronexpr import uses_hash
 from cronwell.models import ScheduledJobSpec
-from cronwell.schedule import _MAX_SHIFT, JobSchedule, jitter_offset
+from cronwell.schedule import JobSchedule, jitter_offset
 from cronwell.workerpool import WorkerPoolSpec
 
 if TYPE_CHECKING:
@@ -146,47 +144,6 @@ def _duration_for(job: ForecastJob, default: float | Mapping[str, float]) -> flo
     return float(default)
 
 
-def instants(sched: JobSchedule, lo: datetime, hi: datetime) -> list[datetime]:
-    """Nominal instants of `sched` in [lo, hi), in order: the same as `sched.iter_from(lo)`
-    up to `hi`, but crons are enumerated in one pass over local wall-clock time (each
-    local match mapped to UTC by the DST policy) instead of one `next_after` per instant,
-    which rescans hours of candidates near a DST transition."""
-    if sched.cron is None:
-        out: list[datetime] = []
-        for inst in sched.iter_from(lo):
-            if inst >= hi:
-                break
-            out.append(inst)
-        return out
-    cron = sched.cron
-    if sched.start_at is not None:
-        lo = max(lo, sched.start_at)
-    if sched.end_at is not None:
-        hi = min(hi, sched.end_at + timedelta(microseconds=1))
-    if lo >= hi:
-        return []
-    offset = lo.astimezone(cron.tz).utcoffset()
-    if hi - lo <= timedelta(days=7) and all(
-        t.astimezone(cron.tz).utcoffset() == offset for t in (lo - _MAX_SHIFT, hi + _MAX_SHIFT)
-    ):
-        # No transition near (they are months apart): local order is UTC order, 1:1.
-        local_lo = lo.astimezone(cron.tz).replace(tzinfo=None) - timedelta(microseconds=1)
-        local_hi = hi.astimezone(cron.tz).replace(tzinfo=None)
-    else:
-        local_lo = (lo - _MAX_SHIFT).astimezone(cron.tz).replace(tzinfo=None)
-        local_hi = (hi + _MAX_SHIFT).astimezone(cron.tz).replace(tzinfo=None)
-    it = croniter(cron.expr, local_lo, hash_id=cron.hash_id.encode(), **croniter_args(cron.expr))
-    found: set[datetime] = set()
-    while True:
-        local: datetime = it.get_next(datetime)
-        if local > local_hi:
-            break
-        for inst in cron._to_utc(local):
-            if lo <= inst < hi:
-                found.add(inst)
-    return sorted(found)
-
-
 def demand(
     jobs: Iterable[ForecastJob],
     start: datetime,
@@ -227,7 +184,7 @@ def demand(
         sched = JobSchedule.from_spec(g.rep.id, ScheduledJobSpec.model_validate(g.rep.spec))
         offsets = [
             (inst - start).total_seconds()
-            for inst in instants(sched, start - timedelta(milliseconds=g.max_jitter_ms), end)
+            for inst in sched.between(start - timedelta(milliseconds=g.max_jitter_ms), end)
         ]
         if not offsets:
             continue

@@ -18,7 +18,7 @@ from pydantic import (
 )
 from pydantic.alias_generators import to_camel
 
-from cronwell.cronexpr import load_zone, validate_cron
+from cronwell.cronexpr import load_zone, uses_hash, validate_cron
 
 GROUP = "cronwell.dev"
 VERSION = "v1alpha1"
@@ -290,7 +290,7 @@ class ScheduledJobSpec(CamelModel):
         None,
         max_length=256,
         description="Cron: 5 fields, or 6 with seconds first; @hourly-style macros; "
-        "H for a per-job hashed value.",
+        "@every DURATION; H for a per-job hashed value; L, W and # day syntax.",
     )
     run_at: datetime | None = Field(None, description="One-shot instant (RFC 3339).")
     time_zone: str = Field("UTC", max_length=64, description="IANA zone for the schedule.")
@@ -374,6 +374,14 @@ class ScheduledJobSpec(CamelModel):
             )
         if self.start_at and self.end_at and self.end_at <= self.start_at:
             raise ValueError("spec.endAt must be after spec.startAt")
+        if self.schedule and self.start_at and self.end_at and not uses_hash(self.schedule):
+            from cronwell.schedule import JobSchedule  # it imports this module
+
+            if JobSchedule.from_spec("", self).first_at_or_after(self.start_at) is None:
+                raise ValueError(
+                    f"spec.schedule {self.schedule!r} never fires between spec.startAt and "
+                    "spec.endAt: move spec.endAt later or change the schedule"
+                )
         return self
 
 

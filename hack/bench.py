@@ -15,6 +15,8 @@ machine, prints a table and writes bench/results/<name>.json.
 - retention: simulated days of history (1M occurrences/day with --retention-full) with the
   pruner after each day: table size, due scan, claim and status batch per day
   (hack/bench_retention.py).
+- schedule: `next_after` per call (median, p99) for per-minute, per-second and yearly
+  schedules, outside and an hour before DST changes (hack/bench_schedule.py; no database).
 """
 
 from __future__ import annotations
@@ -263,6 +265,7 @@ SECTIONS = (
     "status",
     "prescale",
     "retention",
+    "schedule",
 )
 COMPARED = (
     "per_second",
@@ -392,6 +395,7 @@ async def main() -> None:
         action="store_true",
         help="retention: 30 days of 1,000,000 occurrences over 10,000 jobs (about an hour)",
     )
+    ap.add_argument("--schedule-calls", type=int, default=10_000, help="schedule: calls per case")
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
     args = ap.parse_args()
     only = set(args.only.split(","))
@@ -511,6 +515,10 @@ async def main() -> None:
                     }
                     | prof,
                 )
+            if "schedule" in only:
+                import bench_schedule
+
+                done("schedule", bench_schedule.schedule_bench(args.schedule_calls))
             if "status" in only:
                 import bench_status
                 import psycopg

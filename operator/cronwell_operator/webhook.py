@@ -53,16 +53,13 @@ import tempfile
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 import kopf
 import pydantic
-from croniter import croniter
 
-from cronwell import tenancy
-from cronwell.cronexpr import croniter_args
+from cronwell import cronexpr, tenancy
 from cronwell.egress import EgressDenied, EgressPolicy, NamespaceEgress
 from cronwell.errors import CronwellError
 from cronwell.loader import format_validation_error
@@ -113,7 +110,8 @@ def _parse(body: Mapping[str, Any], settings: OperatorSettings) -> ScheduledJob 
         for line in format_validation_error(e).split("; "):
             field = line.split(":", 1)[0]
             hint = _HINTS.get(field)
-            lines.append(f"{line} ({hint})" if hint and hint not in line else line)
+            useful = hint and hint not in line and "never fires" not in line
+            lines.append(f"{line} ({hint})" if useful else line)
         return Verdict(f"ScheduledJob {name}: " + "; ".join(lines), "spec")
     handler = job.spec.target.handler
     if handler is not None:
@@ -149,15 +147,7 @@ def occurrences_per_hour(schedule: str | None) -> float:
     a cron cronwell accepts (validated before)."""
     if schedule is None:
         return 1.0
-    expr = schedule.strip()
-    fields = croniter(expr, datetime(2000, 1, 1), hash_id=b"rate", **croniter_args(expr)).expanded
-
-    def size(values: list[Any], full: int) -> int:
-        return full if "*" in values else len(set(values))
-
-    # croniter's order: minute, hour, day, month, weekday[, second].
-    seconds = size(fields[5], 60) if len(fields) > 5 else 1
-    return size(fields[0], 60) * size(fields[1], 24) * seconds / 24
+    return cronexpr.runs_per_hour(schedule)
 
 
 def _job_rate(spec: Mapping[str, Any] | None) -> float:

@@ -24,7 +24,6 @@ from cronwell.forecast import (
     concurrency_timeline,
     demand,
     export_metrics,
-    instants,
     meets_slo,
     plan_replicas,
     required_concurrency,
@@ -112,30 +111,6 @@ def test_backlog_arrives_at_the_start_with_the_default_duration() -> None:
     got = demand([], utc(2026, 1, 1), 60, backlog={"p": 7}, default_duration={"p": 0.25})
     assert got["p"].backlog == 7 and sum(got["p"].counts) == 0
     assert got["p"].arrivals == Counter({(0, 0.3): 7})  # rounded up to 0.1 s
-
-
-@settings(max_examples=25, deadline=None)
-@given(
-    expr=st.sampled_from(["*/13 * * * *", "0 */2 * * *", "15,45 1-3 * * *", "0 */5 * * * *"]),
-    zone=st.sampled_from(["UTC", "Europe/Paris", "America/New_York", "Australia/Lord_Howe"]),
-    policy=st.sampled_from([{}, {"springForward": "Skip"}, {"fallBack": "RunTwice"}]),
-    start=st.sampled_from(
-        [utc(2026, 3, 8, 5), utc(2026, 3, 29, 0), utc(2026, 10, 4, 14), utc(2026, 11, 1, 5)]
-    ),
-    shift=st.integers(0, 7200 * 10**6),
-)
-def test_instants_equal_iter_from(
-    expr: str, zone: str, policy: dict[str, str], start: datetime, shift: int
-) -> None:
-    sched = JobSchedule.from_spec("j", spec(schedule=expr, timeZone=zone, dstPolicy=policy))
-    lo = start + timedelta(microseconds=shift)
-    hi = lo + timedelta(hours=3)
-    want = []
-    for inst in sched.iter_from(lo):
-        if inst >= hi:
-            break
-        want.append(inst)
-    assert instants(sched, lo, hi) == want
 
 
 # ---------------------------------------------------------------------- concurrency

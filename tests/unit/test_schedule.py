@@ -320,3 +320,277 @@ def test_partition_is_stable_and_spread() -> None:
         assert p == schedule.partition_of(i, 16)
         counts[p] += 1
     assert min(counts) > 50
+
+
+# --- issue 14: the examples, as regression tests ------------------------------------------
+
+
+def local(zone: str, *a: int) -> datetime:
+    return datetime(*a, tzinfo=load_zone(zone))  # type: ignore[arg-type,misc]
+
+
+def test_a_gap_time_found_from_the_summer_offset_applies_the_policy() -> None:
+    """From July, March 13th 02:30 New York: in 2016 it is in the gap (RunAtGapEnd: 03:00
+    EDT; Skip: the 2017 instant, a Monday after the change)."""
+    start = local("America/New_York", 2015, 7, 1)
+    gap = cron("30 2 13 3 *", "America/New_York").next_after(start)
+    assert gap == local("America/New_York", 2016, 3, 13, 3, 0)
+    assert gap is not None and gap.astimezone(load_zone("America/New_York")).hour == 3
+    skip = cron("30 2 13 3 *", "America/New_York", spring=SpringForward.SKIP).next_after(start)
+    assert skip == datetime(2017, 3, 13, 6, 30, tzinfo=UTC)  # 02:30 EDT
+
+
+def test_lord_howe_half_hour_gap() -> None:
+    """Lord Howe 2017-10-01: 02:00 -> 02:30; 02:15 runs at the end of the gap, 02:30 +11."""
+    got = cron("15 2 1 10 *", "Australia/Lord_Howe").next_after(
+        local("Australia/Lord_Howe", 2017, 3, 1)
+    )
+    assert got == datetime(2017, 9, 30, 15, 30, tzinfo=UTC)  # 02:30+11:00
+
+
+def firsts(expr: str, start: datetime, n: int, tz: str = "UTC") -> list[datetime]:
+    return take(cron(expr, tz), start, n)
+
+
+def test_wrap_around_ranges_with_steps() -> None:
+    ny = "America/New_York"
+    got = firsts("* 23-3/2 * * *", local(ny, 2026, 1, 15, 0, 30), 1, ny)
+    assert got == [local(ny, 2026, 1, 15, 1, 0)]
+    hours = {
+        t.astimezone(load_zone(ny)).hour
+        for t in firsts("0 23-3/2 * * *", local(ny, 2026, 1, 15), 6, ny)
+    }
+    assert hours == {23, 1, 3}
+    assert [t.month for t in firsts("0 0 1 9-8/3 *", utc(2026, 1, 1), 4)] == [3, 6, 9, 12]
+    # sat-tue/2: Saturday, Monday (2026-01-03 is a Saturday)
+    assert [t.day for t in firsts("0 0 * * sat-tue/2", utc(2026, 1, 1), 4)] == [3, 5, 10, 12]
+    assert {t.hour for t in firsts("0 20-5/5 * * *", utc(2026, 1, 1), 6)} == {20, 1}
+    assert {t.minute for t in firsts("20-5/5 * * * *", utc(2026, 1, 1), 10)} == {
+        20,
+        25,
+        30,
+        35,
+        40,
+        45,
+        50,
+        55,
+        0,
+        5,
+    }
+
+
+def test_nearest_weekday_never_leaves_its_month() -> None:
+    # 31W: months without a 31st are skipped; 2026-01-31 is a Saturday -> Friday 30th,
+    # 2026-05-31 a Sunday -> Friday 29th (not Monday June 1st)
+    assert [(t.month, t.day) for t in firsts("0 0 31W * *", utc(2026, 1, 1), 4)] == [
+        (1, 30),
+        (3, 31),
+        (5, 29),
+        (7, 31),
+    ]
+    # 30W: February is skipped (2026-03-30 is a Monday)
+    assert [(t.month, t.day) for t in firsts("0 0 30W * *", utc(2026, 1, 1), 2)] == [
+        (1, 30),
+        (3, 30),
+    ]
+    # 1W on a Saturday (2026-08-01) is Monday the 3rd, not Friday July 31st
+    assert firsts("0 0 1W 8 *", utc(2026, 1, 1), 1) == [utc(2026, 8, 3)]
+
+
+def test_quartz_day_syntax() -> None:
+    jan = utc(2026, 1, 1)
+    assert firsts("0 0 L * *", jan, 2) == [utc(2026, 1, 31), utc(2026, 2, 28)]
+    assert firsts("0 0 L-2 * *", jan, 2) == [utc(2026, 1, 29), utc(2026, 2, 26)]
+    assert firsts("0 0 LW * *", jan, 2) == [utc(2026, 1, 30), utc(2026, 2, 27)]
+    assert firsts("0 0 * * 5L", jan, 2) == [utc(2026, 1, 30), utc(2026, 2, 27)]  # last Friday
+    assert firsts("0 0 * * L5", jan, 1) == [utc(2026, 1, 30)]  # croniter's spelling
+    assert firsts("0 0 * * MON#2", jan, 2) == [utc(2026, 1, 12), utc(2026, 2, 9)]
+    assert firsts("0 0 ? * 1#1", jan, 1) == [utc(2026, 1, 5)]
+
+
+def test_day_of_month_or_day_of_week() -> None:
+    # both restricted: either matches (Vixie cron, Kubernetes CronJob): the 13th or Fridays
+    assert [t.day for t in firsts("0 0 13 * 5", utc(2026, 1, 1), 4)] == [2, 9, 13, 16]
+    # one side unrestricted (* or ?): the other alone
+    assert [t.day for t in firsts("0 0 * * 5", utc(2026, 1, 1), 2)] == [2, 9]
+    assert [t.day for t in firsts("0 0 13 * ?", utc(2026, 1, 1), 2)] == [13, 13]
+    # with #, L or W: both must match (the first day of the month that is a Monday)
+    assert firsts("0 0 1-7 * MON#1", utc(2026, 1, 1), 1) == [utc(2026, 1, 5)]
+    assert firsts("0 0 L * FRI", utc(2026, 1, 1), 1) == [utc(2026, 7, 31)]
+
+
+@pytest.mark.parametrize(
+    ("expr", "reason"),
+    [
+        ("0 0 30 2 *", "never fires: February has no 30th"),
+        ("* * 31 4 *", "never fires: April has no 31st"),
+        ("0 0 1 * SUN#2", "never fires: the 1st is never the 2nd Sunday"),
+        ("0 0 1W * SUN", "never fires: the weekday nearest the 1st is never a Sunday"),
+        ("0 0 31W 2 *", "never fires: February has no 31st"),
+        ("0 0 30W 2 *", "never fires: February has no 30th"),
+    ],
+)
+def test_never_firing_expressions_are_refused_in_one_line(expr: str, reason: str) -> None:
+    from cronwell.loader import parse_document
+
+    doc = {
+        "apiVersion": "cronwell.dev/v1alpha1",
+        "kind": "ScheduledJob",
+        "metadata": {"name": "x"},
+        "spec": {"schedule": expr, "target": {"log": {}}},
+    }
+    with pytest.raises(SpecError) as e:
+        parse_document(doc, "job.yaml")
+    msg = str(e.value)
+    assert reason in msg and "spec.schedule" in msg and "\n" not in msg
+    assert "Traceback" not in msg and "croniter" not in msg.lower()
+    assert msg.endswith(("set one of the two day fields to ?", "or other months")), msg
+
+
+def test_a_window_without_an_instant_is_refused() -> None:
+    from pydantic import ValidationError
+
+    from cronwell.models import ScheduledJobSpec
+
+    with pytest.raises(ValidationError, match=r"never fires between spec\.startAt and spec\.endAt"):
+        ScheduledJobSpec.model_validate(
+            {
+                "schedule": "0 0 1 1 *",
+                "startAt": "2026-02-01T00:00:00Z",
+                "endAt": "2026-12-01T00:00:00Z",
+                "target": {"log": {}},
+            }
+        )
+
+
+def test_random_fields_are_refused() -> None:
+    with pytest.raises(SpecError, match="use H"):
+        validate_cron("R * * * *")
+
+
+def test_every_is_anchored_at_the_epoch_or_start_at() -> None:
+    from cronwell.models import ScheduledJobSpec
+    from cronwell.schedule import JobSchedule
+
+    def sched(**kw: object) -> JobSchedule:
+        s = ScheduledJobSpec.model_validate({"target": {"log": {}}, **kw})
+        return JobSchedule.from_spec("j", s)
+
+    every = sched(schedule="@every 1h30m", timeZone="America/New_York")
+    # epoch + k * 90 min, whatever the zone: 2026-01-01 00:00Z is one of them (k = 327,264)
+    assert every.next_after(utc(2026, 1, 1)) == utc(2026, 1, 1, 1, 30)
+    assert every.next_after(utc(2026, 1, 1, 0, 59)) == utc(2026, 1, 1, 1, 30)
+    anchored = sched(schedule="@every 7m", startAt="2026-01-01T00:00:05Z")
+    assert list(itertools.islice(anchored.iter_from(utc(2020, 1, 1)), 2)) == [
+        utc(2026, 1, 1, 0, 0, 5),
+        utc(2026, 1, 1, 0, 7, 5),
+    ]
+    for bad in ("@every", "@every 0s", "@every 5 minutes", "@every -5m"):
+        with pytest.raises(SpecError, match="@every"):
+            validate_cron(bad)
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    job=st.uuids(),
+    t=_instants,
+    expr=st.sampled_from(
+        [
+            "H * * * *",
+            "H H * * *",
+            "H/15 * * * *",
+            "H(0-29)/10 H * * *",
+            "H H H * *",
+            "H * * * * *",
+            "H/20 H * * * *",
+            "0 H(9-17) * * MON-FRI",
+            "@hourly",
+            "@daily",
+        ]
+    ),
+)
+def test_hashed_values_are_the_ones_croniter_gave(job: uuid.UUID, t: datetime, expr: str) -> None:
+    """Jobs using H keep their instants (and so their keys) across the engine change."""
+    six = len(expr.split()) == 6
+    it = croniter(expr, t, hash_id=str(job).encode(), second_at_beginning=six)
+    want = it.get_next(datetime)
+    if expr.startswith("@"):  # cronwell never hashes macros (croniter does with a hash_id)
+        want = croniter(expr, t).get_next(datetime)
+    assert cron(expr, hash_id=str(job)).next_after(t) == want
+
+
+# --- one engine: scheduler, forecast and backfill agree -----------------------------------
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    expr=st.sampled_from(
+        [
+            "*/13 * * * *",
+            "0 */2 * * *",
+            "15,45 1-3 * * *",
+            "*/20 * * * * *",
+            "30 2 * * *",
+            "0 0 L * *",
+            "@every 25m",
+        ]
+    ),
+    zone=st.sampled_from(
+        [
+            "UTC",
+            "Europe/London",
+            "America/New_York",
+            "Australia/Lord_Howe",
+            "Pacific/Chatham",
+            "America/Santiago",
+        ]
+    ),
+    policy=st.sampled_from([{}, {"springForward": "Skip"}, {"fallBack": "RunTwice"}]),
+    start=st.sampled_from(
+        [
+            utc(2026, 3, 8, 5),
+            utc(2026, 3, 29, 0),
+            utc(2026, 10, 4, 14),
+            utc(2026, 11, 1, 5),
+            utc(2026, 4, 4, 2),
+            utc(2026, 9, 5, 23),
+        ]
+    ),
+    shift=st.integers(0, 7200 * 10**6),
+)
+def test_scheduler_forecast_and_backfill_agree(
+    expr: str, zone: str, policy: dict[str, str], start: datetime, shift: int
+) -> None:
+    from cronwell.backfill import window_instants
+    from cronwell.forecast import ForecastJob, demand
+    from cronwell.models import MisfirePolicy, ScheduledJobSpec
+    from cronwell.plan import plan_job
+    from cronwell.schedule import JobSchedule
+
+    spec = ScheduledJobSpec.model_validate(
+        {"schedule": expr, "timeZone": zone, "dstPolicy": policy, "target": {"log": {}}}
+    )
+    sched = JobSchedule.from_spec("j", spec)
+    lo = (start + timedelta(microseconds=shift)).replace(microsecond=0)
+    hi = lo + timedelta(hours=4)
+    # the scheduler: plans from its cursor (the first instant at or after lo) up to hi
+    first = sched.first_at_or_after(lo)
+    assert first is not None
+    plan = plan_job(
+        sched,
+        first,
+        now=hi,
+        horizon=timedelta(0),
+        deadline=timedelta(days=1),
+        policy=MisfirePolicy.RUN_ALL,
+        max_catchup=100_000,
+        limit=100_000,
+    )
+    scheduled = [t for t in plan.run if t < hi]
+    # backfill of [lo, hi - 1 µs], and the forecast's per-second counts of [lo, hi)
+    backfilled = window_instants(sched, lo, hi - timedelta(microseconds=1), 100_000)
+    pf = demand([ForecastJob.of("j", spec)], lo, 4 * 3600)["default"] if scheduled else None
+    forecast = {i: c for i, c in enumerate(pf.counts) if c} if pf else {}
+    assert scheduled == backfilled == sched.between(lo, hi)
+    assert forecast == {int((t - lo).total_seconds()): 1 for t in scheduled}
+    assert all(a < b for a, b in itertools.pairwise(scheduled))
