@@ -264,7 +264,7 @@ def _plain(tok: str, f: _FieldDef, crc: int) -> list[int]:
         start = _number(a, f)
         if not step_s:
             return [start % 7 if f is _DOW else start]
-        return _span(start, hi, step, f)  # a/n: from a to the field's end
+        return _span(start, 6 if f is _DOW else hi, step, f)  # a/n: from a to the end
     if f is _DOM and b == "l":
         return _span(_number(a, f), 31, step, f)
     return _span(_number(a, f), _number(b, f), step, f)
@@ -335,7 +335,7 @@ def _parse_dow(text: str, crc: int, c: dict[str, object]) -> None:
             for d in _plain(days_s, _DOW, crc):
                 nth.add((d, int(k_s)))
             special = True
-        elif len(tok) > 1 and tok.endswith("l") and tok[:-1] not in _DAY_NAMES:
+        elif len(tok) > 1 and tok.endswith("l"):
             last_of.add(_number(tok[:-1], _DOW) % 7)  # 5L: the last Friday (Quartz)
             special = True
         elif len(tok) > 1 and tok.startswith("l"):

@@ -206,6 +206,7 @@ class CronSchedule:
 
     def next_after(self, t: datetime) -> datetime | None:
         """The first instant strictly after aware `t` (None: none within LOOKAHEAD_YEARS)."""
+        t = t.astimezone(UTC)  # aware arithmetic below must be elapsed time, not wall time
         lt = t.astimezone(self.tz)
         wall = lt.replace(tzinfo=None)
         twice = self.fall_back == FallBack.RUN_TWICE
