@@ -635,3 +635,11 @@ def test_the_zone_t_is_given_in_does_not_matter(
 ) -> None:
     s = cron(expr, tz, spring, fall)
     assert s.next_after(t.astimezone(load_zone(shown))) == s.next_after(t)
+
+
+def test_a_schedule_whose_every_match_is_skipped_ends() -> None:
+    """02:30 on New York's change day is always in the gap: with Skip it never runs, and
+    the walk stops after LOOKAHEAD_YEARS instead of walking to year 9999."""
+    ny = "America/New_York"
+    assert cron("30 2 * 3 SUN#2", ny, spring=SpringForward.SKIP).next_after(utc(2026, 1, 1)) is None
+    assert cron("30 2 * 3 SUN#2", ny).next_after(utc(2026, 1, 1)) == utc(2026, 3, 8, 7)
