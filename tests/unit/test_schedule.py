@@ -643,3 +643,11 @@ def test_a_schedule_whose_every_match_is_skipped_ends() -> None:
     ny = "America/New_York"
     assert cron("30 2 * 3 SUN#2", ny, spring=SpringForward.SKIP).next_after(utc(2026, 1, 1)) is None
     assert cron("30 2 * 3 SUN#2", ny).next_after(utc(2026, 1, 1)) == utc(2026, 3, 8, 7)
+
+
+def test_lower_case_h_is_hashed_too_and_every_never_is() -> None:
+    from cronwell.cronexpr import uses_hash
+
+    assert uses_hash("h h * * *") and uses_hash("H(0-29)/10 * * * *")
+    assert not uses_hash("@every 1h30m") and not uses_hash("@hourly")
+    assert not uses_hash("0 0 * * thu") and not uses_hash("0 0 * mar *")
