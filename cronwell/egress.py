@@ -136,9 +136,6 @@ class Rules:
             hosts.append((entry, what))
         return cls(tuple(cidrs), tuple(hosts))
 
-    def __bool__(self) -> bool:
-        return bool(self.cidrs or self.hosts)
-
     def match_ip(self, ip: IPAddress) -> tuple[str, str] | None:
         for net, what in self.cidrs:
             if ip.version == net.version and ip in net:
