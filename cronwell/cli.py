@@ -271,7 +271,8 @@ metrics_port_option = click.option(
 @metrics_port_option
 @click.pass_obj
 def scheduler_cmd(env: Env, /, metrics_port: int, **opts: Any) -> None:
-    """Run a scheduler replica: partition leases, materialisation, lease reaping."""
+    """Run a scheduler replica: partition leases, materialisation, lease reaping, and
+    (the owner of partition 0) pruning history by the jobs' limits and --retention."""
     settings = SchedulerSettings(**{k: v for k, v in opts.items() if v is not None})
     metrics = Metrics()
     metrics.serve(metrics_port)

@@ -41,14 +41,16 @@ _MONTH = ("month", 1, 12, 3)
 _DOW = ("day-of-week", 0, 7, 4)
 _FieldDef = tuple[str, int, int, int]
 
-_MONTH_NAMES = {m.lower(): i for i, m in enumerate(calendar.month_abbr) if m}
-_DAY_NAMES = {"sun": 0, "mon": 1, "tue": 2, "wed": 3, "thu": 4, "fri": 5, "sat": 6}
-_MONTH_FULL = list(calendar.month_name)
+# English names whatever the locale (calendar's names follow LC_TIME)
+_MONTH_FULL = ["", "January", "February", "March", "April", "May", "June", "July", "August",
+               "September", "October", "November", "December"]  # fmt: skip
+_MONTH_NAMES = {m[:3].lower(): i for i, m in enumerate(_MONTH_FULL) if m}
 _DAY_FULL = ["Sunday", "Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday"]
+_DAY_NAMES = {d[:3].lower(): i for i, d in enumerate(_DAY_FULL)}
 
 _HASH = re.compile(r"^h(?:\((\d+)-(\d+)\))?(?:/(\d+))?$")
 _EVERY = re.compile(r"^(?:(\d+)d)?(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s)?$")
-_HASHED = re.compile(r"(?<![A-Za-z])H(?![A-Za-z])")
+_HASHED = re.compile(r"(?<![A-Za-z])H(?![A-Za-z])", re.IGNORECASE)
 
 
 @functools.lru_cache(maxsize=1024)
@@ -63,8 +65,9 @@ def load_zone(name: str) -> ZoneInfo:
 
 
 def uses_hash(expr: str) -> bool:
-    """True if the cron has an `H` field, so its instants depend on the job uid."""
-    return bool(_HASHED.search(expr))
+    """True if the cron has an `H` field (any case), so its instants depend on the job uid;
+    macros and `@every` never do."""
+    return not expr.lstrip().startswith("@") and bool(_HASHED.search(expr))
 
 
 def _ordinal(n: int) -> str:
@@ -264,7 +267,7 @@ def _plain(tok: str, f: _FieldDef, crc: int) -> list[int]:
         start = _number(a, f)
         if not step_s:
             return [start % 7 if f is _DOW else start]
-        return _span(start, hi, step, f)  # a/n: from a to the field's end
+        return _span(start, 6 if f is _DOW else hi, step, f)  # a/n: from a to the end
     if f is _DOM and b == "l":
         return _span(_number(a, f), 31, step, f)
     return _span(_number(a, f), _number(b, f), step, f)
@@ -335,7 +338,7 @@ def _parse_dow(text: str, crc: int, c: dict[str, object]) -> None:
             for d in _plain(days_s, _DOW, crc):
                 nth.add((d, int(k_s)))
             special = True
-        elif len(tok) > 1 and tok.endswith("l") and tok[:-1] not in _DAY_NAMES:
+        elif len(tok) > 1 and tok.endswith("l"):
             last_of.add(_number(tok[:-1], _DOW) % 7)  # 5L: the last Friday (Quartz)
             special = True
         elif len(tok) > 1 and tok.startswith("l"):

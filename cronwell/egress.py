@@ -88,6 +88,24 @@ def parse_ip(host: str) -> IPAddress | None:
     return ip
 
 
+_NAT64 = ipaddress.IPv6Network("64:ff9b::/96")
+
+
+def _embedded(ip: IPAddress | None) -> list[IPAddress]:
+    """IPv4 addresses an IPv6 address carries (6to4, Teredo, NAT64), which a network may
+    route to: checked against the built-in list like the address itself."""
+    if not isinstance(ip, ipaddress.IPv6Address):
+        return []
+    out: list[IPAddress] = []
+    if ip.sixtofour is not None:
+        out.append(ip.sixtofour)
+    if ip.teredo is not None:
+        out += list(ip.teredo)
+    if ip in _NAT64:
+        out.append(ipaddress.IPv4Address(int(ip) & 0xFFFFFFFF))
+    return out
+
+
 @dataclass(frozen=True)
 class Rules:
     """CIDRs (matched against addresses) and host patterns (`*.corp`, matched against
@@ -117,9 +135,6 @@ class Rules:
                         ) from None
             hosts.append((entry, what))
         return cls(tuple(cidrs), tuple(hosts))
-
-    def __bool__(self) -> bool:
-        return bool(self.cidrs or self.hosts)
 
     def match_ip(self, ip: IPAddress) -> tuple[str, str] | None:
         for net, what in self.cidrs:
@@ -231,7 +246,7 @@ class EgressPolicy:
                     f"annotation ({hit[0]}): use another destination, or ask the namespace's "
                     "admin to change the annotation"
                 )
-        for value in (host, ip):
+        for value in (host, ip, *_embedded(ip)):
             if value is None:
                 continue
             if isinstance(value, str):

@@ -39,7 +39,7 @@ def format_validation_error(e: pydantic.ValidationError) -> str:
         elif err["type"] == "missing":
             msg = "required field is missing"
         lines.append(f"{loc or '(document)'}: {msg}")
-    return "; ".join(lines)
+    return _one_line("; ".join(lines))  # a key may hold a line break: answers stay one line
 
 
 CONVERT_HINT = (

@@ -11,8 +11,8 @@
 Every delete is a bounded batch (`DELETE … WHERE id IN (SELECT … LIMIT n)`) in its own
 short transaction, touching only finished rows, which neither the claim path nor the
 materialiser ever lock: pruning holds no long lock and never waits on the hot path.
-Counters in status are totals kept in the job row (migration 0003), so pruning history
-never makes them go down.
+Counters in status are totals kept per job in cronwell_job_counters (migration 0003), so
+pruning history never makes them go down.
 """
 
 from __future__ import annotations
@@ -102,7 +102,12 @@ class Pruner:
                 after = row["last_job"]  # this range is within its limits: next range
         params = {"retention": self.retention_seconds, "limit": self.batch_rows}
         res.retention = await self._drain("HistoryRetentionPrune", params)
-        res.jobs = await self._drain("JobTombstonePurge", params)
+        while True:
+            row = await self.db.fetchone("JobTombstonePurge", params)
+            n = int(row["n"]) if row else 0
+            res.jobs += n
+            if n < self.batch_rows:
+                break
         res.other = await self._drain("StatusChangesPrune", params)
         res.other += await self._drain("OutboxPublishedPrune", params)
         if self.metrics is not None:

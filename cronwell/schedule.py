@@ -175,9 +175,10 @@ class CronSchedule:
         times never decrease under RunOnce (a repeated time maps to its first pass, a gap
         time to the gap's end), so the first one later than `t` is the earliest."""
         tz = self.tz
+        stop = after.year + LOOKAHEAD_YEARS if after is not None else 0
         while after is not None:
             local = self._next_local(after)
-            if local is None:
+            if local is None or local.year > stop:  # e.g. every match skipped in a gap
                 return None
             off0 = tz.utcoffset(local)
             off1 = tz.utcoffset(local.replace(fold=1))
@@ -206,6 +207,7 @@ class CronSchedule:
 
     def next_after(self, t: datetime) -> datetime | None:
         """The first instant strictly after aware `t` (None: none within LOOKAHEAD_YEARS)."""
+        t = t.astimezone(UTC)  # aware arithmetic below must be elapsed time, not wall time
         lt = t.astimezone(self.tz)
         wall = lt.replace(tzinfo=None)
         twice = self.fall_back == FallBack.RUN_TWICE

@@ -552,7 +552,7 @@ ORDER BY id LIMIT %(limit)s;
 DELETE FROM cronwell_status_changes WHERE id = ANY(%(ids)s::bigint[]);
 
 -- name: JobStatusBatch
--- Everything the status of each given job shows: totals from the job row (history is
+-- Everything the status of each given job shows: totals from its counters row (history is
 -- pruned, totals are not), the rest from the few newest occurrences of the job.
 SELECT j.id, j.namespace, j.name, j.generation, j.suspended, j.suspended_reason,
        j.consecutive_failures, j.missed_total, j.deleted_at,
@@ -560,13 +560,15 @@ SELECT j.id, j.namespace, j.name, j.generation, j.suspended, j.suspended_reason,
             THEN least(j.next_run_at, nxt.t) END AS next_schedule_time,
        (j.next_run_at IS NULL AND nxt.t IS NULL) AS schedule_done,
        ls.t AS last_schedule_time,
-       c.active, j.succeeded_total AS succeeded, j.dead_total AS dead,
-       j.skipped_total AS skipped, j.last_successful_at AS last_successful_time,
-       j.failed_total AS failed, j.last_failure_at AS last_failure_time, j.last_error,
+       c.active, coalesce(t.succeeded_total, 0) AS succeeded,
+       coalesce(t.dead_total, 0) AS dead, coalesce(t.skipped_total, 0) AS skipped,
+       t.last_successful_at AS last_successful_time, coalesce(t.failed_total, 0) AS failed,
+       t.last_failure_at AS last_failure_time, t.last_error,
        fin.state AS last_state, fin.reason AS last_reason, fin.idempotency_key AS last_key,
        fin.last_error AS last_state_error,
        extract(epoch FROM fin.finished_at - fin.started_at) AS last_duration_seconds
 FROM cronwell_jobs j
+LEFT JOIN cronwell_job_counters t ON t.job_id = j.id
 -- Every lateral reads the job's own rows through (job_id, scheduled_for): its cost is the
 -- job's retained history (bounded by its limits), never the size of the table or the
 -- pool's backlog (ordering by finished_at walked the global finished_at index instead).
@@ -759,12 +761,16 @@ WHERE id IN (SELECT o.id FROM cronwell_occurrences o JOIN cronwell_jobs j ON j.i
 
 -- name: JobTombstonePurge
 -- Forgets at most `limit` jobs deleted longer than `retention` seconds ago whose history
--- is gone (nothing references them any more).
-DELETE FROM cronwell_jobs
-WHERE id IN (SELECT j.id FROM cronwell_jobs j
-             WHERE j.deleted_at < now() - make_interval(secs => %(retention)s)
-               AND NOT EXISTS (SELECT 1 FROM cronwell_occurrences o WHERE o.job_id = j.id)
-             LIMIT %(limit)s);
+-- is gone (nothing references them any more), with their counters.
+WITH gone AS (
+    DELETE FROM cronwell_jobs
+    WHERE id IN (SELECT j.id FROM cronwell_jobs j
+                 WHERE j.deleted_at < now() - make_interval(secs => %(retention)s)
+                   AND NOT EXISTS (SELECT 1 FROM cronwell_occurrences o WHERE o.job_id = j.id)
+                 LIMIT %(limit)s)
+    RETURNING id),
+counters AS (DELETE FROM cronwell_job_counters c USING gone WHERE c.job_id = gone.id)
+SELECT count(*) AS n FROM gone;
 
 -- name: StatusChangesPrune
 -- Change-log rows older than the retention (no operator drains the log in standalone use;

@@ -298,13 +298,17 @@ class Kube:
             for ns in page.items
         ]
 
-    async def read_secret_key(self, namespace: str, name: str, key: str) -> str:
-        """One key of a Secret, decoded (KubeNotFound when the Secret or the key is absent).
-        Only the operator calls this: workers never read Secrets."""
+    async def read_secret(self, namespace: str, name: str) -> dict[str, str]:
+        """A Secret's data, base64 as stored (KubeNotFound when it is absent). Only the
+        operator calls this: workers never read Secrets."""
         secret: client.V1Secret = await self._call(
             f"get Secret {namespace}/{name}", self.core.read_namespaced_secret, name, namespace
         )
-        data = secret.data or {}
+        return {k: str(v) for k, v in (secret.data or {}).items()}
+
+    @staticmethod
+    def secret_key(data: dict[str, str], namespace: str, name: str, key: str) -> str:
+        """One key of a Secret's data, decoded (KubeNotFound when the key is absent)."""
         if key not in data:
             raise KubeNotFound(
                 f"Secret {namespace}/{name} has no key {key!r} (keys: "

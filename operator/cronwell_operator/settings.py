@@ -96,12 +96,12 @@ class OperatorSettings(BaseSettings):
         "serves any handler).",
     )
     tenancy_sync_seconds: float = Field(
-        10.0,
+        30.0,
         gt=0,
         description="How often Namespaces, WorkerPools and Secret-backed header values are "
         "synced into the store for the workers: a rotated Secret reaches the next attempt "
-        "within this (one list of Namespaces and WorkerPools and one GET per referenced "
-        "Secret per pass).",
+        "within this. Each pass lists Namespaces and WorkerPools and GETs each distinct "
+        "referenced Secret once: 30 s keeps that light with thousands of Secrets.",
     )
     webhook_require_known_pool: bool = Field(
         True,

@@ -8,8 +8,9 @@ the workers themselves read no Kubernetes object (no Namespace, WorkerPool or Se
   attempt within `tenancy_sync_seconds`.
 
 A periodic pass rather than watches: one list of Namespaces and WorkerPools and one GET per
-referenced Secret each pass, and no cluster-wide watch on Secrets (which would need `list`
-and `watch` on every Secret of the cluster).
+distinct referenced Secret each pass (jobs sharing a Secret share the GET), and no
+cluster-wide watch on Secrets (which would need `list` and `watch` on every Secret of the
+cluster).
 """
 
 from __future__ import annotations
@@ -44,9 +45,11 @@ async def resolve_secrets(
     job_id: uuid.UUID | str,
     namespace: str,
     spec: ScheduledJobSpec,
+    cache: dict[tuple[str, str], dict[str, str] | KubeError] | None = None,
 ) -> bool:
     """Read the job's Secret-backed header values (its own namespace only) and store them
-    encrypted; True when the stored values changed. Never logs a value."""
+    encrypted; True when the stored values changed. Never logs a value. `cache` shares one
+    GET per Secret between the jobs of one pass."""
     http = spec.target.http
     refs = http.secret_headers if http is not None else []
     jid = uuid.UUID(str(job_id))
@@ -63,7 +66,17 @@ async def resolve_secrets(
         assert h.value_from is not None
         ref = h.value_from.secret_key_ref
         try:
-            values[h.name] = await kube.read_secret_key(namespace, ref.name, ref.key)
+            data = (cache or {}).get((namespace, ref.name))
+            if data is None:
+                try:
+                    data = await kube.read_secret(namespace, ref.name)
+                except KubeError as e:
+                    data = e
+                if cache is not None:
+                    cache[(namespace, ref.name)] = data
+            if isinstance(data, KubeError):
+                raise data
+            values[h.name] = kube.secret_key(data, namespace, ref.name, ref.key)
         except KubeNotFound as e:
             raise SecretUnresolved(
                 f"header {h.name!r}: {e}: create the Secret {ref.name} with key {ref.key} in "
@@ -150,6 +163,7 @@ class TenancySync:
 
     async def resolve_all(self) -> None:
         served = set(self.settings.namespaces)
+        cache: dict[tuple[str, str], dict[str, str] | KubeError] = {}
         for row in await self.db.fetch("JobSecretRefList"):
             if served and row["namespace"] not in served:
                 continue
@@ -157,7 +171,7 @@ class TenancySync:
                 spec = ScheduledJobSpec.model_validate(row["spec"])
                 changed = await resolve_secrets(
                     self.db, self.kube, self.box, job_id=row["id"],
-                    namespace=row["namespace"], spec=spec,
+                    namespace=row["namespace"], spec=spec, cache=cache,
                 )  # fmt: skip
             except (CronwellError, ValueError) as e:
                 log.warning(

@@ -209,7 +209,7 @@ class Admission:
         if url_changed or pool_check:
             meta = await self._namespace(parsed.metadata.namespace, warnings)
         if url_changed:
-            denial = self._check_egress(parsed, meta, warnings)
+            denial = self._check_egress(parsed, meta)
             if denial is not None:
                 return denial
         if pool_check:
@@ -235,9 +235,7 @@ class Admission:
 
     # -- egress
 
-    def _check_egress(
-        self, job: ScheduledJob, meta: Mapping[str, Any], warnings: list[str]
-    ) -> Verdict | None:
+    def _check_egress(self, job: ScheduledJob, meta: Mapping[str, Any]) -> Verdict | None:
         http = job.spec.target.http
         assert http is not None
         name, namespace = job.metadata.name, job.metadata.namespace

@@ -143,6 +143,13 @@ def test_configuration_is_managed_by_the_operator(kube: Cluster, operator: Opera
             id="cron",
         ),
         pytest.param(
+            'schedule: "0 0 1 * SUN#2"\ntarget: {log: {}}',
+            "ScheduledJob bad: spec.schedule: cron '0 0 1 * SUN#2' never fires: the 1st is "
+            "never the 2nd Sunday (with #, L or W, day-of-month and day-of-week must both "
+            "match): set one of the two day fields to ?",
+            id="never-fires",
+        ),
+        pytest.param(
             'schedule: "@daily"\ntimeZone: Europe/Pariss\ntarget: {log: {}}',
             "ScheduledJob bad: spec.timeZone: unknown time zone 'Europe/Pariss': use an IANA "
             "name such as 'Europe/Paris' or 'UTC'",

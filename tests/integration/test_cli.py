@@ -64,6 +64,21 @@ def test_apply_reports_bad_files_and_applies_nothing(db_url: str, tmp_path: Path
     assert "default/good" in listed.stdout and "*/5 * * * *" in listed.stdout
 
 
+def test_apply_refuses_a_cron_that_never_fires_in_one_line(db_url: str, tmp_path: Path) -> None:
+    (tmp_path / "feb30.yaml").write_text(
+        "apiVersion: cronwell.dev/v1alpha1\nkind: ScheduledJob\nmetadata: {name: feb30}\n"
+        "spec: {schedule: '0 0 30 2 *', target: {log: {}}}\n"
+    )
+    r = cli("apply", "-f", str(tmp_path), url=db_url)
+    assert r.returncode == 1
+    assert "Traceback" not in r.stderr and "croniter" not in r.stderr.lower()
+    assert (
+        f"{tmp_path / 'feb30.yaml'} (ScheduledJob feb30): spec.schedule: cron '0 0 30 2 *' "
+        "never fires: February has no 30th: use a day every chosen month has" in r.stderr
+    )
+    assert "default/feb30" not in cli("jobs", url=db_url).stdout
+
+
 def test_unreachable_database_is_one_clear_line() -> None:
     r = cli("jobs", url="postgresql://nobody:secret@127.0.0.1:1/nothing")
     assert r.returncode == 1

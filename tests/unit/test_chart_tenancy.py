@@ -41,7 +41,9 @@ def test_egress_secrets_key_and_pool_tenancy_reach_the_processes() -> None:
     for d in (op, reports, default):
         env = _env(d)
         assert env["CRONWELL_EGRESS_ALLOW_CIDRS"] == "10.0.7.0/24"
-        assert env["CRONWELL_EGRESS_DENY_CIDRS"] == "10.0.0.0/16,fd00:10::/32"
+        assert env["CRONWELL_EGRESS_DENY_CIDRS"] == (
+            "10.0.0.0/16,fd00:10::/32,10.96.0.1/32,172.18.0.2/32"
+        )
         assert env["CRONWELL_EGRESS_DENY_HOSTS"] == "*.corp.example"
         assert env["CRONWELL_SECRETS_KEY_FILE"] == "/etc/cronwell/secrets-key/fernet"
         assert _mounts(d)["secrets-key"] == "/etc/cronwell/secrets-key"

@@ -24,6 +24,8 @@ DEFAULT = EgressPolicy.from_lists(api_server_host="10.96.0.1")
         ("http://0x7f.1/", "loopback (127.0.0.0/8)"),
         ("http://[::ffff:127.0.0.1]/", "loopback (127.0.0.0/8)"),
         ("http://[::1]/", "loopback (::1/128)"),
+        ("http://[64:ff9b::a9fe:a9fe]/", "link-local (cloud metadata) (169.254.0.0/16)"),  # NAT64
+        ("http://[2002:7f00:1::]/", "loopback (127.0.0.0/8)"),  # 6to4
         ("http://localhost:9000/", "loopback (localhost)"),
         ("http://0.0.0.0/", "unspecified"),
         ("https://kubernetes.default.svc.cluster.local/api", "the Kubernetes API server"),

@@ -195,3 +195,25 @@ def test_metadata_ssrf_is_refused_by_apply(tmp_path: Path) -> None:
         "(169.254.0.0/16)" in result.output
     )
     assert "nothing applied" in result.output and "cannot connect" not in result.output
+
+
+@FUZZ
+@given(specs | json_values)
+def test_the_spec_model_and_the_webhook_answer_any_spec(spec: Any) -> None:
+    """The model raises only its validation error, which formats to one line; the
+    webhook's spec rules (the same model, plus the payload size) never raise."""
+    import pydantic
+
+    from cronwell.loader import format_validation_error
+    from cronwell.models import ScheduledJobSpec
+    from cronwell_operator.settings import OperatorSettings
+    from cronwell_operator.webhook import problems
+
+    try:
+        ScheduledJobSpec.model_validate(spec)
+    except pydantic.ValidationError as e:
+        assert format_validation_error(e)
+    body = {"apiVersion": "cronwell.dev/v1alpha1", "kind": "ScheduledJob",
+            "metadata": {"name": "fuzz", "namespace": "default"}, "spec": spec}  # fmt: skip
+    denial = problems(body, None, settings=OperatorSettings())
+    assert denial is None or (denial.startswith("ScheduledJob fuzz: ") and "\n" not in denial)

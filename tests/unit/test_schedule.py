@@ -594,3 +594,60 @@ def test_scheduler_forecast_and_backfill_agree(
     assert scheduled == backfilled == sched.between(lo, hi)
     assert forecast == {int((t - lo).total_seconds()): 1 for t in scheduled}
     assert all(a < b for a, b in itertools.pairwise(scheduled))
+
+
+@pytest.mark.parametrize(
+    ("expr", "attr", "values"),
+    [
+        ("0 0 * * 1/2", "weekdays", {1, 3, 5}),  # a/n ends at Saturday, as CronJob and croniter
+        ("0 0 * * 5-7", "weekdays", {5, 6, 0}),  # 7 is Sunday
+        ("0 0 * * 0-7", "weekdays", set(range(7))),
+        ("0 0 * * sat-tue/2", "weekdays", {6, 1}),
+        ("0 0 * * FRI-MON", "weekdays", {5, 6, 0, 1}),
+        ("0 0 * 9-8/3 *", "months", {9, 12, 3, 6}),
+        ("0 0 * nov-feb *", "months", {11, 12, 1, 2}),
+        ("0 23-3/2 * * *", "hours", {23, 1, 3}),
+        ("0 20-5/5 * * *", "hours", {20, 1}),
+        ("5-5 * * * *", "minutes", {5}),  # an equal range is its value (croniter: the hour)
+        ("58/5 * * * *", "minutes", {58}),
+        ("0 0 * * FRIL", "last_of", {5}),
+        ("0 0 28-L * *", "days", {28, 29, 30, 31}),
+    ],
+)
+def test_field_sets(expr: str, attr: str, values: set[int]) -> None:
+    from cronwell.cronexpr import parse
+
+    assert set(getattr(parse(expr), attr)) == values
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    expr=st.sampled_from(["45 1 * * *", "*/20 * * * *", "30 2 * * *", "* 1 * * * *"]),
+    tz=st.sampled_from(["America/New_York", "Australia/Lord_Howe", "America/Santiago"]),
+    shown=st.sampled_from(["UTC", "America/New_York", "Asia/Tokyo", "Australia/Lord_Howe"]),
+    t=st.sampled_from([utc(2026, 11, 1, 5, 50), utc(2026, 3, 8, 6, 40), utc(2026, 4, 4, 14),
+                       utc(2026, 10, 3, 15, 10), utc(2026, 4, 5, 2, 30), utc(2026, 9, 6, 3, 30)]),
+    spring=st.sampled_from(list(SpringForward)),
+    fall=st.sampled_from(list(FallBack)),
+)  # fmt: skip
+def test_the_zone_t_is_given_in_does_not_matter(
+    expr: str, tz: str, shown: str, t: datetime, spring: SpringForward, fall: FallBack
+) -> None:
+    s = cron(expr, tz, spring, fall)
+    assert s.next_after(t.astimezone(load_zone(shown))) == s.next_after(t)
+
+
+def test_a_schedule_whose_every_match_is_skipped_ends() -> None:
+    """02:30 on New York's change day is always in the gap: with Skip it never runs, and
+    the walk stops after LOOKAHEAD_YEARS instead of walking to year 9999."""
+    ny = "America/New_York"
+    assert cron("30 2 * 3 SUN#2", ny, spring=SpringForward.SKIP).next_after(utc(2026, 1, 1)) is None
+    assert cron("30 2 * 3 SUN#2", ny).next_after(utc(2026, 1, 1)) == utc(2026, 3, 8, 7)
+
+
+def test_lower_case_h_is_hashed_too_and_every_never_is() -> None:
+    from cronwell.cronexpr import uses_hash
+
+    assert uses_hash("h h * * *") and uses_hash("H(0-29)/10 * * * *")
+    assert not uses_hash("@every 1h30m") and not uses_hash("@hourly")
+    assert not uses_hash("0 0 * * thu") and not uses_hash("0 0 * mar *")

@@ -220,7 +220,7 @@ admission and at connect time) and the key of Secret-backed header values (a fil
 - name: CRONWELL_EGRESS_ALLOW_HOSTS
   value: {{ join "," .Values.egress.allowHosts | quote }}
 - name: CRONWELL_EGRESS_DENY_CIDRS
-  value: {{ join "," .Values.egress.denyCidrs | quote }}
+  value: {{ join "," (concat .Values.egress.denyCidrs .Values.egress.apiServerCidrs) | quote }}
 - name: CRONWELL_EGRESS_DENY_HOSTS
   value: {{ join "," .Values.egress.denyHosts | quote }}
 {{- if .Values.operator.enabled }}
