@@ -22,8 +22,10 @@ from collections import OrderedDict
 from datetime import datetime, timedelta
 from typing import Any
 
+import pydantic
+
 from cronwell import cronexpr, dispatch, maintenance, partitions, schedule
-from cronwell.errors import DatabaseError
+from cronwell.errors import DatabaseError, SpecError
 from cronwell.metrics import Metrics
 from cronwell.models import MisfirePolicy, ScheduledJobSpec
 from cronwell.plan import plan_job
@@ -249,7 +251,24 @@ class Scheduler:
             adv: dict[str, list[Any]] = {"ids": [], "next_run_at": [], "missed": []}
             due: list[tuple[str, datetime]] = []
             for job in jobs:
-                spec, sched = self.specs.get(job["id"], job["spec_hash"], job["spec"])
+                try:
+                    spec, sched = self.specs.get(job["id"], job["spec_hash"], job["spec"])
+                except (pydantic.ValidationError, SpecError) as e:
+                    # A stored spec this version refuses (written by an older version, or
+                    # straight into the database): park the job until its spec changes
+                    # rather than fail every batch of its partition.
+                    reason = (
+                        e.errors()[0]["msg"] if isinstance(e, pydantic.ValidationError) else str(e)
+                    )
+                    log.error(
+                        f"job {job['id']}: stored spec is invalid; parked until it changes: "
+                        f"{reason}",
+                        extra={"action": "spec_invalid", "job": str(job["id"])},
+                    )
+                    adv["ids"].append(job["id"])
+                    adv["next_run_at"].append(None)
+                    adv["missed"].append(0)
+                    continue
                 deadline = timedelta(
                     seconds=spec.starting_deadline_seconds or s.misfire_threshold_seconds
                 )

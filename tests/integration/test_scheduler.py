@@ -236,3 +236,23 @@ async def test_suspension_records_missed_instants_and_resume_catches_up_once(
     assert resumed["missed_total"] == len(missed)
     assert catchup[0]["scheduled_for"] > max(o["scheduled_for"] for o in missed)
     assert len(during) >= 4
+
+
+async def test_a_stored_spec_that_no_longer_validates_parks_its_job_only(db: Database) -> None:
+    """A spec written by an older version (here a random `R` cron, now refused) must not
+    fail the batch: its job is parked (no next run), the others are materialised."""
+    await make_job(db, "good", schedule="*/10 * * * * *")
+    bad = await make_job(db, "bad", schedule="*/10 * * * * *")
+    async with db.connection() as conn:
+        await conn.execute(
+            "UPDATE cronwell_jobs SET spec = jsonb_set(spec, '{schedule}', '\"R * * * *\"'),"
+            " spec_hash = 'stale' WHERE id = %s",
+            (bad.id,),
+        )
+    s = await scheduler(db, horizon_seconds=30)
+    assert await s.materialise_until_idle() == 2
+    assert len(await occurrences(db, "good")) >= 3
+    assert await occurrences(db, "bad") == []
+    async with db.connection() as conn:
+        cur = await conn.execute("SELECT next_run_at FROM cronwell_jobs WHERE id = %s", (bad.id,))
+        assert (await cur.fetchone()) == {"next_run_at": None}
