@@ -43,7 +43,10 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
+import pydantic
+
 from cronwell.cronexpr import uses_hash
+from cronwell.errors import SpecError
 from cronwell.models import ScheduledJobSpec
 from cronwell.schedule import JobSchedule, jitter_offset
 from cronwell.workerpool import WorkerPoolSpec
@@ -181,7 +184,10 @@ def demand(
         g.max_jitter_ms = max(g.max_jitter_ms, jms)
 
     for g in groups.values():
-        sched = JobSchedule.from_spec(g.rep.id, ScheduledJobSpec.model_validate(g.rep.spec))
+        try:
+            sched = JobSchedule.from_spec(g.rep.id, ScheduledJobSpec.model_validate(g.rep.spec))
+        except (pydantic.ValidationError, SpecError):
+            continue  # a stored spec this version refuses: the scheduler parks its jobs
         offsets = [
             (inst - start).total_seconds()
             for inst in sched.between(start - timedelta(milliseconds=g.max_jitter_ms), end)

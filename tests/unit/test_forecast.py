@@ -322,3 +322,12 @@ def test_png_without_matplotlib_says_how_to_install_it(
     )
     assert r.exit_code == 1
     assert "pip install matplotlib" in r.output
+
+
+def test_a_stored_spec_this_version_refuses_is_left_out_not_fatal() -> None:
+    """The scaler's forecast reads stored specs; one that no longer validates (an older
+    version's `R` cron) must not stop the forecast of the others."""
+    good = ForecastJob.of(uuid.uuid4(), spec(schedule="* * * * *"))
+    bad = ForecastJob(str(uuid.uuid4()), "default", {**good.spec, "schedule": "R * * * *"})
+    got = demand([good, bad], utc(2026, 1, 1), 600)
+    assert sum(got["default"].counts) == 10
