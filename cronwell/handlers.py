@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 from cronwell.errors import CronwellError, LeaseLost
 
 if TYPE_CHECKING:
+    from cronwell.dispatch import Claimed
     from cronwell.store.db import Conn, Database
 
 Handler = Callable[["Context"], Any] | Callable[["Context"], Awaitable[Any]]
@@ -68,6 +69,19 @@ class Context:
     _conn: Conn | None = None
     _cancel_flag: bool = field(default=False, repr=False)
     _cancel_event: threading.Event | None = field(default=None, repr=False)
+
+    @classmethod
+    def for_claim(cls, c: Claimed, db: Database) -> Context:
+        """The context of a claimed attempt (the worker's, and tests acting as one)."""
+        return cls(
+            key=c.key,
+            fence=c.fence,
+            scheduled_for=c.scheduled_for,
+            attempt=c.attempt,
+            namespace=c.namespace,
+            name=c.name,
+            db=db,
+        )
 
     @property
     def cancelled(self) -> threading.Event:

@@ -174,15 +174,7 @@ async def test_ctx_transaction_promotes_the_next_waiting_occurrence(db: Database
     (c,) = await dispatch.claim(db, pool="default", worker_id="w", limit=10, lease_seconds=30)
     states = [o["state"] for o in await occurrences(db, "buf")]
     assert states[0] == "running" and "waiting" in states
-    ctx = Context(
-        key=c.key,
-        fence=c.fence,
-        scheduled_for=c.scheduled_for,
-        attempt=c.attempt,
-        namespace=c.namespace,
-        name=c.name,
-        db=db,
-    )
+    ctx = Context.for_claim(c, db)
 
     async with ctx.transaction():
         pass  # the handler's effect would be written here

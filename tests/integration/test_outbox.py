@@ -35,15 +35,7 @@ from .worker_helpers import (
 
 
 def _ctx(db: Database, c: dispatch.Claimed) -> Context:
-    return Context(
-        key=c.key,
-        fence=c.fence,
-        scheduled_for=c.scheduled_for,
-        attempt=c.attempt,
-        namespace=c.namespace,
-        name=c.name,
-        db=db,
-    )
+    return Context.for_claim(c, db)
 
 
 async def _effect(ctx: Context) -> None:

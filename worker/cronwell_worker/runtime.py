@@ -333,15 +333,7 @@ class Worker:
     def _start(self, c: Claimed, deadline: float) -> None:
         if c.attempt == 1:
             self._m.start_lag.observe((c.started_at - c.scheduled_for).total_seconds())
-        ctx = Context(
-            key=c.key,
-            fence=c.fence,
-            scheduled_for=c.scheduled_for,
-            attempt=c.attempt,
-            namespace=c.namespace,
-            name=c.name,
-            db=self.db,
-        )
+        ctx = Context.for_claim(c, self.db)
         old = self.running.get(c.key)
         if old is not None:
             # Claimed again: the attempt this worker still runs for the key lost its lease.
