@@ -85,8 +85,8 @@ _HINTS = {
 @dataclass(frozen=True)
 class Verdict:
     """One review's answer: `denial` is the message (None: allowed); `reason` the class
-    counted in metrics (none, spec, payload, pool, rate; unchecked when a rule could not
-    be evaluated)."""
+    counted in metrics (none, spec, payload, pool, rate, egress, tenancy; unchecked when a
+    rule could not be evaluated)."""
 
     denial: str | None = None
     reason: str = "none"

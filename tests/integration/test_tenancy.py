@@ -5,6 +5,7 @@ into the store; written here by the same named queries)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from typing import Any
 
@@ -66,6 +67,7 @@ async def test_a_workerpool_policy_refuses_other_namespaces_and_handlers(
             db, "default", "payments", selector={"matchLabels": {"team": "pay"}},
             handlers=["charge"],
         )  # fmt: skip
+        await asyncio.sleep(0.3)  # the worker reuses what it read for 0.1 s: let that expire
         await make_job(db, "refund", schedule=FAR_FUTURE, target={"handler": {"name": "refund"}})
         key = await trigger(db, "refund")
         o = await wait_for(lambda: state_is(db, key, "dead"), 60)
