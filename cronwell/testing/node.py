@@ -213,7 +213,8 @@ def sweep(verbose: bool = False) -> int:
     """Tear down every run whose owner is gone (crashed, SIGKILLed); returns how many."""
     swept = 0
     for directory in _node_dirs():
-        if _locked(directory):
+        # No owner.lock yet: a harness is starting (it locks before renaming the file).
+        if not (directory / "owner.lock").exists() or _locked(directory):
             continue
         with contextlib.suppress(OSError, ValueError):
             state = json.loads((directory / "state.json").read_text())
@@ -380,6 +381,8 @@ class Node(Cluster):
                 "authorization-mode": "Node,RBAC",
                 # No kube-proxy on the host: reach webhook Services through endpoints.
                 "enable-aggregator-routing": "true",
+                # Reach the kubelet (logs, exec) at its IP: its name is in no DNS.
+                "kubelet-preferred-address-types": "InternalIP",
             },
         )
         self.plane.start()
