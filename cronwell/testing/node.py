@@ -61,6 +61,7 @@ from cronwell.testing.controlplane import (
     _tail,
     find_assets,
     free_port,
+    sweep_stale_dirs,
     write_kubeconfig,
 )
 from cronwell.testing.oci import image_name
@@ -108,8 +109,10 @@ def _sysctl_path(name: str) -> Path:
 
 
 def _cgroup_dirs(root: str) -> list[Path]:
-    """The cgroup-v1 directories of ``root`` in every mounted hierarchy."""
-    return [h / root.strip("/") for h in sorted(CGROUP_ROOT.iterdir()) if (h / "tasks").exists()]
+    """The directories of ``root`` in every mounted hierarchy (v1 and, on hybrid hosts,
+    the v2 "unified" one where runc mirrors the v1 tree)."""
+    hierarchies = sorted(CGROUP_ROOT.iterdir())
+    return [h / root.strip("/") for h in hierarchies if (h / "cgroup.procs").exists()]
 
 
 def _pids_under(directory: Path) -> set[int]:
@@ -125,6 +128,15 @@ def _mnt_ns(pid: int | str) -> int | None:
         return os.stat(f"/proc/{pid}/ns/mnt").st_ino
     except OSError:
         return None
+
+
+def _alive(pid: int) -> bool:
+    """Running or exiting; a zombie (exited, waiting for its parent) counts as gone."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
 
 
 def _kill_all(pids: set[int]) -> None:
@@ -157,14 +169,21 @@ def teardown(state: dict[str, Any]) -> list[str]:
     Safe to call twice and on a half-started run: each step checks what exists.
     """
     problems: list[str] = []
+    killed: set[int] = set()
     for _ in range(50):  # containers may fork while dying; shims reap them
         pids = _processes_of(state)
         if not pids:
             break
         _kill_all(pids)
+        killed |= pids
         time.sleep(0.1)
     else:
         problems.append(f"processes still alive: {sorted(_processes_of(state))}")
+    deadline = time.monotonic() + 10
+    while (dying := [pid for pid in killed if _alive(pid)]) and time.monotonic() < deadline:
+        time.sleep(0.05)  # a SIGKILLed process is gone only once its exit completes
+    if dying:
+        problems.append(f"processes not exiting: {sorted(dying)}")
     for directory in _cgroup_dirs(state["cgroup_root"]):
         if directory.exists():
             for sub in sorted(directory.rglob("*"), key=lambda p: -len(p.parts)):
@@ -739,6 +758,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.command == "down":
         swept = sweep(verbose=True)
+        sweep_stale_dirs()  # the control planes of those runs
         live = [d for d in _node_dirs() if _locked(d)]
         print(f"node: cleaned {swept} run(s); {len(live)} running", file=sys.stderr)
         return 0
