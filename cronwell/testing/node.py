@@ -291,6 +291,7 @@ class Node(Cluster):
         self.state: dict[str, Any] = {}
         self._lock: IO[bytes] | None = None
         self._old_handlers: dict[int, Any] = {}
+        self._node_kubeconfig = Path("/nonexistent")  # the kubelet's, once the plane runs
 
     # -- lifecycle
 

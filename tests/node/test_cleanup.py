@@ -17,8 +17,13 @@ from cronwell.testing.node import DIR_PREFIX, MASKED_DIRS, SYSCTLS, _sysctl_path
 KUBECTL_TIMEOUT = "--timeout=90s"
 
 
-def _host_state() -> dict[str, object]:
-    """What a node run may change on the host."""
+def _node_dirs() -> list[str]:
+    return sorted(str(p) for p in Path("/tmp").glob(f"{DIR_PREFIX}*") if p.is_dir())
+
+
+def _host_state(others: list[str]) -> dict[str, object]:
+    """What a node run may change on the host; ``others``: dirs of nodes already running
+    (the session's), whose pods come and go meanwhile."""
 
     def run(*argv: str) -> str:
         return subprocess.run(argv, capture_output=True, text=True, check=False).stdout
@@ -34,22 +39,30 @@ def _host_state() -> dict[str, object]:
         "mounts": len(mounts),
         "cgroups": cgroups,
         "dirs": {d: os.path.exists(d) for d in (*MASKED_DIRS, "/run/containerd")},
-        "node_dirs": sorted(str(p) for p in Path("/tmp").glob(f"{DIR_PREFIX}*") if p.is_dir()),
-        "shims": sorted(_live_shims()),
+        "node_dirs": _node_dirs(),
+        "shims": sorted(_live_shims(others)),
     }
 
 
-def _live_shims() -> list[int]:
-    """containerd shims that are not zombies (PID 1 reaps those in its own time)."""
+def _live_shims(others: list[str]) -> list[int]:
+    """containerd shims of no other node that are not zombies (PID 1 reaps those)."""
     shims = []
     for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
             comm, rest = stat.read_text().split(" (", 1)[1].rsplit(")", 1)
+            cmdline = (stat.parent / "cmdline").read_text()
         except OSError:
             continue
-        if comm.startswith("containerd-shim") and rest.split()[0] != "Z":
+        if not comm.startswith("containerd-shim") or rest.split()[0] == "Z":
+            continue
+        if not any(other in cmdline for other in others):
             shims.append(int(stat.parent.name))
     return shims
+
+
+def _assert_unchanged(before: dict[str, object], after: dict[str, object]) -> None:
+    changed = {key: (before[key], value) for key, value in after.items() if before[key] != value}
+    assert not changed, changed
 
 
 def _up(tmp: Path) -> tuple[subprocess.Popen[str], str]:
@@ -79,20 +92,21 @@ def _run_pod(kubeconfig: str) -> None:
 
 @pytest.mark.timeout(600)
 def test_ctrl_c_and_sigkill_leave_nothing_behind(tmp_path: Path) -> None:
-    before = _host_state()
+    others = _node_dirs()
+    before = _host_state(others)
 
     proc, kubeconfig = _up(tmp_path)
     _run_pod(kubeconfig)
     proc.send_signal(signal.SIGINT)
     assert proc.wait(timeout=120) == 0
-    assert _host_state() == before
+    _assert_unchanged(before, _host_state(others))
 
     proc, kubeconfig = _up(tmp_path)
     _run_pod(kubeconfig)
     proc.kill()
     proc.wait()
     time.sleep(1)
-    crashed = _host_state()
+    crashed = _host_state(others)
     # The pod's shim and the namespace outlive a SIGKILLed harness...
     assert crashed["netns"] != before["netns"] and crashed["shims"] != before["shims"]
     down = subprocess.run(
@@ -104,4 +118,4 @@ def test_ctrl_c_and_sigkill_leave_nothing_behind(tmp_path: Path) -> None:
     assert down.returncode == 0, down.stderr
     assert "cleaned 1 run(s)" in down.stderr
     # ...until `down` removes them and restores what the kubelet changed.
-    assert _host_state() == before
+    _assert_unchanged(before, _host_state(others))
