@@ -75,24 +75,36 @@ run-operator: $(STAMP) ## Run the operator against $$KUBECONFIG (CRDs installed 
 ##@ Test
 
 .PHONY: test
-test: $(STAMP) sysdeps envtest checkov lint ## Lint, then every test: unit, integration (real PostgreSQL), e2e (real API server).
+test: $(STAMP) sysdeps envtest envtest-node checkov lint ## Lint, then every test: unit, integration (real PostgreSQL), e2e (real API server), node (real kubelet).
 	KUBEBUILDER_ASSETS="$$(bash hack/envtest.sh --print-path)" \
 	  $(BIN)/pytest $(PYTEST_ARGS)
 
 .PHONY: test-fast
 test-fast: $(STAMP) ## Unit and integration tests only (no API server).
-	$(BIN)/pytest -m 'not e2e' $(PYTEST_ARGS)
+	$(BIN)/pytest -m 'not e2e and not node' $(PYTEST_ARGS)
 
 .PHONY: sysdeps
-sysdeps: ## Debian tools the tests use: faketime (chaos clock skew), openssl (test PKI).
-	@command -v faketime >/dev/null && command -v openssl >/dev/null || \
-	  { [ "$$(id -u)" = 0 ] && apt-get update -qq && apt-get install -y -qq faketime openssl >/dev/null; } || \
-	  echo "warning: install faketime and openssl (apt-get install faketime openssl)" >&2
+sysdeps: ## Debian packages the tests use (idempotent): faketime, openssl, and the node's runtime.
+	@bash hack/sysdeps.sh
 
 .PHONY: e2e
 e2e: $(STAMP) envtest ## Only the e2e tests (real kube-apiserver + etcd; Helm chart install).
 	KUBEBUILDER_ASSETS="$$(bash hack/envtest.sh --print-path)" \
 	  $(BIN)/pytest -m e2e $(PYTEST_ARGS)
+
+.PHONY: e2e-node
+e2e-node: $(STAMP) sysdeps envtest-node ## Only the node tests: a real one-node cluster (kubelet + containerd, no Docker; root).
+	KUBEBUILDER_ASSETS="$$(bash hack/envtest.sh --print-path)" \
+	  $(BIN)/pytest -m node $(PYTEST_ARGS)
+
+.PHONY: node-up
+node-up: $(STAMP) sysdeps envtest-node ## Start a one-node cluster until Ctrl-C (IMAGES="a.tar b.tar" are imported); prints KUBECONFIG.
+	KUBEBUILDER_ASSETS="$$(bash hack/envtest.sh --print-path)" \
+	  $(BIN)/python -m cronwell.testing.node up $(foreach i,$(IMAGES),--image $(i))
+
+.PHONY: node-down
+node-down: $(STAMP) ## Clean up what a crashed node run left (processes, netns, cgroups, sysctls).
+	$(BIN)/python -m cronwell.testing.node down
 
 .PHONY: checkov
 checkov: $(CHECKOV_VENV)/bin/checkov ## Install checkov (policy scanner for the chart and Dockerfile).
@@ -104,6 +116,10 @@ $(CHECKOV_VENV)/bin/checkov:
 .PHONY: envtest
 envtest: ## Provide etcd, kube-apiserver, kubectl and helm (built from Go modules if absent); prints the path.
 	@bash hack/envtest.sh
+
+.PHONY: envtest-node
+envtest-node: ## Also kubelet, kube-controller-manager, kube-scheduler and the pause image (make e2e-node).
+	@bash hack/envtest.sh --node
 
 .PHONY: dev-cluster
 dev-cluster: $(STAMP) envtest ## Local API server + embedded PostgreSQL + operator, scheduler, worker; prints KUBECONFIG.

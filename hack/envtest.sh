@@ -4,6 +4,8 @@
 #
 #   bash hack/envtest.sh               # reuse or build; last stdout line is the directory
 #   bash hack/envtest.sh --print-path  # only print the directory (never builds)
+#   bash hack/envtest.sh --node        # also kubelet, kube-controller-manager,
+#                                      # kube-scheduler and the pause image (make e2e-node)
 #
 # The binaries are built from their Go modules (nothing but the Go module proxy is
 # needed) into ${ENVTEST_CACHE:-$HOME/.cache/cronwell/envtest}/<kubernetes-version>/,
@@ -11,7 +13,10 @@
 # the script is idempotent and a version bump rebuilds only what changed. Each binary is
 # built into a staging dir and moved into place only after it passed its version check,
 # so an interrupted build never leaves a complete-looking cache.
-# If KUBEBUILDER_ASSETS names a directory holding all four binaries, that one is used.
+# If KUBEBUILDER_ASSETS names a directory holding all the binaries, that one is used.
+# --node adds the node's binaries and pause.tar, an OCI archive of Kubernetes' own
+# build/pause/linux/pause.c (static gcc, cronwell/testing/oci.py) that the node harness
+# imports into containerd.
 # Progress goes to stderr; stdout carries only the directory.
 set -euo pipefail
 
@@ -20,32 +25,38 @@ here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 source "$here/envtest-versions.env"
 
 tools=(etcd kube-apiserver kubectl helm)
+node_tools=(kubelet kube-controller-manager kube-scheduler)
 cache_dir="${ENVTEST_CACHE:-$HOME/.cache/cronwell/envtest}/${KUBERNETES_VERSION#v}"
 
 log() { printf 'envtest: %s\n' "$*" >&2; }
 die() { log "error: $*"; exit 1; }
 
 usage() {
-  sed -n '2,15p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
+  sed -n '2,20p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
 }
 
-# has_all DIR: all four tools are executable files in DIR.
+# has_all DIR: all the tools are files in DIR (executable, but for pause.tar).
 has_all() {
   local t
-  for t in "${tools[@]}"; do [[ -x "$1/$t" && -f "$1/$t" ]] || return 1; done
+  for t in "${tools[@]}"; do
+    [[ -f "$1/$t" && ( $t == *.tar || -x "$1/$t" ) ]] || return 1
+  done
 }
 
 # version_ok TOOL DIR: DIR/TOOL runs and reports the pinned version.
 version_ok() {
   local tool=$1 dir=$2 out
-  [[ -x "$dir/$tool" ]] || return 1
+  [[ $tool == *.tar || -x "$dir/$tool" ]] || return 1
   case $tool in
     etcd)
       out=$("$dir/etcd" --version 2>/dev/null) || return 1
       grep -qx "etcd Version: ${ETCD_VERSION#v}" <<<"$out" ;;
-    kube-apiserver)
-      out=$("$dir/kube-apiserver" --version 2>/dev/null) || return 1
+    kube-apiserver|kubelet|kube-controller-manager|kube-scheduler)
+      out=$("$dir/$tool" --version 2>/dev/null) || return 1
       [[ $out == "Kubernetes $KUBERNETES_VERSION" ]] ;;
+    pause.tar)
+      # pause.version names the Kubernetes release whose pause.c it was built from.
+      [[ -f $dir/pause.tar && $(cat "$dir/pause.version" 2>/dev/null) == "$KUBERNETES_VERSION" ]] ;;
     kubectl)
       out=$("$dir/kubectl" version --client 2>/dev/null) || return 1
       grep -qx "Client Version: $KUBERNETES_VERSION" <<<"$out" ;;
@@ -57,12 +68,14 @@ version_ok() {
 }
 
 print_only=false
-case "${1:-}" in
-  "") ;;
-  --print-path) print_only=true ;;
-  -h|--help) usage; exit 0 ;;
-  *) usage >&2; exit 2 ;;
-esac
+for arg in "$@"; do
+  case $arg in
+    --print-path) print_only=true ;;
+    --node) tools+=("${node_tools[@]}" pause.tar) ;;
+    -h|--help) usage; exit 0 ;;
+    *) usage >&2; exit 2 ;;
+  esac
+done
 
 # Assets supplied by the caller win (e.g. a CI image that ships them).
 if [[ -n "${KUBEBUILDER_ASSETS:-}" ]]; then
@@ -133,7 +146,8 @@ go_build() {
   log "built $1 in $((SECONDS - start))s"
 }
 
-if want kube-apiserver || want kubectl; then
+if want kube-apiserver || want kubectl || want kubelet || want kube-controller-manager \
+  || want kube-scheduler || want pause.tar; then
   new_module kubernetes
   cd "$work/kubernetes"
   kmod=$("$GO" list -m -f '{{.GoMod}}' "k8s.io/kubernetes@$KUBERNETES_VERSION")
@@ -165,8 +179,17 @@ if want kube-apiserver || want kubectl; then
   if want kube-apiserver; then
     go_build kube-apiserver k8s.io/kubernetes/cmd/kube-apiserver "$kflags"
   fi
-  if want kubectl; then
-    go_build kubectl k8s.io/kubernetes/cmd/kubectl "$kflags"
+  for t in kubectl "${node_tools[@]}"; do
+    if want "$t"; then
+      go_build "$t" "k8s.io/kubernetes/cmd/$t" "$kflags"
+    fi
+  done
+  if want pause.tar; then
+    start=$SECONDS
+    kdir=$("$GO" list -m -f '{{.Dir}}' "k8s.io/kubernetes@$KUBERNETES_VERSION")
+    python3 "$here/../cronwell/testing/oci.py" pause "$kdir/build/pause" "$staging/pause.tar" >&2
+    printf '%s\n' "$KUBERNETES_VERSION" >"$staging/pause.version"
+    log "built pause.tar in $((SECONDS - start))s"
   fi
 fi
 
@@ -200,6 +223,7 @@ for t in "${missing[@]}"; do
 done
 for t in "${missing[@]}"; do
   mv -f "$staging/$t" "$cache_dir/$t"
+  if [[ $t == pause.tar ]]; then mv -f "$staging/pause.version" "$cache_dir/"; fi
 done
 for t in "${tools[@]}"; do
   version_ok "$t" "$cache_dir" || die "$cache_dir/$t is not usable"

@@ -200,7 +200,7 @@ keyUsage = critical, digitalSignature
 extendedKeyUsage = serverAuth
 subjectKeyIdentifier = hash
 authorityKeyIdentifier = keyid
-subjectAltName = IP:127.0.0.1, DNS:localhost
+subjectAltName = {san}
 """
 
 
@@ -214,14 +214,16 @@ def _openssl(directory: Path, *args: str) -> None:
         raise ControlPlaneError(f"openssl {' '.join(args)} failed: {err}") from exc
 
 
-def generate_pki(directory: Path) -> None:
+def generate_pki(directory: Path, alt_names: Sequence[str] = ()) -> None:
     """Write a throwaway CA, a serving cert for 127.0.0.1 and a service-account key pair.
 
     Files: ca.crt, ca.key, server.crt, server.key, sa.key, sa.pub. They live for two
-    days, which is plenty for a test session and harmless if leaked.
+    days, which is plenty for a test session and harmless if leaked. ``alt_names`` adds
+    subjectAltNames to the serving cert, e.g. ``IP:10.0.0.1`` or ``DNS:kubernetes``.
     """
     directory.mkdir(parents=True, exist_ok=True)
-    (directory / "openssl.cnf").write_text(_OPENSSL_CONFIG)
+    san = ", ".join(dict.fromkeys(["IP:127.0.0.1", "DNS:localhost", *alt_names]))
+    (directory / "openssl.cnf").write_text(_OPENSSL_CONFIG.format(san=san))
     ec = "-newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes"
     serial = f"0x{secrets.token_hex(8)}"
     for command in (
@@ -349,6 +351,10 @@ class ControlPlane(Cluster):
     tests of other identities meet the real authorizer.
 
     ``extra_apiserver_args`` overrides or adds kube-apiserver flags (name without "--").
+    ``address`` is where kube-apiserver listens and what it advertises (a node's pods
+    need an address other than loopback); ``alt_names`` are extra serving-cert names.
+    ``users`` maps more token users to their group (a node's components): their tokens
+    are in ``user_tokens``.
     """
 
     def __init__(
@@ -358,6 +364,9 @@ class ControlPlane(Cluster):
         start_timeout: float = 90,
         stop_timeout: float = 15,
         extra_apiserver_args: Mapping[str, str] | None = None,
+        address: str = "127.0.0.1",
+        alt_names: Sequence[str] = (),
+        users: Mapping[str, str] | None = None,
     ) -> None:
         self.assets = Path(assets) if assets is not None else find_assets()
         missing = [n for n in CONTROL_PLANE_BINARIES if not _is_executable(self.assets / n)]
@@ -368,6 +377,11 @@ class ControlPlane(Cluster):
         self.stop_timeout = stop_timeout
         self.extra_apiserver_args = dict(extra_apiserver_args or {})
         self.token = secrets.token_urlsafe(32)
+        self.address = address
+        self.alt_names = [f"IP:{address}", *alt_names]
+        self.user_groups = {ADMIN_USER: ADMIN_GROUP, **(users or {})}
+        self.user_tokens = {user: secrets.token_urlsafe(32) for user in self.user_groups}
+        self.user_tokens[ADMIN_USER] = self.token
         self.server = ""
         self.etcd_url = ""
         self.dir: Path | None = None
@@ -421,16 +435,19 @@ class ControlPlane(Cluster):
         fcntl.flock(self._lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         (self.dir / ".owner.lock").rename(self.dir / "owner.lock")
         pki = self.dir / "pki"
-        generate_pki(pki)
+        generate_pki(pki, self.alt_names)
         (self.dir / "tokens.csv").write_text(
-            f'{self.token},{ADMIN_USER},{ADMIN_USER},"{ADMIN_GROUP}"\n'
+            "".join(
+                f'{self.user_tokens[user]},{user},{user},"{group}"\n'
+                for user, group in self.user_groups.items()
+            )
         )
         self._kubectl_env = {"KUBECACHEDIR": str(self.dir / "kubectl-cache")}
 
         etcd_port, peer_port, api_port = free_port(), free_port(), free_port()
         self.etcd_url = f"http://127.0.0.1:{etcd_port}"
         peer_url = f"http://127.0.0.1:{peer_port}"
-        self.server = f"https://127.0.0.1:{api_port}"
+        self.server = f"https://{self.address}:{api_port}"
         self.kubeconfig = self.dir / "kubeconfig"
         write_kubeconfig(self.kubeconfig, self.server, self.token, (pki / "ca.crt").read_bytes())
 
@@ -454,8 +471,8 @@ class ControlPlane(Cluster):
         )
         args = {
             "etcd-servers": self.etcd_url,
-            "bind-address": "127.0.0.1",
-            "advertise-address": "127.0.0.1",
+            "bind-address": self.address,
+            "advertise-address": self.address,
             "secure-port": str(api_port),
             "cert-dir": str(self.dir / "apiserver-certs"),
             "tls-cert-file": str(pki / "server.crt"),

@@ -48,9 +48,11 @@ class Helm:
             "HELM_DATA_HOME": str(home / "data"),
         }
 
-    def __call__(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    def __call__(
+        self, *args: str, check: bool = True, timeout: float = 120
+    ) -> subprocess.CompletedProcess[str]:
         proc = subprocess.run(
-            [str(self.binary), *args], capture_output=True, text=True, timeout=120, env=self.env
+            [str(self.binary), *args], capture_output=True, text=True, timeout=timeout, env=self.env
         )
         if check and proc.returncode != 0:
             raise AssertionError(f"helm {' '.join(args)}:\n{proc.stderr}")
