@@ -70,6 +70,9 @@ ensure_tools() {
     die "could not install ${missing[*]}: apt-get install ${missing[*]}"
 }
 
+# debootstrap mounts /proc and /sys in the target: unmount before removing, never rm through them.
+unmount_under() { findmnt -rn -o TARGET | { grep "^$1/" || true; } | sort -r | xargs -r umount -l; }
+
 # Bootstrap $1 (a directory) as the base root filesystem. Its text is the base's cache key.
 make_base() {
   local rootfs=$1 include
@@ -96,9 +99,11 @@ EOF
   chroot "$rootfs" apt-get clean
   find "$rootfs/usr/share/doc" -mindepth 2 ! -name copyright ! -type d -delete
   find "$rootfs/usr/share/doc" -mindepth 1 -type d -empty -delete
+  unmount_under "$rootfs"
+  # The runtime provides /dev, resolv.conf and hostname; debootstrap copied the host's.
   rm -rf "$rootfs"/usr/share/{man,info,locale,lintian}/* "$rootfs"/var/lib/apt/lists/* \
     "$rootfs"/var/cache/apt/* "$rootfs"/var/cache/debconf/*-old "$rootfs"/var/log/* \
-    "$rootfs"/etc/machine-id
+    "$rootfs"/etc/machine-id "$rootfs"/etc/resolv.conf "$rootfs"/etc/hostname "$rootfs"/dev/*
 }
 
 base_key=$(
@@ -106,16 +111,12 @@ base_key=$(
 )
 base=localhost/cronwell-base:$suite-$base_key
 
-# debootstrap mounts /proc and /sys in the target: unmount before removing, never rm through them.
-unmount_under() { findmnt -rn -o TARGET | { grep "^$1/" || true; } | sort -r | xargs -r umount -l; }
-
 build_base() {
   work=$(mktemp -d "$cache/base.XXXXXX")
   local rootfs=$work/rootfs
   trap 'unmount_under "$work"; rm -rf "$work"' EXIT
   log "bootstrapping Debian $suite (${base_packages[*]})"
   make_base "$rootfs"
-  unmount_under "$rootfs"
   tar --numeric-owner --xattrs -C "$rootfs" -cf "$work/rootfs.tar" .
   local ctr
   ctr=$(bh from --pull=never scratch)
@@ -149,6 +150,10 @@ else
   start=$SECONDS
   build_base
   log "base $base built in $((SECONDS - start)) s"
+  # Untag bases of earlier recipes; the prune below frees them once no image uses them.
+  bh images --format '{{.Name}}:{{.Tag}}' | { grep '^localhost/cronwell-base:' || true; } |
+    { grep -vxF "$base" || true; } | xargs -r buildah --root "$store/root" \
+      --runroot "$store/run" --storage-driver vfs rmi >/dev/null 2>&1 || true
 fi
 
 key=$(context_key | sha256sum | cut -c1-64)
@@ -170,11 +175,14 @@ else
   # No --layers: with vfs every cached layer is a full copy of the tree, which costs more
   # than it saves; unchanged sources are caught above instead. RUN steps trust what the host
   # trusts (a TLS-intercepting proxy's CA) through a bind mount that is not committed.
-  bh bud --pull=never --force-rm --isolation chroot --format docker -q \
+  # A failed build leaves its working containers: remove them (this storage is ours alone,
+  # and the lock above excludes a concurrent build).
+  bh bud --pull=never --isolation chroot --format docker -q \
     --build-arg BASE_IMAGE="$base" \
     --volume "$host_ca:/etc/ssl/certs/ca-certificates.crt:ro" \
     --label dev.cronwell.build-key="$key" \
-    -f "$root/Dockerfile" -t "$ref" "$root" >&2
+    -f "$root/Dockerfile" -t "$ref" "$root" >&2 ||
+    { bh rm --all >/dev/null 2>&1; die "buildah bud failed (its output is above)"; }
 fi
 rm -f "$archive.key"
 bh push -q "$ref" "docker-archive:$archive.tmp:$repo:$tag" >&2

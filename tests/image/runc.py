@@ -56,7 +56,9 @@ def _apply_layer(tar: tarfile.TarFile, rootfs: Path) -> None:
             _remove(rootfs / parent / base.removeprefix(".wh."))
         elif not m.isdev():  # the runtime mounts /dev
             keep.append(m)
-    tar.extractall(rootfs, members=keep, numeric_owner=True, filter="tar")
+    # filter="tar" (3.11.4+): keep modes and owners, refuse paths that leave the rootfs.
+    safe = {"filter": "tar"} if hasattr(tarfile, "tar_filter") else {}
+    tar.extractall(rootfs, members=keep, numeric_owner=True, **safe)  # type: ignore[arg-type]
 
 
 def _remove(path: Path) -> None:

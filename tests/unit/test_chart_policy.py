@@ -15,6 +15,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 from typing import Any
 
@@ -158,6 +159,13 @@ def test_dockerfile_is_multi_stage_non_root_with_cronwell_entrypoint() -> None:
     assert cmd[-1] == ["--help"]
     values_uid = re.search(r"runAsUser: (\d+)", (CHART / "values.yaml").read_text())
     assert values_uid and values_uid.group(1) == uid, "the chart runs as the image's user"
+    # `make docker-build`/`make image` tag pyproject's version; the chart's default tag is
+    # its appVersion: the two must name the same image for `make deploy` and kind load.
+    app_version = re.search(
+        r'^appVersion: "?([^"\s]+)"?$', (CHART / "Chart.yaml").read_text(), re.M
+    )
+    version = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
+    assert app_version and app_version.group(1) == version
 
 
 def test_dockerignore_keeps_what_the_build_copies() -> None:
