@@ -177,9 +177,10 @@ else
   # trusts (a TLS-intercepting proxy's CA) through a bind mount that is not committed.
   # A failed build leaves its working containers: remove them (this storage is ours alone,
   # and the lock above excludes a concurrent build).
+  ca=()
+  [[ -f $host_ca ]] && ca=(--volume "$host_ca:/etc/ssl/certs/ca-certificates.crt:ro")
   bh bud --pull=never --isolation chroot --format docker -q \
-    --build-arg BASE_IMAGE="$base" \
-    --volume "$host_ca:/etc/ssl/certs/ca-certificates.crt:ro" \
+    --build-arg BASE_IMAGE="$base" "${ca[@]}" \
     --label dev.cronwell.build-key="$key" \
     -f "$root/Dockerfile" -t "$ref" "$root" >&2 ||
     { bh rm --all >/dev/null 2>&1; die "buildah bud failed (its output is above)"; }

@@ -26,6 +26,13 @@ class Image:
     layers: int
 
 
+def manifest(archive: Path) -> dict[str, Any]:
+    """The archive's manifest.json entry: Config (named by its digest), RepoTags, Layers."""
+    with tarfile.open(archive) as outer:
+        entry: dict[str, Any] = json.load(_member(outer, "manifest.json"))[0]
+        return entry
+
+
 def unpack(archive: Path, dest: Path) -> Image:
     """Apply the archive's layers in order, with OCI whiteouts (`.wh.NAME`, `.wh..wh..opq`)."""
     rootfs = dest / "rootfs"

@@ -137,3 +137,24 @@ def test_migrate_from_a_mounted_url_file(
     )
     assert r.returncode != 0
     assert "Traceback" not in r.stderr and "/nope" in r.stderr
+
+
+def test_a_second_tag_of_the_same_sources_is_the_same_image(archive: Path) -> None:
+    # An upgrade test builds a second tag; unchanged sources must not cost a rebuild.
+    p = subprocess.run(
+        ["bash", str(REPO / "hack/build-image.sh"), "--tag", "0.0.0-image-test"],
+        stdout=subprocess.PIPE,
+        text=True,
+        timeout=1800,
+    )
+    assert p.returncode == 0, "hack/build-image.sh --tag failed (its stderr is above)"
+    second = Path(p.stdout.strip().splitlines()[-1])
+    try:
+        assert second.name == "cronwell-0.0.0-image-test.tar"
+        first_manifest, second_manifest = runc.manifest(archive), runc.manifest(second)
+        assert second_manifest["RepoTags"][0] == "docker.io/library/cronwell:0.0.0-image-test"
+        assert second_manifest["Config"] == first_manifest["Config"]
+        assert second_manifest["Layers"] == first_manifest["Layers"]
+    finally:
+        second.unlink(missing_ok=True)
+        Path(f"{second}.key").unlink(missing_ok=True)
