@@ -11,6 +11,8 @@ import os
 import shutil
 import subprocess
 import tarfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -82,24 +84,24 @@ class Result:
     stderr: str
 
 
-def run(
+def bundle(
     image: Image,
-    bundle: Path,
+    path: Path,
     args: list[str] | None = None,
     *,
     env: dict[str, str] | None = None,
     binds: dict[str, Path] | None = None,
     tmp: Path | None = None,
-    timeout: float = 120,
-) -> Result:
-    """Run the image (args replace CMD, as a Pod's `args`) in the host's network namespace.
+) -> list[str]:
+    """Write an OCI bundle running the image (args replace CMD, as a Pod's `args`) in the
+    host's network namespace; return the runc command that runs it in the foreground.
 
     binds maps container paths to host files mounted read-only (a Secret's volume); tmp, if
     given, is the host directory mounted on /tmp, so a test can see what the process wrote.
     """
     cfg = image.config
     uid, _, gid = cfg.get("User", "0").partition(":")
-    bundle.mkdir(parents=True, exist_ok=True)
+    path.mkdir(parents=True, exist_ok=True)
     mounts: list[dict[str, Any]] = [
         {"destination": "/proc", "type": "proc", "source": "proc"},
         {
@@ -156,19 +158,48 @@ def run(
         # No network namespace: the host's, so 127.0.0.1 is the test's PostgreSQL.
         "linux": {"namespaces": [{"type": t} for t in ("pid", "ipc", "uts", "mount")]},
     }
-    (bundle / "config.json").write_text(json.dumps(spec))
-    name = f"cronwell-test-{os.getpid()}-{bundle.name}"
-    state = bundle / "runc-state"
+    (path / "config.json").write_text(json.dumps(spec))
+    return ["runc", "--root", str(path / "state"), "run", "--bundle", str(path), _name(path)]
+
+
+def _name(path: Path) -> str:
+    return f"cronwell-test-{os.getpid()}-{path.name}"
+
+
+def _runc(path: Path, *args: str) -> None:
+    subprocess.run(["runc", "--root", str(path / "state"), *args], capture_output=True)
+
+
+def run(image: Image, path: Path, args: list[str] | None = None, **kw: Any) -> Result:
+    """Run the image to completion (see bundle() for the arguments)."""
+    argv = bundle(image, path, args, **kw)
     try:
         p = subprocess.run(
-            ["runc", "--root", str(state), "run", "--bundle", str(bundle), name],
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-            stdin=subprocess.DEVNULL,
+            argv, capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL
         )
     finally:
-        subprocess.run(
-            ["runc", "--root", str(state), "delete", "--force", name], capture_output=True
-        )
+        _runc(path, "delete", "--force", _name(path))
     return Result(p.returncode, p.stdout, p.stderr)
+
+
+@contextmanager
+def running(
+    image: Image, path: Path, args: list[str] | None = None, **kw: Any
+) -> Iterator[subprocess.Popen[bytes]]:
+    """Start the image; on exit send SIGTERM (as the kubelet does), wait, then clean up.
+
+    Output goes to path/output. The Popen's returncode is the container's exit status.
+    """
+    argv = bundle(image, path, args, **kw)
+    with (path / "output").open("wb") as out:
+        p = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    try:
+        yield p
+    finally:
+        _runc(path, "kill", _name(path), "TERM")
+        try:
+            p.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            _runc(path, "kill", _name(path), "KILL")
+            p.wait()
+        _runc(path, "delete", "--force", _name(path))

@@ -9,13 +9,18 @@ chroot, runc).
 
 from __future__ import annotations
 
+import json
 import subprocess
+import time
 import tomllib
 from pathlib import Path
+from typing import Any
 
+import httpx
 import psycopg
 import pytest
 
+from cronwell.testing.controlplane import free_port
 from tests.image import runc
 
 # A cold build (the Debian base, then the image) takes ~10 minutes on a 2-core machine; the
@@ -110,27 +115,35 @@ def test_entrypoint_runs_as_10001_on_a_read_only_root(image: runc.Image, tmp_pat
     assert r.stdout.splitlines() == ["10001 10001", "Read-only file system"]
 
 
-def test_migrate_from_a_mounted_url_file(
-    image: runc.Image, empty_db_url: str, tmp_path: Path
-) -> None:
+def _as_the_chart_does(url: str, tmp_path: Path) -> tuple[dict[str, Any], Path]:
+    """runc.bundle arguments: the database URL in a mounted file (the chart's Secret
+    volume), JSON logs (the chart's default), and /tmp a host directory the test can list."""
     url_file = tmp_path / "url"
-    url_file.write_text(empty_db_url + "\n")
+    url_file.write_text(url + "\n")
     url_file.chmod(0o444)
     tmp = tmp_path / "container-tmp"
     tmp.mkdir()
-    r = runc.run(
-        image,
-        tmp_path / "bundle",
-        ["migrate"],
-        env={"CRONWELL_DATABASE_URL_FILE": "/etc/cronwell/database/url"},
-        binds={"/etc/cronwell/database/url": url_file},
-        tmp=tmp,
-    )
+    env = {
+        "CRONWELL_DATABASE_URL_FILE": "/etc/cronwell/database/url",
+        "CRONWELL_LOG_FORMAT": "json",
+    }
+    return {"env": env, "binds": {"/etc/cronwell/database/url": url_file}, "tmp": tmp}, tmp
+
+
+def _listing(tmp: Path) -> list[str]:
+    return sorted(str(p.relative_to(tmp)) for p in tmp.rglob("*"))
+
+
+def test_migrate_from_a_mounted_url_file(
+    image: runc.Image, empty_db_url: str, tmp_path: Path
+) -> None:
+    kw, tmp = _as_the_chart_does(empty_db_url, tmp_path)
+    r = runc.run(image, tmp_path / "bundle", ["migrate"], **kw)
     assert r.returncode == 0, r.stderr
     with psycopg.connect(empty_db_url) as conn:
         assert conn.execute("SELECT to_regclass('cronwell_jobs') IS NOT NULL").fetchone() == (True,)
     # It wrote nothing, not even under /tmp: no cache, no embedded PostgreSQL data dir.
-    assert sorted(str(p.relative_to(tmp)) for p in tmp.rglob("*")) == []
+    assert _listing(tmp) == []
     # Bad input in the container is one clear line, not a traceback.
     r = runc.run(
         image, tmp_path / "bundle2", ["migrate"], env={"CRONWELL_DATABASE_URL_FILE": "/nope"}
@@ -158,3 +171,34 @@ def test_a_second_tag_of_the_same_sources_is_the_same_image(archive: Path) -> No
     finally:
         second.unlink(missing_ok=True)
         Path(f"{second}.key").unlink(missing_ok=True)
+
+
+@pytest.mark.parametrize("command", [["scheduler"], ["worker", "--pool", "default"]])
+def test_long_running_process_serves_metrics_and_stops_on_sigterm(
+    image: runc.Image, db_url: str, tmp_path: Path, command: list[str]
+) -> None:
+    kw, tmp = _as_the_chart_does(db_url, tmp_path)
+    port = free_port()
+    bundle = tmp_path / "bundle"
+    args = [*command, "--metrics-port", str(port)]
+    with runc.running(image, bundle, args, **kw) as proc:
+        deadline = time.monotonic() + 120
+        body, rows = "", []
+        # Registered from inside the container (runc.bundle sets that host name).
+        while "cronwell_" not in body or (command[0], "cronwell-test") not in rows:
+            assert proc.poll() is None, (bundle / "output").read_text()
+            assert time.monotonic() < deadline, f"after 120 s: rows {rows}, /metrics {body!r:.80}"
+            time.sleep(0.5)
+            try:
+                body = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text
+            except httpx.TransportError:
+                continue
+            with psycopg.connect(db_url) as conn:
+                rows = conn.execute("SELECT role, hostname FROM cronwell_processes").fetchall()
+    output = (bundle / "output").read_text()
+    # SIGTERM to PID 1 (as the kubelet sends it) ends it cleanly, not the SIGKILL after.
+    assert proc.returncode == 0, output
+    lines = [json.loads(line) for line in output.splitlines() if line.strip()]
+    assert lines, "no log lines"
+    print(f"\n{command[0]}: {len(lines)} JSON log lines; first: {lines[0]}")
+    assert _listing(tmp) == []
