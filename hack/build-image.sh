@@ -10,9 +10,8 @@
 #    <key> hashes make_base itself, so the base is rebuilt only when its recipe changes.
 # 2. image: `buildah bud` of the Dockerfile with BASE_IMAGE set to that base, chroot isolation,
 #    vfs storage, --pull=never (buildah never contacts a registry; pip reaches PyPI).
-#    Rebuilt only when the build context (the files .dockerignore lets in), the Dockerfile,
-#    the base or the tag changes; with --layers a second tag of the same sources reuses every
-#    layer and differs only by its version label.
+#    Rebuilt only when the build context (the files .dockerignore lets in), the Dockerfile
+#    or the base changes; a second tag of the same sources is the same image, retagged.
 # Everything lives under $CRONWELL_CACHE (default ~/.cache/cronwell): buildah/ and images/.
 # Needs root (debootstrap, chroot); installs debootstrap and buildah with apt-get if absent.
 set -euo pipefail
@@ -40,9 +39,10 @@ images=$cache/images
 archive=$images/${repo##*/}-$tag.tar
 suite=bookworm
 mirror=${DEBIAN_MIRROR:-http://deb.debian.org/debian}
+# The CA bundle pip's RUN steps trust: the host's (see the bud below).
+host_ca=${SSL_CERT_FILE:-/etc/ssl/certs/ca-certificates.crt}
 # What the Dockerfile's stages need: python3 + venv (ensurepip), useradd (passwd), and the
 # system trust store for PGSSLROOTCERT=system (ca-certificates), tzdata for time zones.
-host_ca=${SSL_CERT_FILE:-/etc/ssl/certs/ca-certificates.crt}
 base_packages=(python3 python3-venv passwd ca-certificates tzdata)
 
 log() { echo "build-image: $*" >&2; }
@@ -130,13 +130,14 @@ build_base() {
   trap - EXIT
 }
 
-# The build's inputs: the base and the files the build context holds (tracked or untracked
-# but not git-ignored, as .dockerignore lets in), with the Dockerfile. Not the tag.
+# The build's inputs: the base, the Dockerfile and the files of the build context (the
+# paths .dockerignore lets in with `!`, tracked or untracked but not git-ignored). Not the tag.
 context_key() (
   cd "$root"
   echo "$base"
-  git ls-files -co --exclude-standard -- Dockerfile .dockerignore pyproject.toml README.md \
-    cronwell operator worker | grep -v -e '__pycache__/' -e '\.pyc$' | sort |
+  mapfile -t allowed < <(sed -n 's:^!\(.*[^/]\)/*$:\1:p' .dockerignore)
+  git ls-files -co --exclude-standard -- Dockerfile .dockerignore "${allowed[@]}" |
+    grep -v -e '__pycache__/' -e '\.pyc$' | sort |
     while read -r f; do if [[ -f $f ]]; then sha256sum "$f"; fi; done
 )
 
