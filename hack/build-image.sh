@@ -13,6 +13,7 @@
 #    Rebuilt only when the build context (the files .dockerignore lets in), the Dockerfile
 #    or the base changes; a second tag of the same sources is the same image, retagged.
 # Everything lives under $CRONWELL_CACHE (default ~/.cache/cronwell): buildah/ and images/.
+# A tag keeps its image until retagged (vfs: a full copy each); rm -rf buildah/ reclaims all.
 # Needs root (debootstrap, chroot); installs debootstrap and buildah with apt-get if absent.
 set -euo pipefail
 

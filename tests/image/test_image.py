@@ -23,8 +23,8 @@ import pytest
 from cronwell.testing.controlplane import free_port
 from tests.image import runc
 
-# A cold build (the Debian base, then the image) takes ~10 minutes on a 2-core machine; the
-# module fixture's time counts against the first test.
+# A cold build (the Debian base, then the image) took 7-10 minutes on a loaded 2-core
+# machine; the module fixture's time counts against the first test.
 pytestmark = [pytest.mark.image, pytest.mark.slow, pytest.mark.timeout(2400)]
 
 REPO = Path(__file__).resolve().parents[2]
