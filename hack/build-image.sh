@@ -80,8 +80,8 @@ make_base() {
   include=$(IFS=,; echo "${base_packages[*]}")
   debootstrap --variant=minbase --include="$include" "$suite" "$rootfs" "$mirror" >&2
   cat >"$rootfs/etc/apt/sources.list" <<EOF
-deb http://deb.debian.org/debian $suite main
-deb http://deb.debian.org/debian $suite-updates main
+deb $mirror $suite main
+deb $mirror $suite-updates main
 deb http://deb.debian.org/debian-security $suite-security main
 EOF
   # Images built FROM this one get no docs, man pages or translations either.
