@@ -80,11 +80,11 @@ test: $(STAMP) sysdeps envtest envtest-node checkov lint ## Lint, then every tes
 	  $(BIN)/pytest $(PYTEST_ARGS)
 
 .PHONY: test-fast
-test-fast: $(STAMP) ## Unit and integration tests only (no API server).
-	$(BIN)/pytest -m 'not e2e and not node' $(PYTEST_ARGS)
+test-fast: $(STAMP) ## Unit and integration tests only (no API server, no node, no image build).
+	$(BIN)/pytest -m 'not e2e and not node and not image' $(PYTEST_ARGS)
 
 .PHONY: sysdeps
-sysdeps: ## Debian packages the tests use (idempotent): faketime, openssl, and the node's runtime.
+sysdeps: ## Debian packages the tests use (idempotent): faketime, openssl, runc, and the node's runtime.
 	@bash hack/sysdeps.sh
 
 .PHONY: e2e
@@ -158,6 +158,10 @@ undeploy: ## Uninstall the chart (the CRDs and ScheduledJobs are kept; see `make
 .PHONY: docker-build
 docker-build: ## Build the image IMG (default cronwell:<version>).
 	$(CONTAINER_TOOL) build -t $(IMG) .
+
+.PHONY: image
+image: ## Build IMG_TAG's image without Docker (debootstrap + buildah); prints the archive for ctr/docker load.
+	@bash hack/build-image.sh --repo $(IMG_REPO) --tag $(IMG_TAG)
 
 .PHONY: docker-push
 docker-push: ## Push the image IMG.
