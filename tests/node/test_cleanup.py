@@ -53,7 +53,8 @@ def _live_shims(others: list[str]) -> list[int]:
             cmdline = (stat.parent / "cmdline").read_text()
         except OSError:
             continue
-        if not comm.startswith("containerd-shim") or rest.split()[0] == "Z":
+        # An empty cmdline: the process is exiting (its memory is gone), not a leftover.
+        if not comm.startswith("containerd-shim") or rest.split()[0] == "Z" or not cmdline:
             continue
         if not any(other in cmdline for other in others):
             shims.append(int(stat.parent.name))
