@@ -407,10 +407,10 @@ def test_pods_killed_nothing_lost(
         "metadata": {"name": "chaos", "namespace": ns},
         "spec": {
             "schedule": "* * * * * *",
-            "concurrencyPolicy": "Allow",  # each call takes 2 s: occurrences overlap
+            "concurrencyPolicy": "Allow",  # each call takes 5 s: several in flight
             "retry": {"maxAttempts": 20, "initialDelaySeconds": 1, "maxDelaySeconds": 5},
             "timeoutSeconds": 10,
-            "target": {"http": {"url": f"{base}{path}?delay=2", "method": "POST"}},
+            "target": {"http": {"url": f"{base}{path}?delay=5", "method": "POST"}},
         },
     }
     counts = {"operator": 2, "scheduler": 2, "worker": 2}
@@ -521,7 +521,7 @@ def test_pods_killed_nothing_lost(
             " ORDER BY scheduled_for",
             (uid,),
         ).fetchall()
-    time.sleep(3)  # the last completions' requests were answered 2 s after arriving
+    time.sleep(6)  # the last completions' requests were answered 5 s after arriving
     node.kubectl("-n", ns, "delete", "sj", "chaos", check=False)
     accepted = recorded.accepted(path)
     requests = [r for r in recorded.requests if r["path"] == path]
