@@ -307,6 +307,7 @@ class Scaler:
         self._sem = asyncio.Semaphore(max(1, settings.status_concurrency))
         self._tick_seconds = 0.0
         self._crd_missing = False
+        self._ready_unknown: set[str] = set()  # pools whose Deployment could not be read
 
     async def run(self) -> None:
         """Tick forever. The database or the API server down, or the API server refusing
@@ -556,16 +557,22 @@ class Scaler:
         """The Deployment's Ready pods; None when it cannot be read (RBAC without get on
         deployments: the pre-scale's landing stays unknown rather than failing the pool)."""
         try:
-            return await self.kube.read_deployment_ready(ref.namespace, target)
+            ready = await self.kube.read_deployment_ready(ref.namespace, target)
         except KubeError as e:
             if e.status not in (403, 404):
                 raise
-            log.warning(
-                "cannot read the Deployment's ready replicas",
-                extra={"action": "prescale_ready_unknown",
-                       "object": f"{ref.namespace}/{ref.name}", "error": str(e)},
-            )  # fmt: skip
+            if ref.uid not in self._ready_unknown:
+                self._ready_unknown.add(ref.uid)  # once per pool, not every poll
+                log.warning(
+                    f"cannot read Deployment {ref.namespace}/{target} (HTTP {e.status}): "
+                    "whether its pods are Ready stays unknown; grant the operator's "
+                    "ServiceAccount get on that Deployment",
+                    extra={"action": "prescale_ready_unknown",
+                           "object": f"{ref.namespace}/{ref.name}", "error": str(e)},
+                )  # fmt: skip
             return None
+        self._ready_unknown.discard(ref.uid)
+        return ready
 
     async def _via_hpa(
         self,
