@@ -214,7 +214,7 @@ WORKERPOOL_COLUMNS = [
         "Landed",
         "boolean",
         ".status.lastPreScale.landedBeforeBurst",
-        "Whether it was in place before its burst.",
+        "Whether its pods were Ready before its burst.",
         1,
     ),
 ]

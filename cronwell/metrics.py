@@ -172,8 +172,8 @@ class Metrics:
         )
         self.prescale_lead = Gauge(
             "cronwell_prescale_lead_seconds",
-            "For the latest pre-scale: burst start minus when the Deployment reached the "
-            "planned replicas (negative: late).",
+            "For the latest pre-scale: burst start minus when the Deployment had the "
+            "planned replicas Ready (status.readyReplicas; negative: late).",
             ["pool"],
             registry=r,
         )

@@ -123,14 +123,22 @@ class NextBurst(_Model):
 
 
 class LastPreScale(_Model):
-    """The latest scale-up, and whether it was in place before the burst it was for."""
+    """The latest scale-up, and whether its pods were Ready before the burst it was for
+    (replicas merely set would say nothing about image pulls, start-up and probes)."""
 
     time: datetime = Field(description="When the operator last scaled up ahead of a burst.")
     replicas: int = Field(ge=0, description="Replicas it asked for.")
     burst_time: datetime | None = Field(None, description="Start of the burst it was for.")
+    ready_at: datetime | None = Field(
+        None,
+        description="When the operator first saw that many pods Ready (the Deployment's "
+        "status.readyReplicas >= replicas; it looks about every second while waiting). "
+        "burstTime - readyAt is the lead achieved.",
+    )
     landed_before_burst: bool | None = Field(
         None,
-        description="Whether the target was set to those replicas before the burst started "
+        description="Whether the Deployment had those replicas Ready (status.readyReplicas, "
+        "pods passing their readiness probes), not merely set, before the burst started "
         "(unset while neither has happened yet).",
     )
 

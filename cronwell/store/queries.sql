@@ -622,7 +622,10 @@ SELECT count(*) AS n FROM cronwell_occurrences WHERE state = 'dead';
 -- ==== forecast ====
 
 -- name: ForecastJobList
--- Live jobs of a pool (all when NULL) with the p90 duration of their last N successful runs.
+-- Live jobs of a pool (all when NULL) with the p90 duration of their last N successful runs:
+-- those with a next instant, and one-shot (runAt) jobs whose only occurrence the scheduler
+-- has materialised (next_run_at NULL) but is not due yet, so a burst still counts in the
+-- horizon before it (the forecast enumerates instants from now: none is counted twice).
 SELECT j.id, j.pool, j.spec, j.next_run_at, h.p90_seconds, h.runs
 FROM cronwell_jobs j
 CROSS JOIN LATERAL (
@@ -633,7 +636,10 @@ CROSS JOIN LATERAL (
             AND o.started_at IS NOT NULL AND o.finished_at IS NOT NULL
           ORDER BY o.scheduled_for DESC
           LIMIT %(history)s) r) h
-WHERE NOT j.suspended AND j.deleted_at IS NULL AND j.next_run_at IS NOT NULL
+WHERE NOT j.suspended AND j.deleted_at IS NULL
+  AND (j.next_run_at IS NOT NULL
+       OR EXISTS (SELECT 1 FROM cronwell_occurrences o
+                  WHERE o.job_id = j.id AND o.state = 'pending' AND o.run_at > now()))
   AND (%(pool)s::text IS NULL OR j.pool = %(pool)s);
 
 -- ==== day-2: backfill, pause/resume, kubectl plugin ====

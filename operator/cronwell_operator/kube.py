@@ -351,6 +351,16 @@ class Kube:
         )
         return int((scale.spec.replicas if scale.spec else None) or 0)
 
+    async def read_deployment_ready(self, namespace: str, name: str) -> int:
+        """status.readyReplicas of a Deployment: its pods passing their readiness probes."""
+        dep: client.V1Deployment = await self._call(
+            f"get Deployment {namespace}/{name}",
+            self.apps.read_namespaced_deployment,
+            name,
+            namespace,
+        )
+        return int((dep.status.ready_replicas if dep.status else None) or 0)
+
     async def patch_deployment_scale(self, namespace: str, name: str, replicas: int) -> int:
         """Set spec.replicas through the scale subresource (never the Deployment itself)."""
         scale: client.V1Scale = await self._call(

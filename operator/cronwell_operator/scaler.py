@@ -12,8 +12,10 @@ up leadTimeSeconds before a burst, within [minReplicas, maxReplicas]), then for 
   `cronwell.dev/original-min-replicas`, and restore it when the need has passed;
 - hold what was needed for scaleDownDelaySeconds after it (a forecast starts now, so the
   buckets slipping into the past are remembered here);
-- write status (desired/current replicas, next burst, the last pre-scale and whether it
-  landed before its burst, conditions Ready and TargetFound) only when it changes, and a
+- until the planned pods are Ready (the Deployment's status.readyReplicas), look every
+  READY_POLL_SECONDS and record when they were (lastPreScale.readyAt, landedBeforeBurst);
+- write status (desired/current replicas, next burst, the last pre-scale and whether its
+  pods were Ready before its burst, conditions Ready and TargetFound) only when it changes, and a
   Warning Event when the target goes missing (once per transition).
 
 The loop sleeps until the next planned change (at most `scale_interval_seconds`), so a
@@ -62,6 +64,8 @@ log = logging.getLogger(__name__)
 
 HPA_ANNOTATION = "cronwell.dev/original-min-replicas"
 WAKE_MARGIN_SECONDS = 0.05
+READY_POLL_SECONDS = 1.0
+"""While a pre-scale's pods are not Ready yet, look this often (so readyAt is this exact)."""
 """Wake this long after a planned change, so the next forecast's first bucket is past it."""
 
 
@@ -143,24 +147,35 @@ def hpa_change(hpa: Mapping[str, Any], desired: int) -> HpaChange | None:
 
 @dataclass
 class PreScale:
-    """One scale-up ahead of a burst, until it has landed (the target is set to it)."""
+    """One scale-up ahead of a burst, until its pods are Ready: the Deployment's
+    status.readyReplicas reaches the planned replicas (pods started and passing their
+    readiness probes; replicas merely set would say nothing of image pulls or warm-up)."""
 
     time: datetime
     replicas: int
     burst: datetime | None
-    landed_at: datetime | None = None
+    ready_at: datetime | None = None
     late: bool = False
-    """Known not to have landed before its burst (also when it never lands)."""
-    settled: bool = False
-    """Reported by a previous leader as landed or late: not measured again."""
+    """Known not to have been Ready before its burst (also when it never is)."""
+    verdict: bool | None = None
+    """landedBeforeBurst as a previous leader reported it: not measured again."""
 
-    def observe(self, current: int, now: datetime) -> float | None:
-        """Record the target's replicas now; the lead achieved (burst - landing, seconds,
-        negative when late) the first time the target is at the planned replicas."""
-        if self.landed_at is not None or self.settled:
+    @property
+    def settled(self) -> bool:
+        return self.verdict is not None
+
+    @property
+    def waiting(self) -> bool:
+        """Still to be seen Ready, and its burst not started yet (worth looking often)."""
+        return self.ready_at is None and not self.settled and not self.late
+
+    def observe(self, ready: int | None, now: datetime) -> float | None:
+        """Record the Deployment's Ready pods now (None: unknown); the lead achieved (burst
+        - Ready, seconds, negative when late) the first time the planned replicas are Ready."""
+        if self.ready_at is not None or self.settled:
             return None
-        if current >= self.replicas:
-            self.landed_at = now
+        if ready is not None and ready >= self.replicas:
+            self.ready_at = now
             if self.burst is None:
                 return None
             return (self.burst - now).total_seconds()
@@ -170,8 +185,10 @@ class PreScale:
 
     @property
     def landed_before_burst(self) -> bool | None:
-        if self.landed_at is not None:
-            return self.burst is None or self.landed_at <= self.burst
+        if self.verdict is not None:
+            return self.verdict
+        if self.ready_at is not None:
+            return self.burst is None or self.ready_at <= self.burst
         return False if self.late else None
 
     def shown(self) -> LastPreScale:
@@ -179,6 +196,7 @@ class PreScale:
             time=_second(self.time),
             replicas=self.replicas,
             burst_time=self.burst,
+            ready_at=_milli(self.ready_at) if self.ready_at is not None else None,
             landed_before_burst=self.landed_before_burst,
         )
 
@@ -191,12 +209,13 @@ class PreScale:
             shown = LastPreScale.model_validate(doc)
         except pydantic.ValidationError:
             return None
-        pre = cls(shown.time, shown.replicas, shown.burst_time)
-        if shown.landed_before_burst is not None:
-            pre.settled = True
-            pre.landed_at = shown.time if shown.landed_before_burst else None
-            pre.late = not shown.landed_before_burst
-        return pre
+        return cls(
+            shown.time,
+            shown.replicas,
+            shown.burst_time,
+            ready_at=shown.ready_at,
+            verdict=shown.landed_before_burst,
+        )
 
 
 def lookahead_max(series: Sequence[int], ahead: int) -> list[int]:
@@ -221,6 +240,11 @@ def condition(
 
 def _second(t: datetime) -> datetime:
     return t.astimezone(UTC).replace(microsecond=0)
+
+
+def _milli(t: datetime) -> datetime:
+    t = t.astimezone(UTC)
+    return t.replace(microsecond=t.microsecond // 1000 * 1000)
 
 
 def _iso(t: datetime) -> str:
@@ -283,6 +307,7 @@ class Scaler:
         self._sem = asyncio.Semaphore(max(1, settings.status_concurrency))
         self._tick_seconds = 0.0
         self._crd_missing = False
+        self._ready_unknown: set[str] = set()  # pools whose Deployment could not be read
 
     async def run(self) -> None:
         """Tick forever. The database or the API server down, or the API server refusing
@@ -518,10 +543,36 @@ class Scaler:
         out.current = current
         self.metrics.pool_replicas.labels(ref.name).set(current)
         self._labels.add(ref.name)
-        if state.pre is not None:
-            lead = state.pre.observe(current, now())
+        if state.pre is not None and not state.pre.settled and state.pre.ready_at is None:
+            ready = await self._ready_replicas(ref, target)
+            t = now()
+            lead = state.pre.observe(ready, t)
             if lead is not None:
                 self.metrics.prescale_lead.labels(ref.name).set(lead)
+            if state.pre.waiting:
+                poll = t + timedelta(seconds=READY_POLL_SECONDS)
+                out.wake = poll if out.wake is None else min(out.wake, poll)
+
+    async def _ready_replicas(self, ref: CRef, target: str) -> int | None:
+        """The Deployment's Ready pods; None when it cannot be read (RBAC without get on
+        deployments: the pre-scale's landing stays unknown rather than failing the pool)."""
+        try:
+            ready = await self.kube.read_deployment_ready(ref.namespace, target)
+        except KubeError as e:
+            if e.status not in (403, 404):
+                raise
+            if ref.uid not in self._ready_unknown:
+                self._ready_unknown.add(ref.uid)  # once per pool, not every poll
+                log.warning(
+                    f"cannot read Deployment {ref.namespace}/{target} (HTTP {e.status}): "
+                    "whether its pods are Ready stays unknown; grant the operator's "
+                    "ServiceAccount get on that Deployment",
+                    extra={"action": "prescale_ready_unknown",
+                           "object": f"{ref.namespace}/{ref.name}", "error": str(e)},
+                )  # fmt: skip
+            return None
+        self._ready_unknown.discard(ref.uid)
+        return ready
 
     async def _via_hpa(
         self,

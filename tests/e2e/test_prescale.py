@@ -5,7 +5,10 @@ minReplicas raised and restored instead; min/max are respected; a missing target
 condition and one Event.
 
 Deployments exist on a bare API server (no controller-manager): nothing runs pods, but
-spec.replicas and the scale subresource behave as in a cluster. Bursts are `runAt` jobs
+spec.replicas and the scale subresource behave as in a cluster. A pre-scale lands when its
+pods are Ready (the Deployment's status.readyReplicas): where a test needs that, it writes
+the status subresource itself, as the missing Deployment controller would
+(tests/node/test_prescale.py sees real pods become Ready). Bursts are `runAt` jobs
 seconds away (no waiting for a minute boundary); no scheduler or worker is needed, since
 the forecast reads the schedules from the store.
 """
@@ -89,6 +92,16 @@ def deployment(kube_api: Any, ns: str, name: str, replicas: int) -> None:
         ),
     )
     client.AppsV1Api(kube_api).create_namespaced_deployment(ns, body)
+
+
+def mark_ready(kube_api: Any, ns: str, name: str, n: int) -> None:
+    """What the Deployment controller and kubelets would report: n pods Ready."""
+    status = {"replicas": n, "readyReplicas": n, "availableReplicas": n, "updatedReplicas": n}
+    client.AppsV1Api(kube_api).patch_namespaced_deployment_status(name, ns, {"status": status})
+
+
+def parse_time(s: str) -> float:
+    return datetime.fromisoformat(s.replace("Z", "+00:00")).timestamp()
 
 
 def replicas(kube_api: Any, ns: str, name: str) -> int:
@@ -214,6 +227,17 @@ def test_replicas_rise_before_the_burst_and_fall_after(
         30,
     )
     assert st["nextBurst"] == {"time": at.isoformat().replace("+00:00", "Z"), "size": BURST}
+    eventually(operator, lambda: watch.first(lambda v: v == NEEDED), "replicas up", 60)
+    pre = eventually(
+        operator,
+        lambda: pool_status(kube, ns, "burst").get("lastPreScale"),
+        "lastPreScale in status",
+        30,
+    )
+    # Replicas set is not landed: no pod is Ready yet (nothing runs pods here).
+    assert pre.get("landedBeforeBurst") is None and pre.get("readyAt") is None, pre
+    marked = time.time()
+    mark_ready(kube_api, ns, "w-burst", NEEDED)
     eventually(
         operator,
         lambda: watch.first(lambda v: v == NEEDED) and watch.changes[-1][1] == 1,
@@ -232,8 +256,11 @@ def test_replicas_rise_before_the_burst_and_fall_after(
     assert down >= at.timestamp() + POOL["scaleDownDelaySeconds"], down - at.timestamp()
     st = pool_status(kube, ns, "burst")
     pre = st["lastPreScale"]
-    assert pre["replicas"] == NEEDED and pre["landedBeforeBurst"] is True
+    assert pre["replicas"] == NEEDED and pre["landedBeforeBurst"] is True, pre
     assert pre["burstTime"] == at.isoformat().replace("+00:00", "Z")
+    # Seen Ready after the test reported the pods Ready (less a little clock rounding)
+    # and before the burst.
+    assert marked - 0.5 <= parse_time(pre["readyAt"]) <= at.timestamp(), (marked, pre)
     assert (st["desiredReplicas"], st["currentReplicas"]) == (1, 1)
     assert conditions(st)["Ready"][:2] == ("True", "Scaled")
     reasons = [e["reason"] for e in events(kube, ns, "burst")]
@@ -301,9 +328,10 @@ def test_an_hpa_gets_its_minimum_raised_and_restored(
     assert hpa_seen == [(2, None), (NEEDED, "2"), (2, None)], hpa_seen
     assert deploy_seen == [2], "the HPA owns the replicas: the Deployment is never patched"
     st = pool_status(kube, ns, "hpa")
-    # Nothing runs the HPA controller here, so the Deployment never reached the replicas:
-    # the pre-scale is reported as not landed before its burst.
+    # Nothing runs the HPA controller or pods here, so no pod was ever Ready: the
+    # pre-scale is reported as not landed before its burst.
     assert st["lastPreScale"]["landedBeforeBurst"] is False
+    assert st["lastPreScale"].get("readyAt") is None
     reasons = [e["reason"] for e in events(kube, ns, "hpa")]
     assert reasons.count("RaisedHPAMinimum") == 1 and reasons.count("RestoredHPAMinimum") == 1
 

@@ -7,13 +7,14 @@ import math
 import subprocess
 import sys
 import uuid
+from datetime import timedelta
 from pathlib import Path
 
 from cronwell.forecast import forecast_pools, plan_replicas
 from cronwell.store.db import Database
 from cronwell.workerpool import WorkerPoolSpec
 from tests.conftest import REPO
-from tests.integration.helpers import db_now, make_job
+from tests.integration.helpers import db_now, make_job, scheduler
 
 
 async def add_history(db: Database, job_id: uuid.UUID, pool: str, durations: list[float]) -> None:
@@ -79,6 +80,27 @@ async def test_forecast_pools_from_the_store(db: Database) -> None:
 
     only = await forecast_pools(db, 60, pool="default")
     assert set(only) == {"default"} and math.isclose(only["default"].resolution, 1.0)
+
+
+async def test_a_materialised_one_shot_burst_still_counts(db: Database) -> None:
+    """The scheduler materialises a runAt job's only occurrence a horizon ahead and clears
+    its next_run_at: the burst must stay in the forecast until it is due."""
+    now = await db_now(db)
+    at = (now + timedelta(seconds=40)).replace(microsecond=0)
+    for i in range(5):
+        await make_job(db, f"once-{i}", runAt=at.isoformat(), pool="burst")
+    before = await forecast_pools(db, 120, pool="burst")
+    s = await scheduler(db, horizon_seconds=60)
+    assert await s.materialise_until_idle() == 5
+    async with db.connection() as conn:
+        cur = await conn.execute(
+            "SELECT count(*) AS n FROM cronwell_jobs WHERE pool = 'burst' AND next_run_at IS NULL"
+        )
+        row = await cur.fetchone()
+    assert row is not None and row["n"] == 5  # nothing left to materialise
+    after = await forecast_pools(db, 120, pool="burst")
+    assert sum(before["burst"].counts) == sum(after["burst"].counts) == 5
+    assert after["burst"].backlog == 0
 
 
 def cli(*args: str, url: str) -> subprocess.CompletedProcess[str]:

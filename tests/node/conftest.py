@@ -15,6 +15,9 @@ import pytest
 from cronwell.testing.controlplane import ControlPlaneError, find_assets
 from cronwell.testing.node import NODE_BINARIES, NODE_HINT, Node
 from cronwell.testing.oci import write_archive
+from tests.node.release import cronwell_image, database, ledger, release
+
+__all__ = ["cronwell_image", "database", "ledger", "release"]  # one install per session
 
 NODE_DIR = Path(__file__).resolve().parent
 BUSYBOX = Path("/bin/busybox")

@@ -266,11 +266,13 @@ def test_operator_rules_are_exactly_what_it_uses(default: list[dict[str, Any]]) 
     assert self_role["metadata"]["namespace"] == NAMESPACE
     assert by_resource(self_role) == {
         "leases": {"create", "get", "update"},
-        "deployments/scale": {"get", "patch"},  # never the Deployment object itself
+        "deployments/scale": {"get", "patch"},  # replicas only through the scale
+        "deployments": {"get"},  # readyReplicas: pre-scaled pods Ready; never written
         "horizontalpodautoscalers": {"get", "list", "patch"},
     }
     named_rules = {r["resources"][0]: r.get("resourceNames") for r in self_role["rules"]}
     assert named_rules["deployments/scale"] == [f"{RELEASE}-cronwell-worker-default"]
+    assert named_rules["deployments"] == [f"{RELEASE}-cronwell-worker-default"]
     lease_get = [
         r for r in self_role["rules"] if "get" in r["verbs"] and "leases" in r["resources"]
     ]

@@ -123,26 +123,62 @@ def test_a_garbled_annotation_falls_back_to_the_shown_minimum() -> None:
 
 
 # ------------------------------------------------------------------ landed before burst
+# Landed means Ready: the Deployment's status.readyReplicas at the planned replicas, not
+# spec.replicas set.
 
 
-def test_a_pre_scale_that_lands_before_its_burst() -> None:
+def test_replicas_set_but_pods_not_ready_has_not_landed() -> None:
+    pre = PreScale(at(0), 4, burst=at(60))
+    assert pre.observe(0, at(1)) is None  # spec.replicas may be 4 already: no pod Ready
+    assert pre.observe(3, at(2)) is None
+    assert pre.landed_before_burst is None and pre.ready_at is None and pre.waiting
+    assert pre.shown().ready_at is None and pre.shown().landed_before_burst is None
+
+
+def test_a_pre_scale_whose_pods_are_ready_before_its_burst() -> None:
     pre = PreScale(at(0), 4, burst=at(60))
     assert pre.observe(1, at(1)) is None and pre.landed_before_burst is None
-    assert pre.observe(4, at(2)) == 58.0
-    assert pre.landed_before_burst is True
+    assert pre.observe(4, at(2.5)) == 57.5
+    assert pre.landed_before_burst is True and pre.ready_at == at(2.5) and not pre.waiting
     assert pre.observe(4, at(3)) is None  # measured once
+    assert pre.ready_at == at(2.5)
     shown = pre.shown()
     assert (shown.replicas, shown.burst_time, shown.landed_before_burst) == (4, at(60), True)
+    assert shown.ready_at == at(2.5)
 
 
-def test_a_late_pre_scale_is_false_before_and_negative_once_it_lands() -> None:
+def test_more_ready_than_planned_counts() -> None:
+    pre = PreScale(at(0), 4, burst=at(60))
+    assert pre.observe(6, at(5)) == 55.0 and pre.landed_before_burst is True
+
+
+def test_unknown_readiness_decides_nothing_before_the_burst() -> None:
+    pre = PreScale(at(0), 4, burst=at(10))
+    assert pre.observe(None, at(5)) is None and pre.landed_before_burst is None
+    pre.observe(None, at(11))
+    assert pre.landed_before_burst is False  # the burst started and nothing was seen Ready
+
+
+def test_pods_ready_late_is_false_and_a_negative_lead() -> None:
     pre = PreScale(at(0), 4, burst=at(10))
     pre.observe(2, at(9))
     assert pre.landed_before_burst is None
     pre.observe(2, at(11))
-    assert pre.landed_before_burst is False  # the burst started without it
+    assert pre.landed_before_burst is False and not pre.waiting  # the burst started without it
     assert pre.observe(5, at(13)) == -3.0
-    assert pre.landed_before_burst is False
+    assert pre.landed_before_burst is False and pre.ready_at == at(13)
+
+
+def test_ready_at_the_burst_instant_is_in_time() -> None:
+    pre = PreScale(at(0), 2, burst=at(10))
+    assert pre.observe(2, at(10)) == 0.0 and pre.landed_before_burst is True
+
+
+def test_ready_at_is_shown_to_the_millisecond() -> None:
+    pre = PreScale(at(0.4), 2, burst=at(10))
+    pre.observe(2, at(3.1234567))
+    shown = pre.shown()
+    assert shown.time == at(0) and shown.ready_at == at(3.123)
 
 
 def test_pre_scale_restored_from_status() -> None:
@@ -150,11 +186,20 @@ def test_pre_scale_restored_from_status() -> None:
     assert PreScale.from_status({"time": "garbage"}) is None
     doc = {"time": "2026-03-01T12:00:00Z", "replicas": 3, "burstTime": "2026-03-01T12:01:00Z"}
     pending = PreScale.from_status(doc)
-    assert pending is not None and pending.landed_before_burst is None
+    assert pending is not None and pending.landed_before_burst is None and pending.waiting
     assert pending.observe(3, at(30)) == 30.0
     settled = PreScale.from_status(doc | {"landedBeforeBurst": False})
     assert settled is not None and settled.landed_before_burst is False
     assert settled.observe(3, at(30)) is None
+    landed = PreScale.from_status(
+        doc | {"landedBeforeBurst": True, "readyAt": "2026-03-01T12:00:40.250Z"}
+    )
+    assert landed is not None and landed.landed_before_burst is True
+    assert landed.ready_at == at(40.25) and landed.shown().ready_at == at(40.25)
+    assert landed.observe(0, at(70)) is None and landed.landed_before_burst is True
+    # Written before readyAt existed: the verdict is kept, no Ready instant is made up.
+    old = PreScale.from_status(doc | {"landedBeforeBurst": True})
+    assert old is not None and old.landed_before_burst is True and old.shown().ready_at is None
 
 
 # ------------------------------------------------------------------------- planning
