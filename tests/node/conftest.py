@@ -15,6 +15,7 @@ import pytest
 from cronwell.testing.controlplane import ControlPlaneError, find_assets
 from cronwell.testing.node import NODE_BINARIES, NODE_HINT, Node
 from cronwell.testing.oci import write_archive
+from tests.node import chart
 
 NODE_DIR = Path(__file__).resolve().parent
 BUSYBOX = Path("/bin/busybox")
@@ -52,3 +53,27 @@ def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Node]:
         print(f"\nnode: Ready in {running.start_seconds:.1f}s")
         yield running
         running.assert_no_pulls(allowed=CANARY_REGISTRY)
+
+
+@pytest.fixture(scope="session")
+def cronwell_image(node: Node) -> str:
+    """The cronwell image ($CRONWELL_IMAGE_ARCHIVE, else built), imported into the node."""
+    archive = os.environ.get("CRONWELL_IMAGE_ARCHIVE") or chart.build_image()
+    return chart.import_image(node, archive)
+
+
+@pytest.fixture(scope="module")
+def database(node: Node, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
+    """A PostgreSQL per module that the node's pods reach (see chart.start_database)."""
+    yield from chart.start_database(node, tmp_path_factory.mktemp("pg-node"))
+
+
+@pytest.fixture(scope="module")
+def ledger(node: Node) -> Iterator[tuple[str, chart.Ledger]]:
+    """The ledger's base URL (reachable from the pods) and what it recorded."""
+    server, recorded = chart.serve_ledger(node.host_ip)
+    try:
+        yield f"http://{node.host_ip}:{server.server_address[1]}", recorded
+    finally:
+        server.shutdown()
+        server.server_close()

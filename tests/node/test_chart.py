@@ -4,7 +4,7 @@ Dockerfile: `helm install` (hooks included) into a namespace enforcing Pod Secur
 probes; then ScheduledJobs applied with kubectl call a ledger over HTTP and the
 in-cluster operator writes their status.
 
-The image archive comes from $CRONWELL_IMAGE_ARCHIVE, else from `hack/build-image.sh`.
+The image, database and ledger fixtures are in conftest.py, their helpers in chart.py.
 """
 
 from __future__ import annotations
@@ -12,155 +12,22 @@ from __future__ import annotations
 import itertools
 import json
 import os
-import subprocess
-import threading
 import time
 import urllib.request
 import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass, field
-from datetime import UTC, datetime
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from pathlib import Path
 from typing import Any
 
 import psycopg
 import pytest
 
-from cronwell.embedded import EmbeddedPostgres
 from cronwell.testing.node import Node
 from tests.e2e.helpers import Helm
+from tests.node import chart
 
-ROOT = Path(__file__).resolve().parents[2]
-CHART = ROOT / "charts" / "cronwell"
-BUILD_SCRIPT = ROOT / "hack" / "build-image.sh"
 RELEASE = "cw"
 # The first test's setup may build the image (minutes, cold) and import it.
 pytestmark = pytest.mark.timeout(1800)
-DB_PASSWORD = "node-e2e-" + uuid.uuid4().hex[:12]
-
-
-@dataclass
-class Ledger:
-    """An HTTP receiver that records every request's Idempotency-Key and fence token.
-
-    The first request with a key is the accepted effect; later ones are redeliveries
-    (a receiver deduplicating on the key would ignore them).
-    """
-
-    requests: list[dict[str, Any]] = field(default_factory=list)
-    lock: threading.Lock = field(default_factory=threading.Lock)
-
-    def record(self, path: str, headers: Any) -> None:
-        with self.lock:
-            self.requests.append(
-                {
-                    "path": path,
-                    "key": headers.get("Idempotency-Key"),
-                    "fence": headers.get("Cronwell-Fence-Token"),
-                    "at": time.time(),
-                }
-            )
-
-    def accepted(self, path: str) -> dict[str, dict[str, Any]]:
-        """First request per key for ``path``."""
-        first: dict[str, dict[str, Any]] = {}
-        with self.lock:
-            for req in self.requests:
-                if req["path"] == path:
-                    first.setdefault(req["key"], req)
-        return first
-
-
-def _serve_ledger(address: str) -> tuple[ThreadingHTTPServer, Ledger]:
-    ledger = Ledger()
-
-    class Handler(BaseHTTPRequestHandler):
-        def do_POST(self) -> None:
-            length = int(self.headers.get("Content-Length") or 0)
-            self.rfile.read(length)
-            ledger.record(self.path, self.headers)
-            self.send_response(200)
-            self.send_header("Content-Length", "2")
-            self.end_headers()
-            self.wfile.write(b"ok")
-
-        def log_message(self, format: str, *args: Any) -> None:
-            pass
-
-    server = ThreadingHTTPServer((address, 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    return server, ledger
-
-
-@pytest.fixture(scope="module")
-def cronwell_image(node: Node) -> str:
-    """The cronwell image, imported into the node; returns its name."""
-    archive = os.environ.get("CRONWELL_IMAGE_ARCHIVE")
-    if not archive:
-        if not BUILD_SCRIPT.is_file():
-            pytest.skip("hack/build-image.sh is not in this tree (issue 19 item 1)")
-        started = time.monotonic()
-        proc = subprocess.run(
-            ["bash", str(BUILD_SCRIPT)], capture_output=True, text=True, timeout=1800, check=False
-        )
-        if proc.returncode != 0:
-            pytest.fail(f"hack/build-image.sh failed:\n{proc.stderr[-3000:]}", pytrace=False)
-        archive = proc.stdout.strip().splitlines()[-1]
-        print(f"\nimage: {archive} ready in {time.monotonic() - started:.0f}s")
-    before = set(node.ctr("images", "ls", "-q").split())
-    started = time.monotonic()
-    node.import_image(archive)
-    print(f"\nimage: imported {archive} in {time.monotonic() - started:.1f}s")
-    names = sorted(set(node.ctr("images", "ls", "-q").split()) - before)
-    names = [n for n in names if not n.startswith("sha256:")]
-    assert names, f"{archive} named no image"
-    # An archive may carry several names of one image (localhost/x and docker.io/library/x).
-    return next((n for n in names if n.startswith("localhost/")), names[0])
-
-
-@pytest.fixture(scope="module")
-def database(node: Node, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
-    """PostgreSQL on the host side of the node's veth (pods reach it, nothing else does),
-    password-authenticated for the pod network. ``url``: what the chart's Secret holds;
-    ``local``: the same database from the test, over loopback."""
-    data = tmp_path_factory.mktemp("pg-node")
-    hba = data / "pg_hba.conf"
-    hba.write_text(
-        "local all all trust\nhost all all 127.0.0.1/32 trust\n"
-        f"host all all {node.pod_cidr} scram-sha-256\n"
-    )
-    hba.chmod(0o644)
-    server = EmbeddedPostgres(
-        data,
-        settings={
-            "listen_addresses": f"'127.0.0.1,{node.host_ip}'",
-            "hba_file": f"'{hba}'",
-            "fsync": "off",
-            "synchronous_commit": "off",
-        },
-    )
-    server.start()
-    try:
-        with psycopg.connect(server.url, autocommit=True) as conn:
-            conn.execute(f"CREATE ROLE cronwell LOGIN PASSWORD '{DB_PASSWORD}'")  # type: ignore[arg-type]
-            conn.execute("CREATE DATABASE cronwell OWNER cronwell")
-        yield {
-            "url": f"postgresql://cronwell:{DB_PASSWORD}@{node.host_ip}:{server.port}/cronwell",
-            "local": f"postgresql://postgres@127.0.0.1:{server.port}/cronwell",
-        }
-    finally:
-        server.stop("immediate")
-
-
-@pytest.fixture(scope="module")
-def ledger(node: Node) -> Iterator[tuple[str, Ledger]]:
-    server, recorded = _serve_ledger(node.host_ip)
-    try:
-        yield f"http://{node.host_ip}:{server.server_address[1]}", recorded
-    finally:
-        server.shutdown()
-        server.server_close()
 
 
 @pytest.fixture(scope="module")
@@ -172,29 +39,7 @@ def release(
 ) -> Iterator[dict[str, Any]]:
     ns = f"cronwell-{uuid.uuid4().hex[:6]}"
     helm = Helm(node, tmp_path_factory.mktemp("helm"))
-    # As docs/deploy.md tells users: namespace, Pod Security label, the database Secret.
-    node.kubectl("create", "namespace", ns)
-    node.kubectl("label", "namespace", ns, "pod-security.kubernetes.io/enforce=restricted")
-    secret = ("create", "secret", "generic", "cronwell-database")
-    node.kubectl("-n", ns, *secret, f"--from-literal=url={database['url']}")
-    repository, tag = cronwell_image.rsplit(":", 1)
-    started = time.monotonic()
-    try:
-        helm(
-            "install", RELEASE, str(CHART), "--namespace", ns, "--wait", "--timeout", "10m",
-            "--set", f"image.repository={repository}", "--set", f"image.tag={tag}",
-            "--set", "image.pullPolicy=Never",
-            "--set", "database.existingSecret=cronwell-database",
-            # The test server has no TLS; production keeps verify-full.
-            "--set", "database.sslmode=disable",
-            "--set", "operator.replicas=2", "--set", "scheduler.replicas=2",
-            timeout=660,
-        )  # fmt: skip
-    except AssertionError:
-        _dump(node, ns)
-        raise
-    ready = time.monotonic() - started
-    print(f"\nhelm install --wait: all Ready in {ready:.1f}s")
+    ready = chart.helm_install(node, helm, RELEASE, ns, cronwell_image, database["url"])
     state = {"ns": ns, "helm": helm, "install_seconds": ready}
     try:
         yield state
@@ -204,48 +49,22 @@ def release(
         node.kubectl("delete", "namespace", ns, "--wait=false", check=False)
 
 
-def _dump(node: Node, ns: str) -> None:
-    """What a failed install looked like (pods, events, logs) into the test output."""
-    print(node.kubectl("-n", ns, "get", "pods,jobs", "-o", "wide", check=False).stdout)
-    print(node.kubectl("-n", ns, "get", "events", "--sort-by=.lastTimestamp", check=False).stdout)
-    pods = node.kubectl("-n", ns, "get", "pods", "-o", "name", check=False).stdout.split()
-    for pod in pods:
-        logs = node.kubectl("-n", ns, "logs", pod, "--all-containers", "--tail=20", check=False)
-        print(f"--- {pod}\n{logs.stdout}{logs.stderr}")
-
-
-def _pods(node: Node, ns: str) -> list[dict[str, Any]]:
-    items: list[dict[str, Any]] = json.loads(
-        node.kubectl("-n", ns, "get", "pods", "-o", "json").stdout
-    )["items"]
-    return items
-
-
-def _component(pod: dict[str, Any]) -> str:
-    return str(pod["metadata"]["labels"].get("app.kubernetes.io/component"))
-
-
-def _ready(pod: dict[str, Any]) -> bool:
-    conditions = pod["status"].get("conditions", [])
-    return any(c["type"] == "Ready" and c["status"] == "True" for c in conditions)
-
-
 def test_install_migrates_and_every_pod_becomes_ready(
     node: Node, release: dict[str, Any], database: dict[str, str]
 ) -> None:
     ns = release["ns"]
-    pods = _pods(node, ns)
+    pods = chart.pods(node, ns)
     by_component: dict[str, list[dict[str, Any]]] = {}
     for pod in pods:
-        by_component.setdefault(_component(pod), []).append(pod)
+        by_component.setdefault(chart.component(pod), []).append(pod)
     assert {c: len(p) for c, p in by_component.items() if c != "migrate"} == {
         "operator": 2,
         "scheduler": 2,
         "worker": 2,
     }
     for pod in pods:
-        if _component(pod) != "migrate":
-            assert _ready(pod), pod["metadata"]["name"]
+        if chart.component(pod) != "migrate":
+            assert chart.ready(pod), pod["metadata"]["name"]
             assert all(s["restartCount"] == 0 for s in pod["status"]["containerStatuses"])
     # The pre-install hook Job ran `cronwell migrate`: helm waited for it (and deleted it
     # on success), and the schema is in the database the Secret names.
@@ -262,7 +81,7 @@ def test_operator_uses_its_service_account_and_logs_json(
     node: Node, release: dict[str, Any]
 ) -> None:
     ns = release["ns"]
-    operators = [p for p in _pods(node, ns) if _component(p) == "operator"]
+    operators = [p for p in chart.pods(node, ns) if chart.component(p) == "operator"]
     sa = f"{RELEASE}-cronwell-operator"
     for pod in operators:
         assert pod["spec"]["serviceAccountName"] == sa
@@ -273,8 +92,8 @@ def test_operator_uses_its_service_account_and_logs_json(
     holders = {lease["spec"].get("holderIdentity") for lease in leases}
     names = {p["metadata"]["name"] for p in operators}
     assert any(h and any(n in h for n in names) for h in holders), holders
-    for pod in _pods(node, ns):
-        if _component(pod) == "migrate":
+    for pod in chart.pods(node, ns):
+        if chart.component(pod) == "migrate":
             continue
         name = pod["metadata"]["name"]
         out = node.kubectl("-n", ns, "logs", name).stdout
@@ -285,8 +104,8 @@ def test_operator_uses_its_service_account_and_logs_json(
 
 
 def test_metrics_answer_on_every_pod(node: Node, release: dict[str, Any]) -> None:
-    for pod in _pods(node, release["ns"]):
-        if _component(pod) == "migrate":
+    for pod in chart.pods(node, release["ns"]):
+        if chart.component(pod) == "migrate":
             continue
         ports = {
             p.get("name"): p["containerPort"]
@@ -301,7 +120,7 @@ def test_metrics_answer_on_every_pod(node: Node, release: dict[str, Any]) -> Non
 
 
 def test_scheduled_jobs_call_the_ledger_and_get_status(
-    node: Node, release: dict[str, Any], ledger: tuple[str, Ledger]
+    node: Node, release: dict[str, Any], ledger: tuple[str, chart.Ledger]
 ) -> None:
     ns = release["ns"]
     base, recorded = ledger
@@ -361,24 +180,17 @@ def _wait_all_ready(node: Node, ns: str, counts: dict[str, int], timeout: float 
     deadline = time.monotonic() + timeout
     seen: dict[str, int] = {}
     while time.monotonic() < deadline:
-        pods = [p for p in _pods(node, ns) if not p["metadata"].get("deletionTimestamp")]
-        seen = {c: sum(1 for p in pods if _component(p) == c and _ready(p)) for c in counts}
+        pods = [p for p in chart.pods(node, ns) if not p["metadata"].get("deletionTimestamp")]
+        seen = {
+            c: sum(1 for p in pods if chart.component(p) == c and chart.ready(p)) for c in counts
+        }
         if seen == counts:
             return
         time.sleep(0.5)
     raise AssertionError(f"pods not back to {counts}: {seen}")
 
 
-def _instant(key: str) -> float:
-    """The nominal instant of an idempotency key (<job uid>:<UTC instant>)."""
-    return (
-        datetime.strptime(key.split(":", 1)[1], "%Y-%m-%dT%H:%M:%SZ")
-        .replace(tzinfo=UTC)
-        .timestamp()
-    )
-
-
-def _wait_new_effect(ledger: Ledger, path: str, after: float, timeout: float = 180) -> float:
+def _wait_new_effect(ledger: chart.Ledger, path: str, after: float, timeout: float = 180) -> float:
     """Seconds from ``after`` to the first accepted effect that arrived later."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -390,7 +202,7 @@ def _wait_new_effect(ledger: Ledger, path: str, after: float, timeout: float = 1
 
 
 def test_pods_killed_nothing_lost(
-    node: Node, release: dict[str, Any], ledger: tuple[str, Ledger], database: dict[str, str]
+    node: Node, release: dict[str, Any], ledger: tuple[str, chart.Ledger], database: dict[str, str]
 ) -> None:
     """Issue 19 item 5: a per-second job while pods are deleted, force-deleted and killed
     from the host; every occurrence gets exactly one accepted effect in the ledger."""
@@ -427,7 +239,9 @@ def test_pods_killed_nothing_lost(
         }
 
     def pod_of(component: str, pick: Any = None) -> str:
-        pods = [p for p in _pods(node, ns) if _component(p) == component and _ready(p)]
+        pods = [
+            p for p in chart.pods(node, ns) if chart.component(p) == component and chart.ready(p)
+        ]
         chosen = pick(pods) if pick else pods[0]
         return str(chosen["metadata"]["name"])
 
@@ -505,9 +319,9 @@ def test_pods_killed_nothing_lost(
         # Lateness (effect arrival - nominal instant) of the occurrences due in the 30 s
         # after the fault: how long the fault delayed the work.
         late = [
-            r["at"] - _instant(key)
+            r["at"] - chart.instant(key)
             for key, r in accepted.items()
-            if figures["at"] <= _instant(key) < figures["at"] + 30
+            if figures["at"] <= chart.instant(key) < figures["at"] + 30
         ]
         print(
             f"  {name}: next effect after {figures['next_effect_s']:.1f}s, "
@@ -515,7 +329,7 @@ def test_pods_killed_nothing_lost(
             f"pods Ready again after {figures['pods_ready_s']:.1f}s"
         )
     # Every materialised instant is one second after the previous one: nothing skipped.
-    instants = [_instant(key) for key, _ in rows]
+    instants = [chart.instant(key) for key, _ in rows]
     gaps = [(a, b) for a, b in itertools.pairwise(instants) if b - a != 1]
     assert not gaps, gaps
     # Every occurrence that succeeded has its effect in the ledger, exactly one accepted.
