@@ -140,6 +140,8 @@ def test_upgrade_rollback_uninstall_nothing_lost(
                 # default (Skip) a slow attempt skips the next instant by design, which
                 # would hide a lost one.
                 "concurrencyPolicy": "Allow",
+                # The store keeps the whole window (the default keeps the newest 100).
+                "successfulJobsHistoryLimit": 10000,
                 "retry": {"maxAttempts": 20, "initialDelaySeconds": 1, "maxDelaySeconds": 5},
                 "timeoutSeconds": 10,
                 "target": {"http": {"url": f"{base}{PATH}", "method": "POST"}},
@@ -254,7 +256,11 @@ def test_upgrade_rollback_uninstall_nothing_lost(
             assert node.kubectl("get", "crd", crd, check=False).returncode == 0, crd
         kept = node.kubectl("-n", ns, "get", "sj", JOB, "-o", "jsonpath={.metadata.uid}").stdout
         assert kept == uid
-        assert not [p for p in chart.pods(node, ns) if chart.component(p) in COMPONENTS]
+        # The Deployments are gone; their pods terminate gracefully (not awaited by helm).
+        deadline = time.monotonic() + 300
+        while left := [p for p in chart.pods(node, ns) if chart.component(p) in COMPONENTS]:
+            assert time.monotonic() < deadline, [p["metadata"]["name"] for p in left]
+            time.sleep(2)
         with psycopg.connect(database["local"]) as conn:
             jobs = conn.execute("SELECT count(*) FROM cronwell_jobs WHERE id = %s", (uid,))
             assert jobs.fetchone() == (1,)
