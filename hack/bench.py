@@ -81,7 +81,9 @@ async def seed(
         )
     )
     async with db.connection() as conn:
-        await conn.execute("TRUNCATE cronwell_attempts, cronwell_occurrences, cronwell_jobs")
+        await conn.execute(
+            "TRUNCATE cronwell_attempts, cronwell_occurrences, cronwell_jobs CASCADE"
+        )
         await conn.execute(
             "INSERT INTO cronwell_jobs (id, namespace, name, spec, spec_hash, pool, partition,"
             " next_run_at) SELECT gen_random_uuid(), 'bench', 'j' || i, %s::jsonb, 'h',"

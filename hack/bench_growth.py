@@ -32,7 +32,9 @@ async def grow(db: Any, spec: dict[str, Any], size: int, history: int) -> float:
     """Seed one size; returns seconds spent seeding."""
     t0 = time.perf_counter()
     async with db.connection() as conn:
-        await conn.execute("TRUNCATE cronwell_attempts, cronwell_occurrences, cronwell_jobs")
+        await conn.execute(
+            "TRUNCATE cronwell_attempts, cronwell_occurrences, cronwell_jobs CASCADE"
+        )
         await conn.execute(
             "INSERT INTO cronwell_jobs (id, namespace, name, spec, spec_hash, pool, partition,"
             " next_run_at) SELECT gen_random_uuid(), 'bench', 'j' || i, %s::jsonb, 'h',"
@@ -138,5 +140,7 @@ async def growth(
         print(f"growth {size}: {m} (seeded in {seeded:.1f}s)", flush=True)
     async with db.connection() as conn:  # leave the partitions free for later sections
         await conn.execute("UPDATE cronwell_partitions SET holder = NULL, expires_at = NULL")
-        await conn.execute("TRUNCATE cronwell_attempts, cronwell_occurrences, cronwell_jobs")
+        await conn.execute(
+            "TRUNCATE cronwell_attempts, cronwell_occurrences, cronwell_jobs CASCADE"
+        )
     return out

@@ -44,7 +44,7 @@ async def _seed_jobs(db: Any, spec: dict[str, Any], n_jobs: int) -> None:
     async with db.connection() as conn:
         await conn.execute(
             "TRUNCATE cronwell_attempts, cronwell_occurrences, cronwell_status_changes,"
-            " cronwell_job_counters, cronwell_jobs"
+            " cronwell_job_counters, cronwell_jobs CASCADE"
         )
         await conn.execute(
             "INSERT INTO cronwell_jobs (id, namespace, name, spec, spec_hash, pool, partition,"
@@ -244,6 +244,6 @@ async def retention(
         await conn.execute("UPDATE cronwell_partitions SET holder = NULL, expires_at = NULL")
         await conn.execute(
             "TRUNCATE cronwell_attempts, cronwell_occurrences, cronwell_status_changes,"
-            " cronwell_job_counters, cronwell_jobs"
+            " cronwell_job_counters, cronwell_jobs CASCADE"
         )
     return out

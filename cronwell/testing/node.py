@@ -767,6 +767,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         with Node(images=args.image) as node:
             print(f"node Ready in {node.start_seconds:.1f}s", file=sys.stderr)
             print(f"export KUBECONFIG={node.kubeconfig}")
+            print(f"# node dir: {node.dir} (`make node-down` cleans it after a crash)")
             print(f"# pods reach this host at {node.host_ip}; Ctrl-C stops", file=sys.stderr)
             sys.stdout.flush()
             signal.pause()

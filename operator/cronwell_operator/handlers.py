@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import kopf
@@ -35,7 +35,7 @@ from cronwell.models import GROUP, VERSION, ScheduledJob
 from cronwell.secretbox import SecretBox
 from cronwell.store.db import Database
 from cronwell_operator import tenancy_sync, webhook
-from cronwell_operator.kube import PLURAL, CRef, Kube
+from cronwell_operator.kube import PLURAL, CRef, Kube, KubeError
 from cronwell_operator.settings import OperatorSettings
 from cronwell_operator.status import StatusWriter
 
@@ -55,6 +55,8 @@ class Context:
     writer: StatusWriter | None = None
     metrics: Metrics | None = None
     secrets: SecretBox | None = None
+    secret_warnings: dict[str, str] = field(default_factory=dict)
+    """The unresolved-Secret message last posted per CR uid: one Warning per transition."""
 
     def __post_init__(self) -> None:
         # The served Metrics object: given, else the writer's (the same one in the leader).
@@ -94,6 +96,31 @@ def connection_info(config: Any) -> kopf.ConnectionInfo:
         certificate_path=config.cert_file,
         private_key_path=config.key_file,
     )
+
+
+async def _warn_unresolved(
+    ctx: Context, ref: CRef, unresolved: tenancy_sync.SecretUnresolved | None
+) -> None:
+    """A Warning Event naming a missing Secret (or key), once per transition: kopf's retries
+    of the reconcile do not post it again, a resolution re-arms it."""
+    if unresolved is None:
+        ctx.secret_warnings.pop(ref.uid, None)
+        return
+    message = f"ScheduledJob {ref.name}: {unresolved}"
+    if ctx.secret_warnings.get(ref.uid) == message:
+        return
+    try:
+        await ctx.kube.post_event(
+            ref,
+            type_="Warning",
+            reason="SecretUnresolved",
+            message=message,
+            instance=ctx.settings.identity,
+        )
+    except KubeError as e:
+        log.warning(f"could not post the Warning Event: {e}", extra={"action": "event_failed"})
+        return
+    ctx.secret_warnings[ref.uid] = message
 
 
 def kopf_error(e: CronwellError) -> kopf.TemporaryError | kopf.PermanentError:
@@ -252,6 +279,7 @@ def _register_resource_handlers(registry: kopf.OperatorRegistry, ctx: Context) -
                         "job triggered",
                         extra={"action": "job_triggered", "key": key, "trigger": value},
                     )
+            await _warn_unresolved(ctx, ref, unresolved)
             if unresolved is not None:
                 raise unresolved
         except CronwellError as e:

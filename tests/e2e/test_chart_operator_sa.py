@@ -163,10 +163,10 @@ def pod_runtime(
     fields = {"metadata.name": pod_name, "metadata.namespace": ns}
     env: dict[str, str] = {}
     for var in container.get("env") or []:
-        if "value" in var:
-            env[var["name"]] = localise(str(var["value"]))
-        else:
+        if "valueFrom" in var:
             env[var["name"]] = fields[var["valueFrom"]["fieldRef"]["fieldPath"]]
+        else:  # the API server drops an empty `value`
+            env[var["name"]] = localise(str(var.get("value", "")))
     return args, env
 
 

@@ -81,7 +81,7 @@ def test_a_thousand_scheduledjobs(kube: Cluster, ns: str, store: str, tmp_path: 
         # repair through the resume handlers), so its own throughput is what is measured.
         assert op.stop() == 0
         sql(store, "TRUNCATE cronwell_jobs, cronwell_occurrences, cronwell_attempts, "
-            "cronwell_status_changes")  # fmt: skip
+            "cronwell_status_changes CASCADE")  # fmt: skip
         restarted = time.monotonic()
         op.start().wait_ready(120)
         ready = time.monotonic() - restarted

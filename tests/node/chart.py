@@ -70,7 +70,11 @@ def serve_ledger(address: str) -> tuple[ThreadingHTTPServer, Ledger]:
         def do_POST(self) -> None:
             length = int(self.headers.get("Content-Length") or 0)
             self.rfile.read(length)
-            ledger.record(self.path, self.headers)
+            path, _, query = self.path.partition("?")
+            ledger.record(path, self.headers)
+            # ?delay=S answers after S seconds, so that faults hit attempts in flight.
+            if query.startswith("delay="):
+                time.sleep(float(query.removeprefix("delay=")))
             self.send_response(200)
             self.send_header("Content-Length", "2")
             self.end_headers()

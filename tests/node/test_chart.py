@@ -215,9 +215,10 @@ def test_pods_killed_nothing_lost(
         "metadata": {"name": "chaos", "namespace": ns},
         "spec": {
             "schedule": "* * * * * *",
+            "concurrencyPolicy": "Allow",  # each call takes 5 s: several in flight
             "retry": {"maxAttempts": 20, "initialDelaySeconds": 1, "maxDelaySeconds": 5},
             "timeoutSeconds": 10,
-            "target": {"http": {"url": f"{base}{path}", "method": "POST"}},
+            "target": {"http": {"url": f"{base}{path}?delay=5", "method": "POST"}},
         },
     }
     counts = {"operator": 2, "scheduler": 2, "worker": 2}
@@ -260,8 +261,24 @@ def test_pods_killed_nothing_lost(
         holders = " ".join(str(x["spec"].get("holderIdentity")) for x in leases["items"])
         return next(p for p in pods if p["metadata"]["name"] in holders)
 
+    def busy_worker(pods: list[dict[str, Any]]) -> dict[str, Any]:
+        """A worker with an attempt of the job in flight (so the kill cuts one)."""
+        busy = (
+            "SELECT p.hostname FROM cronwell_occurrences o"
+            " JOIN cronwell_processes p ON p.id = o.worker_id"
+            " WHERE o.job_id = %s AND o.state = 'running'"
+        )
+        deadline = time.monotonic() + 30
+        with psycopg.connect(database["local"], autocommit=True) as conn:
+            while time.monotonic() < deadline:
+                hosts = {row[0] for row in conn.execute(busy, (uid,)).fetchall()}
+                if found := [p for p in pods if p["metadata"]["name"] in hosts]:
+                    return found[0]
+                time.sleep(0.2)
+        raise AssertionError("no worker pod has an attempt in flight")
+
     def kill_worker_process() -> None:
-        name = pod_of("worker")
+        name = pod_of("worker", busy_worker)
         pod = json.loads(node.kubectl("-n", ns, "get", "pod", name, "-o", "json").stdout)
         container = pod["status"]["containerStatuses"][0]["containerID"].split("//")[1]
         tasks = node.ctr("tasks", "ls").splitlines()[1:]
@@ -295,16 +312,26 @@ def test_pods_killed_nothing_lost(
         fault("kill -9 worker process from the host", kill_worker_process)
         time.sleep(5)
     finally:
+        suspended_at = time.time()
         node.kubectl(
             "-n", ns, "patch", "sj", "chaos", "--type=merge", "-p", '{"spec":{"suspend":true}}'
         )
-    time.sleep(15)  # let retries of the last occurrences land
-    with psycopg.connect(database["local"]) as conn:
+    # Attempts cut by a kill are redelivered once their lease expires: wait for them.
+    in_flight = (
+        "SELECT count(*) FROM cronwell_occurrences WHERE job_id = %s"
+        " AND (state = 'running' OR (state = 'pending' AND attempt > 0))"
+    )
+    deadline = time.monotonic() + 300
+    with psycopg.connect(database["local"], autocommit=True) as conn:
+        while (row := conn.execute(in_flight, (uid,)).fetchone()) and row[0]:
+            assert time.monotonic() < deadline, f"{row[0]} attempts still in flight"
+            time.sleep(1)
         rows = conn.execute(
             "SELECT idempotency_key, state FROM cronwell_occurrences WHERE job_id = %s"
             " ORDER BY scheduled_for",
             (uid,),
         ).fetchall()
+    time.sleep(6)  # the last completions' requests were answered 5 s after arriving
     node.kubectl("-n", ns, "delete", "sj", "chaos", check=False)
     accepted = recorded.accepted(path)
     requests = [r for r in recorded.requests if r["path"] == path]
@@ -315,6 +342,10 @@ def test_pods_killed_nothing_lost(
         f"{len(accepted)} accepted effects, {len(requests) - len(accepted)} redeliveries, "
         f"not succeeded: {not_done[:5]}"
     )
+    for key in accepted:
+        times = [r["at"] for r in requests if r["key"] == key]
+        if len(times) > 1:
+            print(f"  redelivered {key}: {len(times) - 1}x, {times[-1] - times[0]:.1f}s later")
     for name, figures in recovery.items():
         # Lateness (effect arrival - nominal instant) of the occurrences due in the 30 s
         # after the fault: how long the fault delayed the work.
@@ -335,5 +366,11 @@ def test_pods_killed_nothing_lost(
     # Every occurrence that succeeded has its effect in the ledger, exactly one accepted.
     assert set(succeeded) <= set(accepted), set(succeeded) - set(accepted)
     assert set(accepted) <= {key for key, _ in rows}
-    # Only occurrences still pending when the job was suspended may be unfinished.
-    assert all(state in ("pending", "cancelled", "skipped") for _, state in not_done), not_done
+    # The attempt cut by kill -9 was redelivered (at least once), and accepted once.
+    assert len(requests) > len(accepted), "no redelivery after kill -9 of a busy worker"
+    # A redelivery carries a higher fence than every earlier attempt of its key.
+    for key in accepted:
+        fences = [int(r["fence"]) for r in requests if r["key"] == key]
+        assert fences == sorted(set(fences)), (key, fences)
+    # Only occurrences not yet due when the job was suspended may be unfinished.
+    assert all(chart.instant(key) >= suspended_at - 1 for key, _ in not_done), not_done

@@ -1,72 +1,74 @@
 """The node harness leaves the host as it found it: after Ctrl-C, and after SIGKILL once
-`python -m cronwell.testing.node down` ran (or the next node started)."""
+`python -m cronwell.testing.node down` ran (or the next node started).
+
+Other nodes may run meanwhile (the session's, another worktree's), so what is checked is
+what this test's own runs recorded in their state.json; the sysctls and the masked
+directories are shared, so they are compared only when no other node runs.
+"""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from cronwell.testing.controlplane import find_assets
 from cronwell.testing.node import DIR_PREFIX, MASKED_DIRS, SYSCTLS, _sysctl_path
 
-KUBECTL_TIMEOUT = "--timeout=90s"
+
+def _run(*argv: str) -> str:
+    return subprocess.run(argv, capture_output=True, text=True, check=False).stdout
+
+
+def _iptables() -> str:
+    """The host's rules (no counters, no timestamps)."""
+    return "".join(_run("iptables", "-t", table, "-S") for table in ("filter", "nat", "mangle"))
 
 
 def _node_dirs() -> list[str]:
     return sorted(str(p) for p in Path("/tmp").glob(f"{DIR_PREFIX}*") if p.is_dir())
 
 
-def _host_state(others: list[str]) -> dict[str, object]:
-    """What a node run may change on the host; ``others``: dirs of nodes already running
-    (the session's), whose pods come and go meanwhile."""
-
-    def run(*argv: str) -> str:
-        return subprocess.run(argv, capture_output=True, text=True, check=False).stdout
-
-    cgroups = sorted(str(p) for p in Path("/sys/fs/cgroup").glob(f"*/{DIR_PREFIX}*"))
-    mounts = Path("/proc/self/mountinfo").read_text().splitlines()
+def _shared_state() -> dict[str, object]:
+    """Host state every node run touches: the kubelet's sysctls, the masked dirs."""
     return {
         "sysctls": {name: _sysctl_path(name).read_text().strip() for name in SYSCTLS},
-        "netns": run("ip", "netns", "list"),
-        "links": run("ip", "-o", "link", "show"),
-        "routes": run("ip", "route"),
-        "iptables": run("iptables-save"),
-        "mounts": len(mounts),
-        "cgroups": cgroups,
         "dirs": {d: os.path.exists(d) for d in (*MASKED_DIRS, "/run/containerd")},
-        "node_dirs": _node_dirs(),
-        "shims": sorted(_live_shims(others)),
     }
 
 
-def _live_shims(others: list[str]) -> list[int]:
-    """containerd shims of no other node that are not zombies (PID 1 reaps those)."""
-    shims = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
+def _leftovers(state: dict[str, Any]) -> list[str]:
+    """What is left of one run: its dir, netns, veth, routes, cgroups, mounts, processes."""
+    found = []
+    run_dir, netns, veth = state["dir"], state["netns"], state["veth"]
+    if os.path.exists(run_dir):
+        found.append(f"dir {run_dir}")
+    if netns in _run("ip", "netns", "list"):
+        found.append(f"netns {netns}")
+    if f"{veth}@" in _run("ip", "-o", "link", "show") or veth in _run("ip", "route"):
+        found.append(f"link or route {veth}")
+    found += [f"cgroup {p}" for p in Path("/sys/fs/cgroup").glob(f"*{state['cgroup_root']}")]
+    mounts = Path("/proc/self/mountinfo").read_text()
+    if run_dir in mounts or netns in mounts:
+        found.append("mounts")
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
         try:
-            comm, rest = stat.read_text().split(" (", 1)[1].rsplit(")", 1)
-            cmdline = (stat.parent / "cmdline").read_text()
+            if run_dir.encode() in cmdline.read_bytes():
+                found.append(f"process {cmdline.parent.name}")
         except OSError:
             continue
-        if not comm.startswith("containerd-shim") or rest.split()[0] == "Z":
-            continue
-        if not any(other in cmdline for other in others):
-            shims.append(int(stat.parent.name))
-    return shims
+    return found
 
 
-def _assert_unchanged(before: dict[str, object], after: dict[str, object]) -> None:
-    changed = {key: (before[key], value) for key, value in after.items() if before[key] != value}
-    assert not changed, changed
-
-
-def _up(tmp: Path) -> tuple[subprocess.Popen[str], str]:
-    """`node up` in the background; returns it and its KUBECONFIG once the node is Ready."""
+def _up(tmp: Path) -> tuple[subprocess.Popen[str], str, dict[str, Any]]:
+    """`node up` in the background, once Ready: the process, its KUBECONFIG, its state."""
     proc = subprocess.Popen(
         [sys.executable, "-m", "cronwell.testing.node", "up"],
         stdout=subprocess.PIPE,
@@ -76,39 +78,40 @@ def _up(tmp: Path) -> tuple[subprocess.Popen[str], str]:
     assert proc.stdout is not None
     line = proc.stdout.readline()  # blocks until Ready (or the process failed)
     assert line.startswith("export KUBECONFIG="), (tmp / "up.log").read_text()
-    return proc, line.split("=", 1)[1].strip()
+    run_dir = proc.stdout.readline().split()[3]
+    state = json.loads((Path(run_dir) / "state.json").read_text())
+    return proc, line.split("=", 1)[1].strip(), state
 
 
 def _run_pod(kubeconfig: str) -> None:
-    from cronwell.testing.controlplane import find_assets
-
     kubectl = str(find_assets(("kubectl",)) / "kubectl")
     env = {**os.environ, "KUBECONFIG": kubeconfig}
     pod = ["run", "p", "--image=localhost/cronwell/pause:3.10.1", "--image-pull-policy=Never"]
     subprocess.run([kubectl, *pod], env=env, check=True, capture_output=True)
-    wait = ["wait", "--for=condition=Ready", "pod/p", KUBECTL_TIMEOUT]
+    wait = ["wait", "--for=condition=Ready", "pod/p", "--timeout=90s"]
     subprocess.run([kubectl, *wait], env=env, check=True, capture_output=True, timeout=120)
 
 
 @pytest.mark.timeout(600)
 def test_ctrl_c_and_sigkill_leave_nothing_behind(tmp_path: Path) -> None:
-    others = _node_dirs()
-    before = _host_state(others)
+    alone = not _node_dirs()
+    shared, iptables = _shared_state(), _iptables()
 
-    proc, kubeconfig = _up(tmp_path)
+    proc, kubeconfig, state = _up(tmp_path)
     _run_pod(kubeconfig)
     proc.send_signal(signal.SIGINT)
     assert proc.wait(timeout=120) == 0
-    _assert_unchanged(before, _host_state(others))
+    assert _leftovers(state) == []
 
-    proc, kubeconfig = _up(tmp_path)
+    proc, kubeconfig, state = _up(tmp_path)
     _run_pod(kubeconfig)
     proc.kill()
     proc.wait()
     time.sleep(1)
-    crashed = _host_state(others)
-    # The pod's shim and the namespace outlive a SIGKILLed harness...
-    assert crashed["netns"] != before["netns"] and crashed["shims"] != before["shims"]
+    # The pod's shim, the namespace and the cgroups outlive a SIGKILLed harness...
+    left = _leftovers(state)
+    assert any(item.startswith("process") for item in left), left
+    assert f"netns {state['netns']}" in left, left
     down = subprocess.run(
         [sys.executable, "-m", "cronwell.testing.node", "down"],
         capture_output=True,
@@ -116,6 +119,9 @@ def test_ctrl_c_and_sigkill_leave_nothing_behind(tmp_path: Path) -> None:
         check=False,
     )
     assert down.returncode == 0, down.stderr
-    assert "cleaned 1 run(s)" in down.stderr
+    assert f"cleaned {state['dir']}" in down.stderr
     # ...until `down` removes them and restores what the kubelet changed.
-    _assert_unchanged(before, _host_state(others))
+    assert _leftovers(state) == []
+    assert _iptables() == iptables  # the node's rules live in its netns
+    if alone and not _node_dirs():
+        assert _shared_state() == shared
