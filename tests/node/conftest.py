@@ -31,6 +31,13 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if NODE_DIR in item.path.resolve().parents:
             item.add_marker(pytest.mark.node)
+    # The upgrade test installs, upgrades and uninstalls a release of its own: it runs
+    # before the shared release is installed, since two releases whose operators both watch
+    # every namespace would both run its job.
+    slots = [i for i, item in enumerate(items) if NODE_DIR in item.path.resolve().parents]
+    ordered = sorted((items[i] for i in slots), key=lambda it: it.path.name != "test_upgrade.py")
+    for i, item in zip(slots, ordered, strict=True):
+        items[i] = item
 
 
 @pytest.fixture(scope="session")
