@@ -424,38 +424,40 @@ class Node(Cluster):
             *("-j", "DNAT", "--to-destination", f"{self.host_ip}:{port}"),
         )
         pki = self.plane.ca_file.parent
-        common = ["--bind-address=127.0.0.1", "--leader-elect=false", "--v=1"]
-        kcm = kubeconfigs["system:kube-controller-manager"]
-        self.processes["kube-controller-manager"] = _spawn(
-            [
-                str(self.assets / "kube-controller-manager"),
-                *common,
-                f"--secure-port={free_port()}",
-                f"--kubeconfig={kcm}",
-                f"--authentication-kubeconfig={kcm}",
-                f"--authorization-kubeconfig={kcm}",
-                f"--root-ca-file={pki / 'ca.crt'}",
-                f"--service-account-private-key-file={pki / 'sa.key'}",
-                "--use-service-account-credentials=true",
-                f"--service-cluster-ip-range={SERVICE_CLUSTER_IP_RANGE}",
-                f"--cert-dir={self.dir / 'kcm-certs'}",
-            ],
-            self.dir / "kube-controller-manager.log",
+        self._spawn_control_component(
+            "kube-controller-manager",
+            kubeconfigs["system:kube-controller-manager"],
+            f"--root-ca-file={pki / 'ca.crt'}",
+            f"--service-account-private-key-file={pki / 'sa.key'}",
+            "--use-service-account-credentials=true",
+            f"--service-cluster-ip-range={SERVICE_CLUSTER_IP_RANGE}",
+            f"--cert-dir={self.dir / 'kcm-certs'}",
         )
-        sched = kubeconfigs["system:kube-scheduler"]
-        self.processes["kube-scheduler"] = _spawn(
-            [
-                str(self.assets / "kube-scheduler"),
-                *common,
-                f"--secure-port={free_port()}",
-                f"--kubeconfig={sched}",
-                f"--authentication-kubeconfig={sched}",
-                f"--authorization-kubeconfig={sched}",
-                f"--cert-dir={self.dir / 'scheduler-certs'}",
-            ],
-            self.dir / "kube-scheduler.log",
+        self._spawn_control_component(
+            "kube-scheduler",
+            kubeconfigs["system:kube-scheduler"],
+            f"--cert-dir={self.dir / 'scheduler-certs'}",
         )
         self._node_kubeconfig = kubeconfigs[node_user]
+
+    def _spawn_control_component(self, name: str, kubeconfig: Path, *extra: str) -> None:
+        """kube-controller-manager or kube-scheduler: one replica, no leader election, a
+        loopback-only secure port, its own kubeconfig for everything it authenticates."""
+        assert self.dir is not None
+        self.processes[name] = _spawn(
+            [
+                str(self.assets / name),
+                "--bind-address=127.0.0.1",
+                "--leader-elect=false",
+                "--v=1",
+                f"--secure-port={free_port()}",
+                f"--kubeconfig={kubeconfig}",
+                f"--authentication-kubeconfig={kubeconfig}",
+                f"--authorization-kubeconfig={kubeconfig}",
+                *extra,
+            ],
+            self.dir / f"{name}.log",
+        )
 
     def _cgroups(self) -> None:
         """The pods' cgroup root in every hierarchy (cpuset needs its cpus/mems copied)."""
