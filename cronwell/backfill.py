@@ -25,6 +25,7 @@ from datetime import datetime
 from cronwell import dispatch, schedule
 from cronwell.errors import CronwellError, JobNotFound
 from cronwell.models import ConcurrencyPolicy, ScheduledJobSpec
+from cronwell.store import clock
 from cronwell.store.db import Database
 
 DEFAULT_MAX_INSTANTS = 10_000
@@ -110,7 +111,7 @@ async def backfill(
                 "backfilled runs would start at once anyway; resume it first "
                 "(`cronwell resume`), then backfill"
             )
-        now: datetime = (await db.fetch("ClockNow", conn=conn))[0]["now"]
+        now = await clock.now(db, conn)
         if end > now:
             raise BackfillError(
                 f"--to {schedule.format_instant(end)} is in the future (database clock: "

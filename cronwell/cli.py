@@ -25,7 +25,7 @@ from cronwell.metrics import Metrics
 from cronwell.schedule import format_instant
 from cronwell.scheduler import Scheduler
 from cronwell.settings import DatabaseSettings, SchedulerSettings
-from cronwell.store import Database, migrate
+from cronwell.store import Database, migrate, processes
 
 T = TypeVar("T")
 
@@ -720,7 +720,7 @@ def status_cmd(env: Env) -> None:
         async with env.database() as db:
             return (
                 await db.fetch("PartitionList"),
-                await db.fetch("ProcessList", {"ttl": 15}),
+                await processes.list_all(db, ttl_seconds=15),
                 await db.fetch("OccurrenceCounts"),
             )
 
@@ -734,8 +734,8 @@ def status_cmd(env: Env) -> None:
     click.echo("processes:")
     for r in procs:
         click.echo(
-            f"  {r['role']:<9} {r['id']:<44} pool={r['pool'] or '-'} "
-            f"running={r['running']} {'live' if r['live'] else 'silent'}"
+            f"  {r.role:<9} {r.id:<44} pool={r.pool or '-'} "
+            f"running={r.running} {'live' if r.live else 'silent'}"
         )
     click.echo("occurrences: " + (", ".join(f"{r['state']}={r['n']}" for r in counts) or "none"))
 

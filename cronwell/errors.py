@@ -20,6 +20,14 @@ class DatabaseError(CronwellError):
     """PostgreSQL could not be reached or refused a request."""
 
 
+class UniqueViolation(DatabaseError):
+    """A row with the same unique key exists (the store's functions say which callers expect it)."""
+
+    def __init__(self, message: str, constraint: str | None = None):
+        self.constraint = constraint
+        super().__init__(message)
+
+
 class DatabaseUnavailable(DatabaseError):
     """The database is unreachable (wrong URL, server down, network cut)."""
 

@@ -49,6 +49,7 @@ from cronwell.cronexpr import uses_hash
 from cronwell.errors import SpecError
 from cronwell.models import ScheduledJobSpec
 from cronwell.schedule import JobSchedule, jitter_offset
+from cronwell.store import clock
 from cronwell.workerpool import WorkerPoolSpec
 
 if TYPE_CHECKING:
@@ -469,9 +470,7 @@ async def forecast_pools(
     and default duration from `pools` (WorkerPool specs); other pools use `slo_seconds` and
     the default duration."""
     pools = pools or {}
-    row = await db.fetchone("ClockNow")
-    assert row is not None
-    now: datetime = row["now"].replace(microsecond=0)
+    now = (await clock.now(db)).replace(microsecond=0)
     jobs = [
         ForecastJob(
             str(r["id"]),

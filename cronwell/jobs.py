@@ -15,6 +15,7 @@ from typing import Any
 from cronwell import dispatch, schedule
 from cronwell.errors import CronwellError, JobNotFound
 from cronwell.models import ScheduledJobSpec
+from cronwell.store import clock
 from cronwell.store.db import Conn, Database
 
 log = logging.getLogger(__name__)
@@ -57,7 +58,7 @@ async def apply_job(
     async with db.transaction() as conn:
         # Two applies of one new name: the second waits here, then sees the first's row.
         await db.execute("JobNameLock", {"namespace": namespace, "name": name}, conn=conn)
-        now = (await db.fetch("ClockNow", conn=conn))[0]["now"]
+        now = await clock.now(db, conn)
         if uid is not None:
             row = await db.fetchone("JobGetById", {"id": uuid.UUID(str(uid))}, conn=conn)
             if row is not None and row["deleted_at"] is not None:
@@ -258,6 +259,6 @@ async def trigger_job(
             },
             conn=conn,
         )
-        now = (await db.fetch("ClockNow", conn=conn))[0]["now"]
+        now = await clock.now(db, conn)
         await dispatch.notify_due(db, conn, [(spec.pool, now)])
     return key, created is not None

@@ -1,5 +1,8 @@
 """Housekeeping, run by the schedulers (River's job_rescuer and job_cleaner are the model).
 
+- The **process registry**: every scheduler and worker heartbeats its `this_process` entry;
+  schedulers balance partitions on the live count and forget long-silent processes.
+
 - The **reaper** (every scheduler, every tick): expired leases back to pending or dead,
   and waiting occurrences left with nothing ahead of them promoted.
 - The **pruner** (the owner of partition 0 only, every `prune_interval_seconds`): each
@@ -18,6 +21,8 @@ pruning history never makes them go down.
 from __future__ import annotations
 
 import logging
+import os
+import socket
 import uuid
 from dataclasses import dataclass
 from typing import Any
@@ -25,10 +30,34 @@ from typing import Any
 from cronwell import dispatch
 from cronwell.metrics import Metrics
 from cronwell.store.db import Database
+from cronwell.store.processes import ProcessEntry
 
 log = logging.getLogger(__name__)
 
 _ZERO = uuid.UUID(int=0)
+
+
+def process_id(role: str) -> str:
+    """A registry id unique across restarts: role, host, pid and a random suffix."""
+    return f"{role}-{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+
+
+def this_process(
+    id: str, role: str, *, pool: str | None, concurrency: int | None, running: int
+) -> ProcessEntry:
+    """This process's registry entry, with its host, pid and cronwell version."""
+    from cronwell import __version__
+
+    return ProcessEntry(
+        id=id,
+        role=role,
+        pool=pool,
+        hostname=socket.gethostname(),
+        pid=os.getpid(),
+        version=__version__,
+        concurrency=concurrency,
+        running=running,
+    )
 
 
 async def reap(db: Database, *, limit: int) -> list[dict[str, Any]]:

@@ -14,8 +14,6 @@ import asyncio
 import contextlib
 import logging
 import math
-import os
-import socket
 import time
 import uuid
 from collections import OrderedDict
@@ -26,19 +24,17 @@ import pydantic
 
 from cronwell import cronexpr, dispatch, maintenance, partitions, schedule
 from cronwell.errors import DatabaseError, SpecError
+from cronwell.maintenance import process_id, this_process
 from cronwell.metrics import Metrics
 from cronwell.models import MisfirePolicy, ScheduledJobSpec
 from cronwell.plan import plan_job
 from cronwell.settings import SchedulerSettings
+from cronwell.store import processes
 from cronwell.store.db import Database
 from cronwell.store.migrate import check_schema
 from cronwell.supervise import Supervisor, repeat
 
 log = logging.getLogger(__name__)
-
-
-def process_id(role: str) -> str:
-    return f"{role}-{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
 
 
 class SpecCache:
@@ -109,18 +105,11 @@ class Scheduler:
     # -- partition leases -------------------------------------------------------------
 
     async def _heartbeat(self) -> None:
-        await self.db.execute(
-            "ProcessHeartbeat",
-            {
-                "id": self.holder,
-                "role": "scheduler",
-                "pool": None,
-                "hostname": socket.gethostname(),
-                "pid": os.getpid(),
-                "version": _version(),
-                "concurrency": None,
-                "running": len(self.owned),
-            },
+        await processes.heartbeat(
+            self.db,
+            this_process(
+                self.holder, "scheduler", pool=None, concurrency=None, running=len(self.owned)
+            ),
         )
 
     async def balance(self) -> None:
@@ -149,13 +138,10 @@ class Scheduler:
                 )
             self.owned = kept
         await self._heartbeat()
-        await self.db.execute("ProcessPrune", {"ttl": s.partition_lease_seconds})
-        live = (
-            await self.db.fetchone(
-                "ProcessLiveCount", {"role": "scheduler", "ttl": s.partition_lease_seconds}
-            )
-            or {"n": 1}
-        )["n"]
+        await processes.prune(self.db, ttl_seconds=s.partition_lease_seconds)
+        live = await processes.live_count(
+            self.db, role="scheduler", ttl_seconds=s.partition_lease_seconds
+        )
         target = math.ceil(self.partitions / max(1, live))
         if len(self.owned) > target:
             extra = sorted(self.owned)[target:]
@@ -204,7 +190,7 @@ class Scheduler:
                     "PartitionRelease", {"holder": self.holder, "partitions": sorted(self.owned)}
                 )
         with contextlib.suppress(DatabaseError):
-            await self.db.execute("ProcessDelete", {"id": self.holder})
+            await processes.delete(self.db, self.holder)
         self.owned = {}
 
     # -- materialisation --------------------------------------------------------------
@@ -459,9 +445,3 @@ def _add(
     occ["deliveries"].append(spec.delivery)
     occ["max_attempts"].append(spec.retry.max_attempts)
     occ["timeouts"].append(spec.timeout_seconds)
-
-
-def _version() -> str:
-    from cronwell import __version__
-
-    return __version__

@@ -43,7 +43,7 @@ sys.path.insert(0, str(ROOT))
 from cronwell.forecast import forecast_pools, plan_replicas, upcoming_burst  # noqa: E402
 from cronwell.scheduler import Scheduler  # noqa: E402
 from cronwell.settings import SchedulerSettings  # noqa: E402
-from cronwell.store import Database  # noqa: E402
+from cronwell.store import Database, clock  # noqa: E402
 from cronwell.workerpool import WorkerPoolSpec  # noqa: E402
 
 SLEEP_MODULE = """
@@ -65,9 +65,7 @@ def _cron_at(t: datetime) -> str:
 
 async def _seed_burst(db: Database, seed: Seed, n: int, lead: float, duration: float) -> datetime:
     """n jobs due at T = now + lead (whole second), materialised; T."""
-    row = await db.fetchone("ClockNow")
-    assert row is not None
-    at: datetime = (row["now"] + timedelta(seconds=lead)).replace(microsecond=0)
+    at = (await clock.now(db) + timedelta(seconds=lead)).replace(microsecond=0)
     await seed(
         db,
         n,
@@ -131,9 +129,7 @@ async def run_burst(
         for _ in range(workers)
     ]
     try:
-        row = await db.fetchone("ClockNow")
-        assert row is not None
-        if (at - row["now"]).total_seconds() < 1:
+        if (at - await clock.now(db)).total_seconds() < 1:
             print("warning: materialisation left under 1 s before T", file=sys.stderr)
         # Bounded: the slowest case drains n * duration / concurrency seconds after T.
         deadline = time.monotonic() + lead + 60 + n * duration / concurrency * 1.5

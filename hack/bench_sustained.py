@@ -16,6 +16,8 @@ from typing import Any
 
 from bench_common import lag_stats, stop_all
 
+from cronwell.store import clock
+
 
 async def sustained(
     db: Any,
@@ -50,12 +52,10 @@ async def sustained(
         )
         for _ in range(workers)
     ]
-    row = await db.fetchone("ClockNow", {})
-    t_start = next(iter(row.values()))
+    t_start = await clock.now(db)
     try:
         await asyncio.sleep(duration)
-        row = await db.fetchone("ClockNow", {})
-        t_end = next(iter(row.values()))
+        t_end = await clock.now(db)
     finally:
         stop_all(procs)
     async with db.connection() as conn:

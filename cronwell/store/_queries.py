@@ -1,4 +1,7 @@
-"""Loads the named queries of queries.sql (`-- name: X` then a `--` description line)."""
+"""Loads the named queries of the store's SQL files (`-- name: X` then a `--` description line).
+
+Each table module (`jobs.py`) keeps its queries next to it (`jobs.sql`); names are unique
+across files so a query is found by name alone."""
 
 from __future__ import annotations
 
@@ -25,8 +28,24 @@ def parse(text: str) -> dict[str, LiteralString]:
 
 
 @functools.cache
+def queries_by_file() -> dict[str, dict[str, LiteralString]]:
+    """{file stem: {name: query}} for every `*.sql` beside the store's modules."""
+    files = sorted(
+        (f for f in resources.files("cronwell.store").iterdir() if f.name.endswith(".sql")),
+        key=lambda f: f.name,
+    )
+    return {f.name.removesuffix(".sql"): parse(f.read_text()) for f in files}
+
+
+@functools.cache
 def queries() -> dict[str, LiteralString]:
-    return parse(resources.files("cronwell.store").joinpath("queries.sql").read_text())
+    merged: dict[str, LiteralString] = {}
+    for stem, named in queries_by_file().items():
+        for name, sql in named.items():
+            if name in merged:
+                raise ValueError(f"query {name} is defined twice (again in {stem}.sql)")
+            merged[name] = sql
+    return merged
 
 
 def q(name: str) -> LiteralString:

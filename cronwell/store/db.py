@@ -4,17 +4,18 @@ from __future__ import annotations
 
 import contextlib
 import re
-from collections.abc import AsyncIterator
-from typing import Any, LiteralString
+from collections.abc import AsyncIterator, Iterator, Mapping
+from typing import Any, LiteralString, TypeVar
 
 import psycopg
-from psycopg.rows import DictRow, dict_row
+from psycopg.rows import AsyncRowFactory, DictRow, class_row, dict_row
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
-from cronwell.errors import DatabaseError, DatabaseUnavailable
+from cronwell.errors import DatabaseError, DatabaseUnavailable, UniqueViolation
 from cronwell.store._queries import q
 
 Conn = psycopg.AsyncConnection[DictRow]
+R = TypeVar("R")
 
 
 def redact(url: str) -> str:
@@ -88,13 +89,9 @@ class Database:
 
     @contextlib.asynccontextmanager
     async def connection(self) -> AsyncIterator[Conn]:
-        try:
+        with wrap_exceptions():
             async with self.pool.connection() as conn:
                 yield conn
-        except psycopg.OperationalError as e:
-            raise DatabaseUnavailable(f"database connection failed: {e}") from e
-        except PoolTimeout as e:
-            raise DatabaseUnavailable(f"no database connection available: {e}") from e
 
     @contextlib.asynccontextmanager
     async def transaction(self) -> AsyncIterator[Conn]:
@@ -102,24 +99,57 @@ class Database:
         async with self.connection() as conn, conn.transaction():
             yield conn
 
-    async def fetch(
-        self, name: str, params: dict[str, Any] | None = None, conn: Conn | None = None
-    ) -> list[DictRow]:
-        """Run named query `name` and return its rows (on `conn`, or a pooled connection)."""
+    async def rows(
+        self,
+        row: type[R],
+        name: str,
+        params: Mapping[str, Any] | None = None,
+        conn: Conn | None = None,
+    ) -> list[R]:
+        """Run named query `name`; each row becomes a `row` (a dataclass named like its columns).
+
+        Only the store's per-table modules call this; everyone else calls their functions."""
         self.statements += 1
         if conn is not None:
-            return await _fetch(conn, q(name), params)
+            return await _rows(conn, class_row(row), q(name), params)
         async with self.connection() as c:
-            return await _fetch(c, q(name), params)
+            return await _rows(c, class_row(row), q(name), params)
+
+    async def row(
+        self,
+        row: type[R],
+        name: str,
+        params: Mapping[str, Any] | None = None,
+        conn: Conn | None = None,
+    ) -> R | None:
+        found = await self.rows(row, name, params, conn)
+        return found[0] if found else None
+
+    async def fetch(
+        self, name: str, params: Mapping[str, Any] | None = None, conn: Conn | None = None
+    ) -> list[DictRow]:
+        """Run named query `name` and return its rows as dicts (for columns read by name)."""
+        self.statements += 1
+        if conn is not None:
+            return await _rows(conn, dict_row, q(name), params)
+        async with self.connection() as c:
+            return await _rows(c, dict_row, q(name), params)
 
     async def fetchone(
-        self, name: str, params: dict[str, Any] | None = None, conn: Conn | None = None
+        self, name: str, params: Mapping[str, Any] | None = None, conn: Conn | None = None
     ) -> DictRow | None:
-        rows = await self.fetch(name, params, conn)
-        return rows[0] if rows else None
+        found = await self.fetch(name, params, conn)
+        return found[0] if found else None
+
+    async def scalar(
+        self, name: str, params: Mapping[str, Any] | None = None, conn: Conn | None = None
+    ) -> Any:
+        """The first column of the first row (None without rows): counts, clocks, flags."""
+        found = await self.fetch(name, params, conn)
+        return next(iter(found[0].values())) if found else None
 
     async def execute(
-        self, name: str, params: dict[str, Any] | None = None, conn: Conn | None = None
+        self, name: str, params: Mapping[str, Any] | None = None, conn: Conn | None = None
     ) -> int:
         """Run named query `name`; return the affected row count."""
         self.statements += 1
@@ -129,25 +159,39 @@ class Database:
             return await _execute(c, q(name), params)
 
 
-async def _fetch(conn: Conn, sql: LiteralString, params: dict[str, Any] | None) -> list[DictRow]:
+@contextlib.contextmanager
+def wrap_exceptions() -> Iterator[None]:
+    """The one place psycopg's errors become cronwell's (as Procrastinate's `wrap_exceptions`).
+
+    Unreachable server or pool → DatabaseUnavailable (loops retry it); a missing table → the
+    `cronwell migrate` hint; a unique violation → UniqueViolation, which callers may expect."""
     try:
-        cur = await conn.execute(sql, params)
-        return await cur.fetchall() if cur.description else []
-    except psycopg.OperationalError as e:
-        raise DatabaseUnavailable(f"database connection failed: {e}") from e
+        yield
+    except psycopg.errors.UniqueViolation as e:
+        raise UniqueViolation(e.diag.message_primary or str(e), e.diag.constraint_name) from e
     except psycopg.errors.UndefinedTable as e:
         raise DatabaseError(
             f"{e.diag.message_primary}: the schema is missing; run `cronwell migrate`"
         ) from e
+    except psycopg.OperationalError as e:
+        raise DatabaseUnavailable(f"database connection failed: {e}") from e
+    except PoolTimeout as e:
+        raise DatabaseUnavailable(f"no database connection available: {e}") from e
 
 
-async def _execute(conn: Conn, sql: LiteralString, params: dict[str, Any] | None) -> int:
-    try:
+async def _rows(
+    conn: Conn,
+    factory: AsyncRowFactory[R],
+    sql: LiteralString,
+    params: Mapping[str, Any] | None,
+) -> list[R]:
+    with wrap_exceptions():
+        async with conn.cursor(row_factory=factory) as cur:
+            await cur.execute(sql, params)
+            return await cur.fetchall() if cur.description else []
+
+
+async def _execute(conn: Conn, sql: LiteralString, params: Mapping[str, Any] | None) -> int:
+    with wrap_exceptions():
         cur = await conn.execute(sql, params)
         return cur.rowcount
-    except psycopg.OperationalError as e:
-        raise DatabaseUnavailable(f"database connection failed: {e}") from e
-    except psycopg.errors.UndefinedTable as e:
-        raise DatabaseError(
-            f"{e.diag.message_primary}: the schema is missing; run `cronwell migrate`"
-        ) from e

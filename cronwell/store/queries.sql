@@ -1,10 +1,6 @@
 -- All runtime SQL of cronwell. Each query: `-- name: NounVerb` then a one-line comment.
 -- Every time comparison uses the database clock, now() (invariant 6).
 
--- name: ClockNow
--- The database's clock: the only clock scheduling decisions read.
-SELECT now() AS now;
-
 -- name: MigrationLock
 -- Serialises concurrent `migrate` runs (replicas starting together).
 SELECT pg_advisory_xact_lock(7367211650142);
@@ -67,33 +63,6 @@ SELECT id, partition FROM cronwell_jobs WHERE id > %(after)s ORDER BY id LIMIT %
 UPDATE cronwell_jobs j SET partition = t.p
 FROM unnest(%(ids)s::uuid[], %(partitions)s::int[]) AS t(id, p)
 WHERE j.id = t.id AND j.partition <> t.p;
-
--- name: ProcessHeartbeat
--- Registers a process or refreshes its heartbeat.
-INSERT INTO cronwell_processes AS p (id, role, pool, hostname, pid, version, concurrency, running)
-VALUES (%(id)s, %(role)s, %(pool)s, %(hostname)s, %(pid)s, %(version)s, %(concurrency)s,
-        %(running)s)
-ON CONFLICT (id) DO UPDATE
-SET heartbeat_at = now(), running = excluded.running, concurrency = excluded.concurrency;
-
--- name: ProcessDelete
--- Removes a process from the registry on clean shutdown.
-DELETE FROM cronwell_processes WHERE id = %(id)s;
-
--- name: ProcessLiveCount
--- Live processes of a role (heartbeat within the TTL): schedulers balance partitions on it.
-SELECT count(*) AS n FROM cronwell_processes
-WHERE role = %(role)s AND heartbeat_at > now() - make_interval(secs => %(ttl)s);
-
--- name: ProcessList
--- Live and recently seen processes for `cronwell status` / `cronwell workers`.
-SELECT id, role, pool, hostname, pid, version, concurrency, running, started_at, heartbeat_at,
-       heartbeat_at > now() - make_interval(secs => %(ttl)s) AS live
-FROM cronwell_processes ORDER BY role, pool, id;
-
--- name: ProcessPrune
--- Forgets processes silent for much longer than the TTL.
-DELETE FROM cronwell_processes WHERE heartbeat_at < now() - make_interval(secs => %(ttl)s * 10);
 
 -- name: PartitionRenew
 -- Extends the leases this holder still owns at its epoch; missing rows were lost.

@@ -47,6 +47,7 @@ from cronwell.forecast import (
 )
 from cronwell.loader import format_validation_error
 from cronwell.metrics import Metrics
+from cronwell.store import clock
 from cronwell.store.db import Database
 from cronwell.supervise import repeat
 from cronwell.workerpool import LastPreScale, NextBurst, PoolCondition, WorkerPoolSpec
@@ -333,9 +334,7 @@ class Scaler:
         )
 
     async def _db_now(self) -> tuple[datetime, float]:
-        row = await self.db.fetchone("ClockNow")
-        assert row is not None
-        return row["now"], time.monotonic()
+        return await clock.now(self.db), time.monotonic()
 
     async def tick(self) -> float:
         """One pass over every WorkerPool; seconds until the next one."""

@@ -9,6 +9,7 @@ from cronwell import jobs, partitions
 from cronwell.models import ScheduledJobSpec
 from cronwell.scheduler import Scheduler
 from cronwell.settings import SchedulerSettings
+from cronwell.store import clock
 from cronwell.store.db import Database
 
 
@@ -50,7 +51,4 @@ async def occurrences(db: Database, name: str | None = None) -> list[dict[str, A
 
 
 async def db_now(db: Database) -> datetime:
-    row = await db.fetchone("ClockNow")
-    assert row is not None
-    now: datetime = row["now"]
-    return now
+    return await clock.now(db)

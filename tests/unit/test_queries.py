@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from cronwell.store._queries import parse, queries
+from cronwell.store._queries import parse, queries, queries_by_file
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -22,7 +22,7 @@ def test_every_query_has_a_description() -> None:
 
 _SOURCES = ("cronwell/**/*.py", "worker/**/*.py", "operator/**/*.py", "hack/*.py")
 # Functions whose first argument is a query name (the store's, and thin wrappers of it).
-_RUNNERS = {"fetch", "fetchone", "execute", "q", "_drain", "_store_rows"}
+_RUNNERS = {"fetch", "fetchone", "execute", "scalar", "q", "_drain", "_store_rows"}
 
 
 def query_names_called(source: str) -> set[str]:
@@ -33,7 +33,8 @@ def query_names_called(source: str) -> set[str]:
             continue
         func = node.func
         callee = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", None)
-        arg = node.args[0]
+        # `db.rows(Row, "Name", ...)`: the name comes after the row class.
+        arg = node.args[1] if callee in {"rows", "row"} and len(node.args) > 1 else node.args[0]
         if (
             callee in _RUNNERS
             and isinstance(arg, ast.Constant)
@@ -58,6 +59,30 @@ def test_names_used_in_code_exist_and_all_are_used() -> None:
     assert called, "no query call found: the scan is broken"
     assert called <= known, f"unknown query names called: {sorted(called - known)}"
     assert mentioned >= known, f"unused queries: {sorted(known - mentioned)}"
+
+
+def test_each_table_module_runs_only_the_queries_beside_it() -> None:
+    """`store/jobs.py` runs the queries of `store/jobs.sql`, and those run nowhere else: one
+    place to read a table's SQL and the functions that call it."""
+    store = ROOT / "cronwell" / "store"
+    by_file = queries_by_file()
+    owner = {name: stem for stem, named in by_file.items() for name in named}
+    for stem in by_file:
+        module = store / f"{stem}.py"
+        if stem == "queries":
+            continue  # the file not yet split per table
+        assert module.exists(), f"{stem}.sql has no {stem}.py beside it"
+        called = query_names_called(module.read_text())
+        foreign = {n: owner.get(n) for n in called if owner.get(n) != stem}
+        assert not foreign, f"{stem}.py runs queries of other files: {foreign}"
+    for pattern in _SOURCES:
+        for f in ROOT.glob(pattern):
+            if f.parent == store and f.stem in by_file:
+                continue
+            stray = {
+                n for n in query_names_called(f.read_text()) if owner.get(n, "queries") != "queries"
+            }
+            assert not stray, f"{f.relative_to(ROOT)} runs table-module queries by name: {stray}"
 
 
 def test_a_mistyped_query_name_is_caught() -> None:

@@ -22,6 +22,7 @@ from cronwell.errors import CronwellError
 from cronwell.metrics import Metrics
 from cronwell.scheduler import Scheduler
 from cronwell.settings import SchedulerSettings, WorkerSettings
+from cronwell.store import processes
 from cronwell_worker.outbox import HttpPublisher, Relay, RelaySettings, load_hook
 from cronwell_worker.runtime import Outcome, Worker
 
@@ -207,20 +208,20 @@ def workers(env: Env) -> None:
 
     async def go() -> list[Any]:
         async with env.database() as db:
-            return await db.fetch("ProcessList", {"ttl": 15})
+            return await processes.list_all(db, ttl_seconds=15)
 
-    rows = [r for r in run(go()) if r["role"] == "worker"]
+    rows = [r for r in run(go()) if r.role == "worker"]
     fmt = "{:<44} {:<12} {:>8} {:<8} {:<20} {}"
     click.echo(fmt.format("WORKER", "POOL", "RUNNING", "VERSION", "HEARTBEAT (UTC)", "LIVE"))
     for r in rows:
         click.echo(
             fmt.format(
-                r["id"],
-                r["pool"] or "-",
-                f"{r['running']}/{r['concurrency']}",
-                r["version"] or "-",
-                _fmt_time(r["heartbeat_at"]),
-                "yes" if r["live"] else "no",
+                r.id,
+                r.pool or "-",
+                f"{r.running}/{r.concurrency}",
+                r.version or "-",
+                _fmt_time(r.heartbeat_at),
+                "yes" if r.live else "no",
             )
         )
 

@@ -16,9 +16,7 @@ import asyncio
 import contextlib
 import json
 import logging
-import os
 import random
-import socket
 import time
 from collections import OrderedDict
 from collections.abc import Callable
@@ -41,11 +39,12 @@ from cronwell.egress import (
 )
 from cronwell.errors import EXPECTED_ERRORS, DatabaseError, LeaseLost
 from cronwell.handlers import Context
+from cronwell.maintenance import process_id, this_process
 from cronwell.metrics import Metrics
 from cronwell.models import Delivery, RetryPolicy, ScheduledJobSpec
-from cronwell.scheduler import process_id
 from cronwell.secretbox import SecretBox, SecretsKeyError
 from cronwell.settings import EgressSettings, SecretsSettings, WorkerSettings
+from cronwell.store import processes
 from cronwell.store.db import Database
 from cronwell.supervise import Backoff, Supervisor
 from cronwell_worker import egress, targets
@@ -179,7 +178,7 @@ class Worker:
             await tasks.stop()
             await self._flush()
             with contextlib.suppress(DatabaseError):
-                await self.db.execute("ProcessDelete", {"id": self.id})
+                await processes.delete(self.db, self.id)
             for client in self._clients.values():
                 await client.aclose()
             log.info("worker stopped", extra={"action": "worker_stop", "worker": self.id})
@@ -687,18 +686,15 @@ class Worker:
 
     async def _register(self) -> None:
         with contextlib.suppress(DatabaseError):
-            await self.db.execute(
-                "ProcessHeartbeat",
-                {
-                    "id": self.id,
-                    "role": "worker",
-                    "pool": self.settings.pool,
-                    "hostname": socket.gethostname(),
-                    "pid": os.getpid(),
-                    "version": _version(),
-                    "concurrency": self.settings.concurrency,
-                    "running": len(self.running),
-                },
+            await processes.heartbeat(
+                self.db,
+                this_process(
+                    self.id,
+                    "worker",
+                    pool=self.settings.pool,
+                    concurrency=self.settings.concurrency,
+                    running=len(self.running),
+                ),
             )
 
     async def _registry_loop(self) -> None:
@@ -790,9 +786,3 @@ class _PoolMetrics:
         if child is None:
             child = self._outcomes[result] = self._metrics.outcomes.labels(self._pool, result)
         return child
-
-
-def _version() -> str:
-    from cronwell import __version__
-
-    return __version__

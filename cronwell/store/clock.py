@@ -1,0 +1,13 @@
+"""The database clock: every scheduling decision reads it, never a process's wall clock."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from cronwell.store.db import Conn, Database
+
+
+async def now(db: Database, conn: Conn | None = None) -> datetime:
+    """PostgreSQL's now() (the transaction's start when `conn` is in a transaction)."""
+    value: datetime = await db.scalar("ClockNow", conn=conn)
+    return value

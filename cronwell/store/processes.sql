@@ -1,0 +1,28 @@
+-- The process registry (cronwell_processes): schedulers and workers heartbeat here.
+
+-- name: ProcessHeartbeat
+-- Registers a process or refreshes its heartbeat.
+INSERT INTO cronwell_processes AS p (id, role, pool, hostname, pid, version, concurrency, running)
+VALUES (%(id)s, %(role)s, %(pool)s, %(hostname)s, %(pid)s, %(version)s, %(concurrency)s,
+        %(running)s)
+ON CONFLICT (id) DO UPDATE
+SET heartbeat_at = now(), running = excluded.running, concurrency = excluded.concurrency;
+
+-- name: ProcessDelete
+-- Removes a process from the registry on clean shutdown.
+DELETE FROM cronwell_processes WHERE id = %(id)s;
+
+-- name: ProcessLiveCount
+-- Live processes of a role (heartbeat within the TTL): schedulers balance partitions on it.
+SELECT count(*) AS n FROM cronwell_processes
+WHERE role = %(role)s AND heartbeat_at > now() - make_interval(secs => %(ttl)s);
+
+-- name: ProcessList
+-- Live and recently seen processes for `cronwell status` / `cronwell workers`.
+SELECT id, role, pool, hostname, pid, version, concurrency, running, started_at, heartbeat_at,
+       heartbeat_at > now() - make_interval(secs => %(ttl)s) AS live
+FROM cronwell_processes ORDER BY role, pool, id;
+
+-- name: ProcessPrune
+-- Forgets processes silent for much longer than the TTL.
+DELETE FROM cronwell_processes WHERE heartbeat_at < now() - make_interval(secs => %(ttl)s * 10);
