@@ -170,5 +170,5 @@ docker-push: ## Push the image IMG.
 ##@ Benchmarks
 
 .PHONY: bench
-bench: $(STAMP) ## Run the benchmarks and print comparable figures.
-	$(BIN)/python hack/bench.py
+bench: $(STAMP) ## Run the benchmarks and print comparable figures (ARGS="--only schedule").
+	$(BIN)/python -m bench $(ARGS)

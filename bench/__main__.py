@@ -1,260 +1,44 @@
 """cronwell benchmarks: figures to compare, never assertions.
 
-    .venv/bin/python hack/bench.py [--jobs 50000] [--workers 2] [--only materialise,burst]
+    .venv/bin/python -m bench [--jobs 50000] [--workers 2] [--only materialise,burst]
 
 Runs against a fresh embedded PostgreSQL (durability on, as in production) on this
-machine, prints a table and writes bench/results/<name>.json.
-
-- materialise: N jobs due in the same second; one scheduler owning all partitions turns
-  them into occurrences. Time, occurrences/s, database round trips and CPU per occurrence.
-- burst: the same N occurrences due at one instant T, executed by worker *processes*
-  with a no-op handler. Start lag (actual start - nominal T) p50/p95/p99/max from the
-  database's clock, and the time until all succeeded.
-- prescale: one burst with the worker pool at its minimum (1 process) vs pre-scaled (the
-  processes the operator's forecast plans), start lag side by side (hack/bench_prescale.py).
-- retention: simulated days of history (1M occurrences/day with --retention-full) with the
-  pruner after each day: table size, due scan, claim and status batch per day
-  (hack/bench_retention.py).
-- schedule: `next_after` per call (median, p99) for per-minute, per-second and yearly
-  schedules, outside and an hour before DST changes (hack/bench_schedule.py; no database).
+machine, prints a table and writes bench/results/<name>.json. This module parses the
+arguments, runs the sections asked for in order and prints the figures; each section is a
+module of this package that says what it measures (materialise and burst: `bench.burst`;
+the rest: `bench.<section>`), and bench/README.md lists them all.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import json
 import os
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-import psutil
+import psycopg
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from bench_common import lag_stats, succeeded_lags  # noqa: E402
-
-from cronwell import jobs  # noqa: E402
-from cronwell.embedded import EmbeddedPostgres  # noqa: E402
-from cronwell.models import ScheduledJobSpec  # noqa: E402
-from cronwell.scheduler import Scheduler  # noqa: E402
-from cronwell.settings import SchedulerSettings  # noqa: E402
-from cronwell.store import Database, migrate  # noqa: E402
-
-NOOP_MODULE = """
-import cronwell
-
-@cronwell.handler("bench.noop")
-async def noop(ctx):
-    return None
-"""
-
-
-def _cpu(pid: int) -> float:
-    t = psutil.Process(pid).cpu_times()
-    return float(t.user + t.system)
-
-
-def _postgres_cpu() -> float:
-    """CPU seconds of every postgres process on the machine (the bench's server)."""
-    total = 0.0
-    for p in psutil.process_iter(["name"]):
-        if p.info["name"] == "postgres":
-            with contextlib.suppress(psutil.Error):
-                total += _cpu(p.pid)
-    return total
-
-
-async def seed(
-    db: Database, n: int, due_sql: str, target: dict[str, Any], schedule: str = "0 0 1 1 *"
-) -> None:
-    """n jobs whose next_run_at is the same instant (bulk SQL: seeding is not measured)."""
-    spec = jobs.spec_document(
-        ScheduledJobSpec.model_validate(
-            {"schedule": schedule, "target": target, "concurrencyPolicy": "Skip"}
-        )
-    )
-    async with db.connection() as conn:
-        await conn.execute(
-            "TRUNCATE cronwell_attempts, cronwell_occurrences, cronwell_jobs CASCADE"
-        )
-        await conn.execute(
-            "INSERT INTO cronwell_jobs (id, namespace, name, spec, spec_hash, pool, partition,"
-            " next_run_at) SELECT gen_random_uuid(), 'bench', 'j' || i, %s::jsonb, 'h',"
-            " 'default', i %% 16, " + due_sql + " FROM generate_series(1, %s) i",
-            (json.dumps(spec), n),
-        )
-        await conn.execute("ANALYZE")
-
-
-async def _keep_leases(s: Scheduler) -> None:
-    while True:
-        await asyncio.sleep(s.settings.partition_lease_seconds / 3)
-        await s.balance()
-
-
-async def materialise(db: Database, n: int) -> dict[str, Any]:
-    await seed(
-        db, n, "date_trunc('second', now()) + interval '10 seconds'", {"log": {"message": "x"}}
-    )
-    s = Scheduler(db, SchedulerSettings(partitions=16, horizon_seconds=30))
-    await db.execute("PartitionEnsure", {"partitions": 16})
-    await s.balance()
-    keep = asyncio.create_task(_keep_leases(s))
-    st0, tx0 = db.statements, db.transactions
-    cpu0, t0 = time.process_time(), time.perf_counter()
-    done = await s.materialise_until_idle()
-    wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
-    keep.cancel()
-    trips = (db.statements - st0) + 2 * (db.transactions - tx0)
-    await s.resign()
-    assert done == n, (done, n)
-    return {
-        "occurrences": n,
-        "seconds": round(wall, 3),
-        "per_second": round(n / wall),
-        "round_trips_per_occurrence": round(trips / n, 4),
-        "scheduler_cpu_ms_per_occurrence": round(1000 * cpu / n, 4),
-    }
-
-
-async def prepare_burst(db: Database, n: int, lead: float) -> None:
-    """n occurrences due at T = now + lead, materialised by one scheduler (not measured)."""
-    await seed(
-        db,
-        n,
-        f"date_trunc('second', now()) + interval '{int(lead)} seconds'",
-        {"handler": {"name": "bench.noop"}},
-    )
-    s = Scheduler(db, SchedulerSettings(partitions=16, horizon_seconds=lead + 5))
-    await db.execute("PartitionEnsure", {"partitions": 16})
-    await s.balance()
-    keep = asyncio.create_task(_keep_leases(s))
-    await s.materialise_until_idle()
-    keep.cancel()
-    await s.resign()
-
-
-async def burst(
-    db: Database,
-    url: str,
-    n: int,
-    workers: int,
-    concurrency: int,
-    lead: float,
-    profile: Path | None = None,
-) -> dict[str, Any]:
-    """Materialise n occurrences due at T = now + lead, then let worker processes run them.
-    With `profile`, py-spy samples every worker process (raw collapsed stacks there)."""
-    await prepare_burst(db, n, lead)
-    mod_dir = Path(tempfile.mkdtemp())
-    (mod_dir / "cronwell_bench_noop.py").write_text(NOOP_MODULE)
-    env = os.environ | {
-        "PYTHONPATH": str(mod_dir),
-        "CRONWELL_DATABASE_URL": url,
-        "CRONWELL_LOG_LEVEL": "WARNING",
-        "CRONWELL_CLAIM_BATCH_SIZE": "500",
-    }
-    procs = [
-        subprocess.Popen(  # noqa: ASYNC220 - started once, before timing
-            [
-                sys.executable,
-                "-m",
-                "cronwell",
-                "worker",
-                "--concurrency",
-                str(concurrency),
-                "--import",
-                "cronwell_bench_noop",
-            ],
-            env=env,
-            start_new_session=True,
-        )
-        for _ in range(workers)
-    ]
-    spies: list[subprocess.Popen[bytes]] = []
-    pg_cpu0 = _postgres_cpu()
-    try:
-        row = await db.fetchone("OccurrenceNextDue", {"pool": "default"})
-        assert row is not None and row["next_due"] is not None
-        due_in = (row["next_due"] - row["db_now"]).total_seconds()
-        if due_in < 1:
-            print(f"warning: materialisation left only {due_in:.2f}s before T", file=sys.stderr)
-        if profile is not None:
-            # Sample from just before T: worker start-up (imports) is not the hot path.
-            profile.mkdir(parents=True, exist_ok=True)  # noqa: ASYNC240
-            await asyncio.sleep(max(0.0, due_in - 1.0))
-            spies = [
-                subprocess.Popen(  # noqa: ASYNC220
-                    [
-                        str(Path(sys.executable).parent / "py-spy"),
-                        "record",
-                        "--format",
-                        "raw",
-                        "--rate",
-                        "200",
-                        "--nonblocking",
-                        "-o",
-                        str(profile / f"worker-{i}.txt"),
-                        "-p",
-                        str(p.pid),
-                    ],
-                    stdout=subprocess.DEVNULL,
-                    stderr=subprocess.DEVNULL,
-                )
-                for i, p in enumerate(procs)
-            ]
-        deadline = time.monotonic() + due_in + 300
-        while time.monotonic() < deadline:
-            async with db.connection() as conn:
-                cur = await conn.execute(
-                    "SELECT count(*) FILTER (WHERE state = 'succeeded') AS done FROM "
-                    "cronwell_occurrences"
-                )
-                done = (await cur.fetchone() or {"done": 0})["done"]
-            if done >= n:
-                break
-            await asyncio.sleep(0.25)
-        worker_cpu = sum(_cpu(p.pid) for p in procs)
-        pg_cpu = _postgres_cpu() - pg_cpu0
-    finally:
-        for p in procs:
-            p.terminate()
-        for p in procs:
-            p.wait(30)
-        for spy in spies:
-            try:
-                spy.wait(30)
-            except subprocess.TimeoutExpired:
-                spy.terminate()
-    async with db.connection() as conn:
-        lags, done_after = await succeeded_lags(conn)
-        cur = await conn.execute(
-            "SELECT count(*) AS n FROM cronwell_attempts WHERE outcome = 'succeeded'"
-        )
-        successes = (await cur.fetchone() or {"n": 0})["n"]
-    if done_after is None:
-        return {"occurrences": n, "succeeded": 0}
-    return {
-        "occurrences": n,
-        "succeeded": len(lags),
-        "success_attempt_rows": successes,
-        "workers": workers,
-        "concurrency_per_worker": concurrency,
-        **lag_stats(lags),  # sorts `lags` in place (the CDF below reads them sorted)
-        "all_succeeded_after_s": round(done_after, 3),
-        "worker_cpu_ms_per_occurrence": round(1000 * worker_cpu / n, 3),
-        "postgres_cpu_ms_per_occurrence": round(1000 * pg_cpu / n, 3),
-        "per_second": round(len(lags) / max(done_after, 1e-3)),
-        "_lags": lags,
-    }
-
+from bench import (
+    burst,
+    ceiling,
+    growth,
+    peer,
+    prescale,
+    profile,
+    retention,
+    schedule,
+    status,
+    sustained,
+)
+from bench.common import RESULTS, db_url, worker_env
+from cronwell import jobs
+from cronwell.embedded import EmbeddedPostgres
+from cronwell.models import ScheduledJobSpec
+from cronwell.store import Database, migrate
 
 SECTIONS = (
     "materialise",
@@ -277,17 +61,6 @@ COMPARED = (
     "start_lag_max_s",
     "all_succeeded_after_s",
 )
-
-
-def worker_env(url: str) -> dict[str, str]:
-    mod_dir = Path(tempfile.mkdtemp())
-    (mod_dir / "cronwell_bench_noop.py").write_text(NOOP_MODULE)
-    return os.environ | {
-        "PYTHONPATH": str(mod_dir),
-        "CRONWELL_DATABASE_URL": url,
-        "CRONWELL_LOG_LEVEL": "WARNING",
-        "CRONWELL_CLAIM_BATCH_SIZE": "500",
-    }
 
 
 def ratio(a: Any, b: Any) -> str:
@@ -398,7 +171,7 @@ async def main() -> None:
         help="retention: 30 days of 1,000,000 occurrences over 10,000 jobs (about an hour)",
     )
     ap.add_argument("--schedule-calls", type=int, default=10_000, help="schedule: calls per case")
-    ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
+    ap.add_argument("--out", type=Path, default=RESULTS)
     args = ap.parse_args()
     only = set(args.only.split(","))
     unknown = only - set(SECTIONS)
@@ -424,34 +197,32 @@ async def main() -> None:
         async with Database(url, max_size=4) as db:
             await migrate(db)
             if "materialise" in only:
-                done("materialise", await materialise(db, args.jobs))
+                done("materialise", await burst.materialise(db, args.jobs))
             if "burst" in only:
                 done(
                     "burst",
-                    await burst(db, url, args.jobs, args.workers, args.concurrency, args.lead),
+                    await burst.burst(
+                        db, url, args.jobs, args.workers, args.concurrency, args.lead
+                    ),
                 )
             if "ceiling" in only:
-                import bench_ceiling
-
-                await prepare_burst(db, args.jobs, args.lead)
+                await burst.prepare_burst(db, args.jobs, args.lead)
                 done(
                     "ceiling",
-                    await bench_ceiling.ceiling(
-                        db, url, args.jobs, args.workers, args.ceiling_batch
-                    ),
+                    await ceiling.ceiling(db, url, args.jobs, args.workers, args.ceiling_batch),
                 )
             peer_n = args.peer_jobs or args.jobs
             if "peer" in only and peer_n != args.jobs:
                 done(
                     "burst_at_peer_n",
-                    await burst(db, url, peer_n, args.workers, args.concurrency, args.peer_lead),
+                    await burst.burst(
+                        db, url, peer_n, args.workers, args.concurrency, args.peer_lead
+                    ),
                 )
             if "peer" in only:
-                import bench_peer
-
                 done(
                     "peer",
-                    await bench_peer.peer_burst(
+                    await peer.peer_burst(
                         url,
                         peer_n,
                         args.workers,
@@ -461,14 +232,10 @@ async def main() -> None:
                     ),
                 )
             if "sustained" in only:
-                import bench_sustained
-
                 done(
                     "sustained",
-                    await bench_sustained.sustained(
+                    await sustained.sustained(
                         db,
-                        url,
-                        seed,
                         worker_env(url),
                         args.sustained_jobs,
                         args.workers,
@@ -478,8 +245,6 @@ async def main() -> None:
                     ),
                 )
             if "growth" in only:
-                import bench_growth
-
                 spec = jobs.spec_document(
                     ScheduledJobSpec.model_validate(
                         {"schedule": "* * * * *", "target": {"handler": {"name": "bench.noop"}}}
@@ -488,17 +253,13 @@ async def main() -> None:
                 sizes = [int(x) for x in args.growth_sizes.split(",") if x]
                 done(
                     "growth",
-                    await bench_growth.growth(
-                        db, spec, sizes, args.growth_history, args.growth_reps
-                    ),
+                    await growth.growth(db, spec, sizes, args.growth_history, args.growth_reps),
                 )
             if "profile" in only:
-                import bench_profile
-
                 pdir = args.out / "profile"
                 for f in pdir.glob("worker-*.txt"):
                     f.unlink()
-                figs = await burst(
+                figs = await burst.burst(
                     db,
                     url,
                     args.profile_jobs,
@@ -507,7 +268,7 @@ async def main() -> None:
                     args.lead,
                     profile=pdir,
                 )
-                prof = bench_profile.analyse(sorted(pdir.glob("worker-*.txt")))
+                prof = profile.analyse(sorted(pdir.glob("worker-*.txt")))
                 done(
                     "profile",
                     {
@@ -518,30 +279,21 @@ async def main() -> None:
                     | prof,
                 )
             if "schedule" in only:
-                import bench_schedule
-
-                done("schedule", bench_schedule.schedule_bench(args.schedule_calls))
+                done("schedule", schedule.schedule_bench(args.schedule_calls))
             if "status" in only:
-                import bench_status
-                import psycopg
-                from bench_common import db_url
-
                 # Its own database (the operator migrates it), a local control plane.
                 with psycopg.connect(url, autocommit=True) as conn:
                     conn.execute("DROP DATABASE IF EXISTS cronwell_status_bench")
                     conn.execute("CREATE DATABASE cronwell_status_bench")
                 qps = [float(q) for q in args.status_qps.split(",") if q]
                 settings = await asyncio.to_thread(
-                    bench_status.run, db_url(url, "cronwell_status_bench"), args.status_jobs, qps
+                    status.run, db_url(url, "cronwell_status_bench"), args.status_jobs, qps
                 )
                 done("status", {"settings": settings})
             if "prescale" in only:
-                import bench_prescale
-
-                figs = await bench_prescale.prescale(
+                figs = await prescale.prescale(
                     db,
                     url,
-                    seed,
                     args.prescale_n,
                     args.prescale_concurrency,
                     args.prescale_duration,
@@ -549,9 +301,8 @@ async def main() -> None:
                     args.lead,
                 )
                 done("prescale", figs)
-                bench_prescale.report(figs)
+                prescale.report(figs)
             if "retention" in only:
-                import bench_retention
 
                 def doc(spec: dict[str, Any]) -> dict[str, Any]:
                     return jobs.spec_document(ScheduledJobSpec.model_validate(spec))
@@ -559,7 +310,7 @@ async def main() -> None:
                 full = args.retention_full
                 done(
                     "retention",
-                    await bench_retention.retention(
+                    await retention.retention(
                         db,
                         # 10 dead runs kept: the limit is reached within the simulated days
                         doc(

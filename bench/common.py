@@ -1,11 +1,67 @@
-"""Helpers shared by the hack/bench_*.py sections (benchmark-only code)."""
+"""Helpers shared by the benchmark sections (benchmark-only code): the seeding of due jobs,
+the worker environment, process stopping and start-lag figures."""
 
 from __future__ import annotations
 
+import json
+import os
 import statistics
 import subprocess
+import tempfile
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
+
+from cronwell import jobs
+from cronwell.models import ScheduledJobSpec
+from cronwell.store import Database
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "bench" / "results"
+
+NOOP_MODULE = """
+import cronwell
+
+@cronwell.handler("bench.noop")
+async def noop(ctx):
+    return None
+"""
+
+
+async def seed(
+    db: Database, n: int, due_sql: str, target: dict[str, Any], schedule: str = "0 0 1 1 *"
+) -> None:
+    """n jobs whose next_run_at is the same instant (bulk SQL: seeding is not measured)."""
+    spec = jobs.spec_document(
+        ScheduledJobSpec.model_validate(
+            {"schedule": schedule, "target": target, "concurrencyPolicy": "Skip"}
+        )
+    )
+    async with db.connection() as conn:
+        await conn.execute(
+            "TRUNCATE cronwell_attempts, cronwell_occurrences, cronwell_jobs CASCADE"
+        )
+        await conn.execute(
+            "INSERT INTO cronwell_jobs (id, namespace, name, spec, spec_hash, pool, partition,"
+            " next_run_at) SELECT gen_random_uuid(), 'bench', 'j' || i, %s::jsonb, 'h',"
+            " 'default', i %% 16, " + due_sql + " FROM generate_series(1, %s) i",
+            (json.dumps(spec), n),
+        )
+        await conn.execute("ANALYZE")
+
+
+def worker_env(
+    url: str, module: str = "cronwell_bench_noop", source: str = NOOP_MODULE
+) -> dict[str, str]:
+    """The environment of `cronwell worker` processes: `source` importable as `module`."""
+    mod_dir = Path(tempfile.mkdtemp())
+    (mod_dir / f"{module}.py").write_text(source)
+    return os.environ | {
+        "PYTHONPATH": str(mod_dir),
+        "CRONWELL_DATABASE_URL": url,
+        "CRONWELL_LOG_LEVEL": "WARNING",
+        "CRONWELL_CLAIM_BATCH_SIZE": "500",
+    }
 
 
 def lag_stats(lags: list[float], prefix: str = "start_lag") -> dict[str, Any]:
