@@ -127,7 +127,7 @@ def plot(lags: dict[str, list[float]], path: Path) -> Path | None:
 
 
 async def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python -m bench", description=__doc__.splitlines()[0])
     ap.add_argument("--jobs", type=int, default=50_000)
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--concurrency", type=int, default=500)
