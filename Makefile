@@ -131,7 +131,7 @@ kind-up: ## Create a kind cluster named cronwell (needs a Docker engine; not on 
 
 .PHONY: chaos
 chaos: $(STAMP) ## Chaos run: faults against real processes; checks exactly-once effect (SEED, JOBS, DURATION).
-	$(BIN)/python hack/chaos.py --seed $(or $(SEED),1) --jobs $(or $(JOBS),2000) --duration $(or $(DURATION),180)
+	$(BIN)/python -m tests.chaos.runner --seed $(or $(SEED),1) --jobs $(or $(JOBS),2000) --duration $(or $(DURATION),180)
 
 ##@ Deployment
 
@@ -170,5 +170,5 @@ docker-push: ## Push the image IMG.
 ##@ Benchmarks
 
 .PHONY: bench
-bench: $(STAMP) ## Run the benchmarks and print comparable figures.
-	$(BIN)/python hack/bench.py
+bench: $(STAMP) ## Run the benchmarks and print comparable figures (ARGS="--only schedule").
+	$(BIN)/python -m bench $(ARGS)

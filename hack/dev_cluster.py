@@ -14,11 +14,10 @@ import sys
 import threading
 from pathlib import Path
 
-from bench_common import stop_all
-
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench.common import stop_all  # noqa: E402
 from cronwell.embedded import EmbeddedPostgres  # noqa: E402
 from cronwell.testing.controlplane import ControlPlane  # noqa: E402
 

@@ -1,6 +1,6 @@
 """The short chaos run: one of each fault type, deterministically spaced, against real
 scheduler and worker processes, a real PostgreSQL (crashed and restarted), a TCP proxy and
-an HTTP ledger. Asserts the runner found no violation (see hack/chaos.py for the checks)."""
+an HTTP ledger. Asserts the runner found no violation (see runner.py for the checks)."""
 
 from __future__ import annotations
 
@@ -23,7 +23,8 @@ def test_short_chaos_run_has_exactly_once_effect(tmp_path: Path) -> None:
     res = subprocess.run(
         [
             sys.executable,
-            str(ROOT / "hack" / "chaos.py"),
+            "-m",
+            "tests.chaos.runner",
             "--seed",
             "7",
             "--jobs",

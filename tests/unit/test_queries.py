@@ -20,7 +20,7 @@ def test_every_query_has_a_description() -> None:
         assert re.match(r"^[A-Z][a-zA-Z]+$", name), name
 
 
-_SOURCES = ("cronwell/**/*.py", "worker/**/*.py", "operator/**/*.py", "hack/*.py")
+_SOURCES = ("cronwell/**/*.py", "worker/**/*.py", "operator/**/*.py", "bench/*.py")
 # Functions whose first argument is a query name (the store's, and thin wrappers of it).
 _RUNNERS = {"fetch", "fetchone", "execute", "scalar", "q", "_drain", "_store_rows"}
 

@@ -1,7 +1,8 @@
 """cronwell chaos suite: a bounded, seeded run that proves exactly-once *effect* under faults.
 
-    .venv/bin/python hack/chaos.py --seed 1 --jobs 2000 --duration 180 [--schedulers 2 --workers 3]
-    .venv/bin/python hack/chaos.py --seed 1 --jobs 200 --duration 65 --faults each   (short)
+    .venv/bin/python -m tests.chaos.runner --seed 1 --jobs 2000 --duration 180 \\
+        [--schedulers 2 --workers 3]
+    .venv/bin/python -m tests.chaos.runner --seed 1 --jobs 200 --duration 65 --faults each   (short)
 
 Starts its own embedded PostgreSQL (durability on) in a temp dir, applies a seeded mix of
 6-field cron jobs (http -> a ledger server on 127.0.0.1, and handler jobs writing through
@@ -36,17 +37,16 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+import psycopg
+from croniter import croniter
+from psycopg.rows import dict_row
 
-import psycopg  # noqa: E402
-from croniter import croniter  # noqa: E402
-from psycopg.rows import dict_row  # noqa: E402
+from cronwell import jobs
+from cronwell.embedded import EmbeddedPostgres
+from cronwell.models import ScheduledJobSpec
+from cronwell.store import Database, migrate
 
-from cronwell import jobs  # noqa: E402
-from cronwell.embedded import EmbeddedPostgres  # noqa: E402
-from cronwell.models import ScheduledJobSpec  # noqa: E402
-from cronwell.store import Database, migrate  # noqa: E402
+ROOT = Path(__file__).resolve().parents[2]
 
 HANDLERS_MODULE = "tests.chaos.chaos_handlers"
 EFFECTS_DDL = (

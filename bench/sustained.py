@@ -14,15 +14,12 @@ import subprocess
 import sys
 from typing import Any
 
-from bench_common import lag_stats, stop_all
-
+from bench.common import lag_stats, seed, stop_all
 from cronwell.store import clock
 
 
 async def sustained(
     db: Any,
-    url: str,
-    seed: Any,
     env: dict[str, str],
     n_jobs: int,
     workers: int,

@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import re
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 FRAME = re.compile(r"^(?P<func>.*?) \((?P<path>[^():]+)(?::\d+)?\)$")
 
-MARKERS = {
+MARKERS: dict[str, Callable[[str, str], bool]] = {
     "pydantic validation": lambda f, p: "pydantic" in p,
     "psycopg (driver + pool)": lambda f, p: "/psycopg" in p,
     "prometheus metrics": lambda f, p: "prometheus_client" in p,

@@ -21,7 +21,8 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
-from bench_common import db_url, lag_stats, stop_all
+
+from bench.common import db_url, lag_stats, stop_all
 
 PEER_DB = "procrastinate_bench"
 APP_MODULE = """
@@ -45,7 +46,7 @@ async def noop():
 async def _psql(url: str, *stmts: str, autocommit: bool = True) -> None:
     async with await psycopg.AsyncConnection.connect(url, autocommit=autocommit) as conn:
         for s in stmts:
-            await conn.execute(s)  # type: ignore[arg-type]
+            await conn.execute(s)
 
 
 async def peer_burst(

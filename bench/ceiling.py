@@ -10,7 +10,7 @@ W plain processes, each a minimal synchronous psycopg loop:
 starting at T. What cronwell itself adds on top (overlap locking, asyncio tasks per attempt,
 spec validation, heartbeats, metrics) is the difference to the `burst` figure.
 
-    python hack/bench_ceiling.py --loop URL BATCH     # one driver process (internal)
+    python -m bench.ceiling --loop URL BATCH     # one driver process (internal)
 """
 
 from __future__ import annotations
@@ -75,7 +75,8 @@ async def ceiling(db: Any, url: str, n: int, workers: int, batch: int) -> dict[s
     row = await db.fetchone("OccurrenceNextDue", {"pool": "default"})
     procs = [
         subprocess.Popen(  # noqa: ASYNC220
-            [sys.executable, __file__, "--loop", url, str(batch)], start_new_session=True
+            [sys.executable, "-m", "bench.ceiling", "--loop", url, str(batch)],
+            start_new_session=True,
         )
         for _ in range(workers)
     ]

@@ -1,7 +1,7 @@
 """Pre-scaling: start lag of one burst with the worker pool at its minimum vs pre-scaled.
 
-    .venv/bin/python hack/bench_prescale.py [--n 50000] [--concurrency 64] [--duration 0.2]
-    .venv/bin/python hack/bench.py --only prescale --prescale-n 10000
+    .venv/bin/python -m bench.prescale [--n 50000] [--concurrency 64] [--duration 0.2]
+    .venv/bin/python -m bench --only prescale --prescale-n 10000
 
 N jobs whose cron fires at one instant T (seconds field, so T is seconds away) are seeded
 in a fresh store. The operator's forecast (`forecast_pools` + `plan_replicas`, the code the
@@ -25,26 +25,21 @@ import argparse
 import asyncio
 import json
 import math
-import os
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Awaitable, Callable
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from bench_common import lag_stats, stop_all, succeeded_lags
-
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from cronwell.forecast import forecast_pools, plan_replicas, upcoming_burst  # noqa: E402
-from cronwell.scheduler import Scheduler  # noqa: E402
-from cronwell.settings import SchedulerSettings  # noqa: E402
-from cronwell.store import Database, clock  # noqa: E402
-from cronwell.workerpool import WorkerPoolSpec  # noqa: E402
+from bench.common import RESULTS, lag_stats, seed, stop_all, succeeded_lags, worker_env
+from cronwell.embedded import EmbeddedPostgres
+from cronwell.forecast import forecast_pools, plan_replicas, upcoming_burst
+from cronwell.scheduler import Scheduler
+from cronwell.settings import SchedulerSettings
+from cronwell.store import Database, clock, migrate
+from cronwell.workerpool import WorkerPoolSpec
 
 SLEEP_MODULE = """
 import asyncio
@@ -55,15 +50,13 @@ async def sleep(ctx):
     await asyncio.sleep(float(ctx.payload.get("seconds", 0)))
 """
 
-Seed = Callable[..., Awaitable[None]]
-
 
 def _cron_at(t: datetime) -> str:
     """A 6-field cron (seconds first) that fires at `t` (UTC) once a year."""
     return f"{t.second} {t.minute} {t.hour} {t.day} {t.month} *"
 
 
-async def _seed_burst(db: Database, seed: Seed, n: int, lead: float, duration: float) -> datetime:
+async def _seed_burst(db: Database, n: int, lead: float, duration: float) -> datetime:
     """n jobs due at T = now + lead (whole second), materialised; T."""
     at = (await clock.now(db) + timedelta(seconds=lead)).replace(microsecond=0)
     await seed(
@@ -103,7 +96,6 @@ async def plan(db: Database, spec: WorkerPoolSpec, horizon: float) -> dict[str, 
 async def run_burst(
     db: Database,
     url: str,
-    seed: Seed,
     n: int,
     workers: int,
     concurrency: int,
@@ -112,16 +104,9 @@ async def run_burst(
 ) -> dict[str, Any]:
     """Seed + materialise a burst at T, start `workers` worker processes before T, wait for
     every occurrence to succeed; start-lag figures."""
-    at = await _seed_burst(db, seed, n, lead, duration)
+    at = await _seed_burst(db, n, lead, duration)
     await _materialise(db, lead)
-    mod_dir = Path(tempfile.mkdtemp())
-    (mod_dir / "cronwell_bench_sleep.py").write_text(SLEEP_MODULE)
-    env = os.environ | {
-        "PYTHONPATH": str(mod_dir),
-        "CRONWELL_DATABASE_URL": url,
-        "CRONWELL_LOG_LEVEL": "WARNING",
-        "CRONWELL_CLAIM_BATCH_SIZE": "500",
-    }
+    env = worker_env(url, "cronwell_bench_sleep", SLEEP_MODULE)
     argv = [sys.executable, "-m", "cronwell", "worker", "--concurrency", str(concurrency)]
     argv += ["--import", "cronwell_bench_sleep"]
     procs = [
@@ -163,7 +148,6 @@ async def run_burst(
 async def prescale(
     db: Database,
     url: str,
-    seed: Seed,
     n: int,
     concurrency: int,
     duration: float,
@@ -182,13 +166,13 @@ async def prescale(
             "leadTimeSeconds": int(lead),
         }
     )
-    await _seed_burst(db, seed, n, lead, duration)
+    await _seed_burst(db, n, lead, duration)
     figs: dict[str, Any] = {"occurrences": n, "concurrency_per_worker": concurrency}
     figs["handler_seconds"] = duration
     figs |= await plan(db, spec, lead + 60)
     workers = max(1, min(max_workers, int(figs["planned_replicas"])))
-    figs["at_minimum"] = await run_burst(db, url, seed, n, 1, concurrency, duration, lead)
-    figs["prescaled"] = await run_burst(db, url, seed, n, workers, concurrency, duration, lead)
+    figs["at_minimum"] = await run_burst(db, url, n, 1, concurrency, duration, lead)
+    figs["prescaled"] = await run_burst(db, url, n, workers, concurrency, duration, lead)
     return figs
 
 
@@ -213,17 +197,13 @@ def report(figs: dict[str, Any]) -> None:
 
 
 async def main() -> None:
-    import bench
-    from cronwell.embedded import EmbeddedPostgres
-    from cronwell.store import migrate
-
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--n", type=int, default=50_000, help="occurrences in the burst")
     ap.add_argument("--concurrency", type=int, default=64, help="worker --concurrency")
     ap.add_argument("--duration", type=float, default=0.2, help="handler seconds")
     ap.add_argument("--max-workers", type=int, default=4, help="cap on pre-scaled workers")
     ap.add_argument("--lead", type=float, default=40.0, help="burst T = now + lead seconds")
-    ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
+    ap.add_argument("--out", type=Path, default=RESULTS)
     args = ap.parse_args()
     server = EmbeddedPostgres(
         Path(tempfile.mkdtemp(prefix="cronwell-bench-")),
@@ -234,7 +214,7 @@ async def main() -> None:
         async with Database(url, max_size=4) as db:
             await migrate(db)
             figs = await prescale(
-                db, url, bench.seed, args.n, args.concurrency, args.duration,
+                db, url, args.n, args.concurrency, args.duration,
                 args.max_workers, args.lead,
             )  # fmt: skip
     finally:

@@ -1,7 +1,7 @@
 """Schedule engine speed: `next_after` per call, median and p99, through the path the
 scheduler uses (`ScheduledJobSpec` -> `JobSchedule.from_spec` -> `next_after`).
 
-    .venv/bin/python hack/bench_schedule.py [--calls 2000] [--budget 20]
+    .venv/bin/python -m bench.schedule [--calls 2000] [--budget 20]
 
 Per-minute, per-second and yearly schedules in America/New_York (outside DST, an hour
 before the spring-forward change, an hour before the fall-back change) and

@@ -1,7 +1,7 @@
 """Status convergence after a burst: how long until every ScheduledJob's status shows its
 run, and at what API request rate, for each status QPS setting.
 
-    .venv/bin/python hack/bench_status.py [--jobs 10000] [--qps 20,100] [--workers 2]
+    .venv/bin/python -m bench.status [--jobs 10000] [--qps 20,100] [--workers 2]
 
 A local control plane (etcd + kube-apiserver, no kubelet), an embedded PostgreSQL and real
 processes: worker processes (log target: no work) and, per QPS setting, one `cronwell
@@ -41,17 +41,14 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
-from bench_common import stop_all
 from kubernetes import client, config, watch
 from prometheus_client.parser import text_string_to_metric_families
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "operator"))
-
-from cronwell.embedded import EmbeddedPostgres, free_port  # noqa: E402
-from cronwell.models import GROUP, VERSION  # noqa: E402
-from cronwell.testing.controlplane import ControlPlane, find_assets  # noqa: E402
-from cronwell_operator.testing import OperatorProcess, sql, wait_until  # noqa: E402
+from bench.common import RESULTS, ROOT, stop_all
+from cronwell.embedded import EmbeddedPostgres, free_port
+from cronwell.models import GROUP, VERSION
+from cronwell.testing.controlplane import ControlPlane, find_assets
+from cronwell_operator.testing import OperatorProcess, sql, wait_until
 
 NS = "bench"
 PLURAL = "scheduledjobs"
@@ -366,7 +363,7 @@ def main() -> None:
     ap.add_argument("--concurrency", type=int, default=500)
     ap.add_argument("--lead", type=float, default=20.0, help="T = now + lead seconds")
     ap.add_argument("--timeout", type=float, default=1800.0, help="per phase, seconds")
-    ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "status.json")
+    ap.add_argument("--out", type=Path, default=RESULTS / "status.json")
     args = ap.parse_args()
     server = EmbeddedPostgres(
         Path(tempfile.mkdtemp(prefix="cronwell-bench-status-pg-")),

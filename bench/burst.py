@@ -1,0 +1,196 @@
+"""materialise and burst: cronwell's own figures for N jobs due at one instant.
+
+- materialise: N jobs due in the same second; one scheduler owning all partitions turns
+  them into occurrences. Time, occurrences/s, database round trips and CPU per occurrence.
+- burst: the same N occurrences due at one instant T, executed by worker *processes*
+  with a no-op handler. Start lag (actual start - nominal T) p50/p95/p99/max from the
+  database's clock, and the time until all succeeded.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from bench.common import lag_stats, seed, succeeded_lags, worker_env
+from cronwell.scheduler import Scheduler
+from cronwell.settings import SchedulerSettings
+from cronwell.store import Database
+
+
+def _cpu(pid: int) -> float:
+    t = psutil.Process(pid).cpu_times()
+    return float(t.user + t.system)
+
+
+def _postgres_cpu() -> float:
+    """CPU seconds of every postgres process on the machine (the bench's server)."""
+    total = 0.0
+    for p in psutil.process_iter(["name"]):
+        if p.info["name"] == "postgres":
+            with contextlib.suppress(psutil.Error):
+                total += _cpu(p.pid)
+    return total
+
+
+async def _keep_leases(s: Scheduler) -> None:
+    while True:
+        await asyncio.sleep(s.settings.partition_lease_seconds / 3)
+        await s.balance()
+
+
+async def materialise(db: Database, n: int) -> dict[str, Any]:
+    await seed(
+        db, n, "date_trunc('second', now()) + interval '10 seconds'", {"log": {"message": "x"}}
+    )
+    s = Scheduler(db, SchedulerSettings(partitions=16, horizon_seconds=30))
+    await db.execute("PartitionEnsure", {"partitions": 16})
+    await s.balance()
+    keep = asyncio.create_task(_keep_leases(s))
+    st0, tx0 = db.statements, db.transactions
+    cpu0, t0 = time.process_time(), time.perf_counter()
+    done = await s.materialise_until_idle()
+    wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
+    keep.cancel()
+    trips = (db.statements - st0) + 2 * (db.transactions - tx0)
+    await s.resign()
+    assert done == n, (done, n)
+    return {
+        "occurrences": n,
+        "seconds": round(wall, 3),
+        "per_second": round(n / wall),
+        "round_trips_per_occurrence": round(trips / n, 4),
+        "scheduler_cpu_ms_per_occurrence": round(1000 * cpu / n, 4),
+    }
+
+
+async def prepare_burst(db: Database, n: int, lead: float) -> None:
+    """n occurrences due at T = now + lead, materialised by one scheduler (not measured)."""
+    await seed(
+        db,
+        n,
+        f"date_trunc('second', now()) + interval '{int(lead)} seconds'",
+        {"handler": {"name": "bench.noop"}},
+    )
+    s = Scheduler(db, SchedulerSettings(partitions=16, horizon_seconds=lead + 5))
+    await db.execute("PartitionEnsure", {"partitions": 16})
+    await s.balance()
+    keep = asyncio.create_task(_keep_leases(s))
+    await s.materialise_until_idle()
+    keep.cancel()
+    await s.resign()
+
+
+async def burst(
+    db: Database,
+    url: str,
+    n: int,
+    workers: int,
+    concurrency: int,
+    lead: float,
+    profile: Path | None = None,
+) -> dict[str, Any]:
+    """Materialise n occurrences due at T = now + lead, then let worker processes run them.
+    With `profile`, py-spy samples every worker process (raw collapsed stacks there)."""
+    await prepare_burst(db, n, lead)
+    env = worker_env(url)
+    procs = [
+        subprocess.Popen(  # noqa: ASYNC220 - started once, before timing
+            [
+                sys.executable,
+                "-m",
+                "cronwell",
+                "worker",
+                "--concurrency",
+                str(concurrency),
+                "--import",
+                "cronwell_bench_noop",
+            ],
+            env=env,
+            start_new_session=True,
+        )
+        for _ in range(workers)
+    ]
+    spies: list[subprocess.Popen[bytes]] = []
+    pg_cpu0 = _postgres_cpu()
+    try:
+        row = await db.fetchone("OccurrenceNextDue", {"pool": "default"})
+        assert row is not None and row["next_due"] is not None
+        due_in = (row["next_due"] - row["db_now"]).total_seconds()
+        if due_in < 1:
+            print(f"warning: materialisation left only {due_in:.2f}s before T", file=sys.stderr)
+        if profile is not None:
+            # Sample from just before T: worker start-up (imports) is not the hot path.
+            profile.mkdir(parents=True, exist_ok=True)  # noqa: ASYNC240
+            await asyncio.sleep(max(0.0, due_in - 1.0))
+            spies = [
+                subprocess.Popen(  # noqa: ASYNC220
+                    [
+                        str(Path(sys.executable).parent / "py-spy"),
+                        "record",
+                        "--format",
+                        "raw",
+                        "--rate",
+                        "200",
+                        "--nonblocking",
+                        "-o",
+                        str(profile / f"worker-{i}.txt"),
+                        "-p",
+                        str(p.pid),
+                    ],
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.DEVNULL,
+                )
+                for i, p in enumerate(procs)
+            ]
+        deadline = time.monotonic() + due_in + 300
+        while time.monotonic() < deadline:
+            async with db.connection() as conn:
+                cur = await conn.execute(
+                    "SELECT count(*) FILTER (WHERE state = 'succeeded') AS done FROM "
+                    "cronwell_occurrences"
+                )
+                done = (await cur.fetchone() or {"done": 0})["done"]
+            if done >= n:
+                break
+            await asyncio.sleep(0.25)
+        worker_cpu = sum(_cpu(p.pid) for p in procs)
+        pg_cpu = _postgres_cpu() - pg_cpu0
+    finally:
+        for p in procs:
+            p.terminate()
+        for p in procs:
+            p.wait(30)
+        for spy in spies:
+            try:
+                spy.wait(30)
+            except subprocess.TimeoutExpired:
+                spy.terminate()
+    async with db.connection() as conn:
+        lags, done_after = await succeeded_lags(conn)
+        cur = await conn.execute(
+            "SELECT count(*) AS n FROM cronwell_attempts WHERE outcome = 'succeeded'"
+        )
+        successes = (await cur.fetchone() or {"n": 0})["n"]
+    if done_after is None:
+        return {"occurrences": n, "succeeded": 0}
+    return {
+        "occurrences": n,
+        "succeeded": len(lags),
+        "success_attempt_rows": successes,
+        "workers": workers,
+        "concurrency_per_worker": concurrency,
+        **lag_stats(lags),  # sorts `lags` in place (the CDF below reads them sorted)
+        "all_succeeded_after_s": round(done_after, 3),
+        "worker_cpu_ms_per_occurrence": round(1000 * worker_cpu / n, 3),
+        "postgres_cpu_ms_per_occurrence": round(1000 * pg_cpu / n, 3),
+        "per_second": round(len(lags) / max(done_after, 1e-3)),
+        "_lags": lags,
+    }

@@ -1,0 +1,111 @@
+"""Helpers shared by the benchmark sections (benchmark-only code): the seeding of due jobs,
+the worker environment, process stopping and start-lag figures."""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from cronwell import jobs
+from cronwell.models import ScheduledJobSpec
+from cronwell.store import Database
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "bench" / "results"
+
+NOOP_MODULE = """
+import cronwell
+
+@cronwell.handler("bench.noop")
+async def noop(ctx):
+    return None
+"""
+
+
+async def seed(
+    db: Database, n: int, due_sql: str, target: dict[str, Any], schedule: str = "0 0 1 1 *"
+) -> None:
+    """n jobs whose next_run_at is the same instant (bulk SQL: seeding is not measured)."""
+    spec = jobs.spec_document(
+        ScheduledJobSpec.model_validate(
+            {"schedule": schedule, "target": target, "concurrencyPolicy": "Skip"}
+        )
+    )
+    async with db.connection() as conn:
+        await conn.execute(
+            "TRUNCATE cronwell_attempts, cronwell_occurrences, cronwell_jobs CASCADE"
+        )
+        await conn.execute(
+            "INSERT INTO cronwell_jobs (id, namespace, name, spec, spec_hash, pool, partition,"
+            " next_run_at) SELECT gen_random_uuid(), 'bench', 'j' || i, %s::jsonb, 'h',"
+            " 'default', i %% 16, " + due_sql + " FROM generate_series(1, %s) i",
+            (json.dumps(spec), n),
+        )
+        await conn.execute("ANALYZE")
+
+
+def worker_env(
+    url: str, module: str = "cronwell_bench_noop", source: str = NOOP_MODULE
+) -> dict[str, str]:
+    """The environment of `cronwell worker` processes: `source` importable as `module`."""
+    mod_dir = Path(tempfile.mkdtemp())
+    (mod_dir / f"{module}.py").write_text(source)
+    return os.environ | {
+        "PYTHONPATH": str(mod_dir),
+        "CRONWELL_DATABASE_URL": url,
+        "CRONWELL_LOG_LEVEL": "WARNING",
+        "CRONWELL_CLAIM_BATCH_SIZE": "500",
+    }
+
+
+def lag_stats(lags: list[float], prefix: str = "start_lag") -> dict[str, Any]:
+    """p50/p95/p99/max/mean of a list of seconds (sorted in place)."""
+    lags.sort()
+    if not lags:
+        return {}
+
+    def pct(p: float) -> float:
+        return round(lags[min(len(lags) - 1, int(p * len(lags)))], 3)
+
+    return {
+        f"{prefix}_p50_s": pct(0.50),
+        f"{prefix}_p95_s": pct(0.95),
+        f"{prefix}_p99_s": pct(0.99),
+        f"{prefix}_max_s": round(lags[-1], 3),
+        f"{prefix}_mean_s": round(statistics.fmean(lags), 3),
+    }
+
+
+def db_url(server_url: str, dbname: str) -> str:
+    """The same server's URL pointed at another database."""
+    return server_url.rsplit("/", 1)[0] + "/" + dbname
+
+
+def stop_all(procs: Sequence[subprocess.Popen[Any]], timeout: float = 30) -> None:
+    """SIGTERM every process at once, then wait for each (SIGKILL after `timeout`)."""
+    for p in procs:
+        p.terminate()
+    for p in procs:
+        try:
+            p.wait(timeout)
+        except subprocess.TimeoutExpired:
+            p.kill()
+
+
+async def succeeded_lags(conn: Any) -> tuple[list[float], float | None]:
+    """Start lags (seconds, database clock) of the succeeded occurrences, and when the
+    last of them finished relative to its instant (None: none succeeded)."""
+    cur = await conn.execute(
+        "SELECT extract(epoch FROM started_at - scheduled_for)::float8 AS lag,"
+        " extract(epoch FROM finished_at - scheduled_for)::float8 AS done_after"
+        " FROM cronwell_occurrences WHERE state = 'succeeded'"
+    )
+    rows = await cur.fetchall()
+    done = max((float(r["done_after"]) for r in rows), default=None)
+    return [float(r["lag"]) for r in rows], done
