@@ -50,6 +50,7 @@ from cronwell.errors import SpecError
 from cronwell.models import ScheduledJobSpec
 from cronwell.schedule import JobSchedule, jitter_offset
 from cronwell.store import clock
+from cronwell.store import jobs as store_jobs
 from cronwell.workerpool import WorkerPoolSpec
 
 if TYPE_CHECKING:
@@ -472,13 +473,8 @@ async def forecast_pools(
     pools = pools or {}
     now = (await clock.now(db)).replace(microsecond=0)
     jobs = [
-        ForecastJob(
-            str(r["id"]),
-            r["pool"],
-            r["spec"],
-            float(r["p90_seconds"]) if r["p90_seconds"] is not None else None,
-        )
-        for r in await db.fetch("ForecastJobList", {"pool": pool, "history": history})
+        ForecastJob(str(r.id), r.pool, r.spec, r.p90_seconds)
+        for r in await store_jobs.forecast_list(db, pool=pool, history=history)
     ]
     backlog = {
         r["pool"]: int(r["n"])

@@ -29,7 +29,7 @@ from cronwell.metrics import Metrics
 from cronwell.models import MisfirePolicy, ScheduledJobSpec
 from cronwell.plan import plan_job
 from cronwell.settings import SchedulerSettings
-from cronwell.store import processes
+from cronwell.store import materialise, processes
 from cronwell.store.db import Database
 from cronwell.store.migrate import check_schema
 from cronwell.supervise import Supervisor, repeat
@@ -203,42 +203,24 @@ class Scheduler:
         s = self.settings
         started = time.perf_counter()
         async with self.db.transaction() as conn:
-            jobs = await self.db.fetch(
-                "JobDueClaim",
-                {
-                    "holder": self.holder,
-                    "partition": partition,
-                    "epoch": epoch,
-                    "horizon": s.horizon_seconds,
-                    "limit": s.batch_size,
-                },
+            jobs = await materialise.claim_due(
+                self.db,
+                holder=self.holder,
+                partition=partition,
+                epoch=epoch,
+                horizon_seconds=s.horizon_seconds,
+                limit=s.batch_size,
                 conn=conn,
             )
             if not jobs:
                 return 0
-            now: datetime = jobs[0]["db_now"]
-            occ: dict[str, list[Any]] = {
-                k: []
-                for k in (
-                    "keys",
-                    "job_ids",
-                    "pools",
-                    "scheduled_for",
-                    "run_at",
-                    "states",
-                    "reasons",
-                    "origins",
-                    "overlaps",
-                    "deliveries",
-                    "max_attempts",
-                    "timeouts",
-                )
-            }
-            adv: dict[str, list[Any]] = {"ids": [], "next_run_at": [], "missed": []}
+            now = jobs[0].db_now
+            occ = materialise.NewOccurrences()
+            adv = materialise.Advances()
             due: list[tuple[str, datetime]] = []
             for job in jobs:
                 try:
-                    spec, sched = self.specs.get(job["id"], job["spec_hash"], job["spec"])
+                    spec, sched = self.specs.get(job.id, job.spec_hash, job.spec)
                 except (pydantic.ValidationError, SpecError) as e:
                     # A stored spec this version refuses (written by an older version, or
                     # straight into the database): park the job until its spec changes
@@ -247,28 +229,27 @@ class Scheduler:
                         e.errors()[0]["msg"] if isinstance(e, pydantic.ValidationError) else str(e)
                     )
                     log.error(
-                        f"job {job['id']}: stored spec is invalid; parked until it changes: "
-                        f"{reason}",
-                        extra={"action": "spec_invalid", "job": str(job["id"])},
+                        f"job {job.id}: stored spec is invalid; parked until it changes: {reason}",
+                        extra={"action": "spec_invalid", "job": str(job.id)},
                     )
-                    adv["ids"].append(job["id"])
-                    adv["next_run_at"].append(None)
-                    adv["missed"].append(0)
+                    adv.ids.append(job.id)
+                    adv.next_run_at.append(None)
+                    adv.missed.append(0)
                     continue
                 deadline = timedelta(
                     seconds=spec.starting_deadline_seconds or s.misfire_threshold_seconds
                 )
                 plan = plan_job(
                     sched,
-                    job["next_run_at"],
+                    job.next_run_at,
                     now=now,
                     horizon=timedelta(seconds=s.horizon_seconds),
                     deadline=deadline,
                     policy=MisfirePolicy(spec.misfire_policy),
                     max_catchup=spec.max_catchup,
-                    resumed_at=job["resumed_at"],
+                    resumed_at=job.resumed_at,
                 )
-                jitter = schedule.jitter_offset(job["id"], spec.jitter_seconds)
+                jitter = schedule.jitter_offset(job.id, spec.jitter_seconds)
                 for t in plan.run:
                     catchup = t in plan.catchup
                     run_at = now if catchup else t + jitter
@@ -282,9 +263,9 @@ class Scheduler:
                         None,
                         "catchup" if catchup else "schedule",
                     )
-                    due.append((job["pool"], run_at))
+                    due.append((job.pool, run_at))
                 for t in plan.missed:
-                    suspended = job["resumed_at"] is not None and t < job["resumed_at"]
+                    suspended = job.resumed_at is not None and t < job.resumed_at
                     _add(
                         occ,
                         job,
@@ -298,33 +279,33 @@ class Scheduler:
                         f"(policy {spec.misfire_policy})",
                         "schedule",
                     )
-                adv["ids"].append(job["id"])
-                adv["next_run_at"].append(plan.next_run_at)
-                adv["missed"].append(len(plan.missed))
+                adv.ids.append(job.id)
+                adv.next_run_at.append(plan.next_run_at)
+                adv.missed.append(len(plan.missed))
                 if plan.missed:
                     log.warning(
                         "missed instants recorded",
                         extra={
                             "action": "misfire",
-                            "job": str(job["id"]),
+                            "job": str(job.id),
                             "missed": len(plan.missed),
                             "policy": spec.misfire_policy,
                         },
                     )
-            if occ["keys"]:
-                await self.db.execute("OccurrenceInsertBatch", occ, conn=conn)
-            await self.db.execute("JobAdvanceBatch", adv, conn=conn)
+            if occ.keys:
+                await materialise.insert_occurrences(self.db, occ, conn=conn)
+            await materialise.advance(self.db, adv, conn=conn)
             await dispatch.notify_due(self.db, conn, due)
         self.materialised_total += len(due)
-        self.missed_total += sum(adv["missed"])
+        self.missed_total += sum(adv.missed)
         m = self.metrics
         m.batch_size.observe(len(jobs))
         m.batch_seconds.observe(time.perf_counter() - started)
-        m.missed.inc(sum(adv["missed"]))
-        for origin in set(occ["origins"]):
+        m.missed.inc(sum(adv.missed))
+        for origin in set(occ.origins):
             n = sum(
                 1
-                for o, st in zip(occ["origins"], occ["states"], strict=True)
+                for o, st in zip(occ.origins, occ.states, strict=True)
                 if o == origin and st == "pending"
             )
             m.materialised.labels(origin).inc(n)
@@ -424,8 +405,8 @@ class Scheduler:
 
 
 def _add(
-    occ: dict[str, list[Any]],
-    job: Any,
+    occ: materialise.NewOccurrences,
+    job: materialise.DueJob,
     spec: ScheduledJobSpec,
     t: datetime,
     run_at: datetime,
@@ -433,15 +414,15 @@ def _add(
     reason: str | None,
     origin: str,
 ) -> None:
-    occ["keys"].append(schedule.occurrence_key(job["id"], t))
-    occ["job_ids"].append(job["id"])
-    occ["pools"].append(job["pool"])
-    occ["scheduled_for"].append(t)
-    occ["run_at"].append(run_at)
-    occ["states"].append(state)
-    occ["reasons"].append(reason)
-    occ["origins"].append(origin)
-    occ["overlaps"].append(spec.concurrency_policy)
-    occ["deliveries"].append(spec.delivery)
-    occ["max_attempts"].append(spec.retry.max_attempts)
-    occ["timeouts"].append(spec.timeout_seconds)
+    occ.keys.append(schedule.occurrence_key(job.id, t))
+    occ.job_ids.append(job.id)
+    occ.pools.append(job.pool)
+    occ.scheduled_for.append(t)
+    occ.run_at.append(run_at)
+    occ.states.append(state)
+    occ.reasons.append(reason)
+    occ.origins.append(origin)
+    occ.overlaps.append(spec.concurrency_policy)
+    occ.deliveries.append(spec.delivery)
+    occ.max_attempts.append(spec.retry.max_attempts)
+    occ.timeouts.append(spec.timeout_seconds)

@@ -33,6 +33,7 @@ from cronwell.loader import format_validation_error
 from cronwell.metrics import Metrics
 from cronwell.models import GROUP, VERSION, ScheduledJob
 from cronwell.secretbox import SecretBox
+from cronwell.store import jobs as store_jobs
 from cronwell.store.db import Database
 from cronwell_operator import tenancy_sync, webhook
 from cronwell_operator.kube import PLURAL, CRef, Kube, KubeError
@@ -262,8 +263,8 @@ def _register_resource_handlers(registry: kopf.OperatorRegistry, ctx: Context) -
                 unresolved = e
             if applied.action == "unchanged":
                 # Same meaning, newer generation (e.g. a no-op edit): record it as observed.
-                await ctx.db.execute(
-                    "JobGenerationObserve", {"id": applied.id, "generation": generation}
+                await store_jobs.observe_generation(
+                    ctx.db, job_id=applied.id, generation=generation
                 )
             if ctx.writer is not None:
                 ctx.writer.set_spec_error(ref, generation, None)

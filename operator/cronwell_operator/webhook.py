@@ -66,6 +66,7 @@ from cronwell.loader import format_validation_error
 from cronwell.metrics import Metrics
 from cronwell.models import GROUP, ScheduledJob
 from cronwell.settings import EgressSettings
+from cronwell.store import jobs as store_jobs
 from cronwell.store.db import Database
 from cronwell_operator.kube import Kube, KubeNotFound
 from cronwell_operator.settings import OperatorSettings
@@ -353,8 +354,8 @@ class Admission:
             return None  # never refuse a change that does not raise the job's rate
         namespace = job.metadata.namespace
         try:
-            rows = await self.db.fetch(
-                "WebhookNamespaceSchedules", {"namespace": namespace, "name": job.metadata.name}
+            rows = await store_jobs.namespace_schedules(
+                self.db, namespace=namespace, other_than=job.metadata.name
             )
             cap, note = await self._cap(namespace)
         except CronwellError as e:
@@ -366,7 +367,7 @@ class Admission:
             return None
         total = new
         for r in rows:
-            total += int(r["jobs"]) * _job_rate({"schedule": r["schedule"]})
+            total += r.jobs * _job_rate({"schedule": r.schedule})
         field = "spec.schedule" if job.spec.schedule is not None else "spec.runAt"
         if total > cap:
             return Verdict(
