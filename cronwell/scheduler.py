@@ -399,9 +399,9 @@ class Scheduler:
         like a worker's dead letter. Returns the leases reaped."""
         rows = await maintenance.reap(self.db, limit=self.settings.reap_batch_size)
         for r in rows:
-            self.metrics.leases_reaped.labels(r["state"]).inc()
-            if r["state"] == "dead":
-                self.metrics.outcomes.labels(r["pool"], "dead").inc()
+            self.metrics.leases_reaped.labels(r.state).inc()
+            if r.state == "dead":
+                self.metrics.outcomes.labels(r.pool, "dead").inc()
         return len(rows)
 
     async def _work_loop(self) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
+from dataclasses import asdict
 from typing import Any
 
 from cronwell import dispatch, jobs, maintenance
@@ -14,6 +15,7 @@ from cronwell.metrics import Metrics
 from cronwell.models import ScheduledJobSpec
 from cronwell.scheduler import Scheduler
 from cronwell.settings import SchedulerSettings
+from cronwell.store import status_changes
 from cronwell.store.db import Database
 
 from .helpers import make_job, occurrences, scheduler, set_cursor
@@ -41,8 +43,8 @@ async def _past_occurrences(db: Database, job_id: uuid.UUID, n: int) -> None:
 
 
 async def _status(db: Database, job_id: uuid.UUID) -> dict[str, Any]:
-    (row,) = await db.fetch("JobStatusBatch", {"ids": [job_id]})
-    return dict(row)
+    (row,) = await status_changes.job_status(db, [job_id])
+    return asdict(row)
 
 
 async def _pruner(db: Database, **kw: Any) -> maintenance.Pruner:
@@ -221,7 +223,7 @@ async def test_status_change_reads_skip_jobs_that_back_off(db: Database) -> None
         stuck.id,
         fine.id,
     )
-    head = await db.fetch("StatusChangesRead", {"limit": 5, "skip": []})
-    assert {r["job_id"] for r in head} == {stuck.id}
-    rows = await db.fetch("StatusChangesRead", {"limit": 5, "skip": [stuck.id]})
-    assert [r["job_id"] for r in rows] == [fine.id]
+    head = await status_changes.read(db, limit=5, skip=[])
+    assert {r.job_id for r in head} == {stuck.id}
+    rows = await status_changes.read(db, limit=5, skip=[stuck.id])
+    assert [r.job_id for r in rows] == [fine.id]
