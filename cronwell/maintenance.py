@@ -26,6 +26,7 @@ import socket
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from typing import NoReturn
 
 from cronwell import dispatch
 from cronwell.metrics import Metrics
@@ -33,6 +34,7 @@ from cronwell.store import attempts, claims, history
 from cronwell.store.attempts import Reaped
 from cronwell.store.db import Database
 from cronwell.store.processes import ProcessEntry
+from cronwell.supervise import repeat
 
 log = logging.getLogger(__name__)
 
@@ -79,6 +81,35 @@ async def reap(db: Database, *, limit: int) -> list[Reaped]:
             db, conn, [(r.pool, r.run_at) for r in rows if r.state == "pending"]
         )
     return rows
+
+
+class Reaper:
+    """Reaps expired leases and promotes stranded waiting occurrences, every tick (every
+    scheduler runs one: the statements skip rows another reaper holds)."""
+
+    def __init__(self, db: Database, *, batch_size: int, interval_seconds: float, metrics: Metrics):
+        self.db = db
+        self.batch_size = batch_size
+        self.interval_seconds = interval_seconds
+        self.metrics = metrics
+
+    async def reap_once(self) -> int:
+        """One batch; a death counts in the outcome metric like a worker's dead letter.
+        Returns the leases reaped."""
+        rows = await reap(self.db, limit=self.batch_size)
+        for r in rows:
+            self.metrics.leases_reaped.labels(r.state).inc()
+            if r.state == "dead":
+                self.metrics.outcomes.labels(r.pool, "dead").inc()
+        return len(rows)
+
+    async def run(self) -> NoReturn:
+        """Reap every `interval_seconds` until cancelled."""
+
+        async def step() -> None:
+            await self.reap_once()
+
+        await repeat("reap pass", step, interval_seconds=self.interval_seconds)
 
 
 @dataclass

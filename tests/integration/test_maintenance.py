@@ -156,7 +156,7 @@ async def test_a_death_by_lease_expiry_counts_toward_suspend_after_failures(db: 
     m = Metrics()
     s = Scheduler(db, SchedulerSettings(), metrics=m)
 
-    assert await s.reap_once() == 1
+    assert await s.reaper.reap_once() == 1
 
     (o,) = await occurrences(db, "fragile")
     assert (o["state"], o["reason"]) == ("dead", "AttemptsExhausted")
@@ -166,6 +166,30 @@ async def test_a_death_by_lease_expiry_counts_toward_suspend_after_failures(db: 
     assert st["consecutive_failures"] == 1
     assert st["suspended"] and st["suspended_reason"] == "SuspendedAfterFailures"
     assert (st["dead"], st["failed"]) == (1, 1)
+
+
+async def test_a_running_scheduler_starts_its_reaper(db: Database) -> None:
+    """Reaping runs as the scheduler's own task (maintenance.Reaper): an expired lease is
+    reaped while the scheduler runs, with nobody calling reap_once."""
+    job = await make_job(db, "abandoned", schedule="0 0 1 1 *", retry={"maxAttempts": 1})
+    await _past_occurrences(db, job.id, 1)
+    assert await dispatch.claim(db, pool="default", worker_id="w", limit=5, lease_seconds=60)
+    await _sql(db, "UPDATE cronwell_occurrences SET lease_expires_at = now() - interval '1 s'")
+    s = await scheduler(db, tick_seconds=0.2)
+    run = asyncio.create_task(s.run())
+    try:
+        for _ in range(300):
+            (o,) = await occurrences(db, "abandoned")
+            if o["state"] != "running" or run.done():
+                break
+            await asyncio.sleep(0.1)
+    finally:
+        s.stop()
+        await run
+    assert (o["state"], o["reason"]) == ("dead", "AttemptsExhausted")
+    assert (
+        s.metrics.registry.get_sample_value("cronwell_leases_reaped_total", {"state": "dead"}) == 1
+    )
 
 
 async def test_ctx_transaction_promotes_the_next_waiting_occurrence(db: Database) -> None:
