@@ -96,6 +96,12 @@ class Scheduler:
             batch_rows=settings.prune_batch_rows,
             metrics=self.metrics,
         )
+        self.reaper = maintenance.Reaper(
+            db,
+            batch_size=settings.reap_batch_size,
+            interval_seconds=settings.tick_seconds,
+            metrics=self.metrics,
+        )
         self.specs = SpecCache()
         self.materialised_total = 0
         self.missed_total = 0
@@ -344,6 +350,7 @@ class Scheduler:
         tasks = Supervisor(f"scheduler {self.holder}")
         tasks.spawn(self._lease_loop(), "leases")
         tasks.spawn(self._work_loop(), "materialise")
+        tasks.spawn(self.reaper.run(), "reap")
         tasks.spawn(self._prune_loop(), "prune")
         try:
             await tasks.wait(self._stop.wait())
@@ -375,20 +382,9 @@ class Scheduler:
 
         await repeat("partition leases", step, interval_seconds=interval)
 
-    async def reap_once(self) -> int:
-        """Reap expired leases (cronwell.maintenance); a death counts in the outcome metric
-        like a worker's dead letter. Returns the leases reaped."""
-        rows = await maintenance.reap(self.db, limit=self.settings.reap_batch_size)
-        for r in rows:
-            self.metrics.leases_reaped.labels(r["state"]).inc()
-            if r["state"] == "dead":
-                self.metrics.outcomes.labels(r["pool"], "dead").inc()
-        return len(rows)
-
     async def _work_loop(self) -> None:
         async def step() -> float:
             await self.materialise_until_idle()
-            await self.reap_once()
             self._wake.clear()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), self.settings.tick_seconds)

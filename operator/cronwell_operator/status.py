@@ -34,13 +34,14 @@ import time
 import uuid
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 
 from cronwell.errors import EXPECTED_ERRORS
 from cronwell.metrics import Metrics
 from cronwell.models import Condition, LastResult, RunCounters, ScheduledJobStatus
+from cronwell.store import status_changes
 from cronwell.store.db import Database
 from cronwell.supervise import Backoff, repeat
 from cronwell_operator.kube import CRef, Kube, KubeError, KubeNotFound
@@ -464,10 +465,12 @@ class StatusWriter:
             # database clock - local clock: lags are measured on the clock that stamped rows
             self._clock_offset = backlog["now"].timestamp() - time.time()
         waiting = self.backoff.waiting(time.monotonic())
-        rows = await self.db.fetch(
-            "StatusChangesRead",
-            {"limit": s.status_batch_size, "skip": [uuid.UUID(u) for u in waiting]},
-        )
+        rows = [
+            asdict(r)
+            for r in await status_changes.read(
+                self.db, limit=s.status_batch_size, skip=[uuid.UUID(u) for u in waiting]
+            )
+        ]
         self.stats.passes += 1
         changes: dict[str, list[Any]] = defaultdict(list)
         for r in rows:
@@ -478,8 +481,8 @@ class StatusWriter:
         if not uids:
             return False
         facts = {
-            str(r["id"]): r
-            for r in await self.db.fetch("JobStatusBatch", {"ids": [uuid.UUID(u) for u in uids]})
+            str(r.id): asdict(r)
+            for r in await status_changes.job_status(self.db, [uuid.UUID(u) for u in uids])
         }
         results = await asyncio.gather(
             *(self._write(uid, facts.get(uid), changes.get(uid, [])) for uid in uids)
@@ -493,7 +496,7 @@ class StatusWriter:
                 self.backoff.failed(uid, now)
                 self._touched.add(uid)
         if done:
-            await self.db.execute("StatusChangesDelete", {"ids": done})
+            await status_changes.delete(self.db, done)
         self.stats.rows += len(done)
         # More is waiting only if this pass made progress: a pass where every write failed
         # (the API server is down) waits for the poll interval, not loops at once.

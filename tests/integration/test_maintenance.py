@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
+from dataclasses import asdict
 from typing import Any
 
 from cronwell import dispatch, jobs, maintenance
@@ -14,6 +15,7 @@ from cronwell.metrics import Metrics
 from cronwell.models import ScheduledJobSpec
 from cronwell.scheduler import Scheduler
 from cronwell.settings import SchedulerSettings
+from cronwell.store import status_changes
 from cronwell.store.db import Database
 
 from .helpers import make_job, occurrences, scheduler, set_cursor
@@ -41,8 +43,8 @@ async def _past_occurrences(db: Database, job_id: uuid.UUID, n: int) -> None:
 
 
 async def _status(db: Database, job_id: uuid.UUID) -> dict[str, Any]:
-    (row,) = await db.fetch("JobStatusBatch", {"ids": [job_id]})
-    return dict(row)
+    (row,) = await status_changes.job_status(db, [job_id])
+    return asdict(row)
 
 
 async def _pruner(db: Database, **kw: Any) -> maintenance.Pruner:
@@ -154,7 +156,7 @@ async def test_a_death_by_lease_expiry_counts_toward_suspend_after_failures(db: 
     m = Metrics()
     s = Scheduler(db, SchedulerSettings(), metrics=m)
 
-    assert await s.reap_once() == 1
+    assert await s.reaper.reap_once() == 1
 
     (o,) = await occurrences(db, "fragile")
     assert (o["state"], o["reason"]) == ("dead", "AttemptsExhausted")
@@ -164,6 +166,30 @@ async def test_a_death_by_lease_expiry_counts_toward_suspend_after_failures(db: 
     assert st["consecutive_failures"] == 1
     assert st["suspended"] and st["suspended_reason"] == "SuspendedAfterFailures"
     assert (st["dead"], st["failed"]) == (1, 1)
+
+
+async def test_a_running_scheduler_starts_its_reaper(db: Database) -> None:
+    """Reaping runs as the scheduler's own task (maintenance.Reaper): an expired lease is
+    reaped while the scheduler runs, with nobody calling reap_once."""
+    job = await make_job(db, "abandoned", schedule="0 0 1 1 *", retry={"maxAttempts": 1})
+    await _past_occurrences(db, job.id, 1)
+    assert await dispatch.claim(db, pool="default", worker_id="w", limit=5, lease_seconds=60)
+    await _sql(db, "UPDATE cronwell_occurrences SET lease_expires_at = now() - interval '1 s'")
+    s = await scheduler(db, tick_seconds=0.2)
+    run = asyncio.create_task(s.run())
+    try:
+        for _ in range(300):
+            (o,) = await occurrences(db, "abandoned")
+            if o["state"] != "running" or run.done():
+                break
+            await asyncio.sleep(0.1)
+    finally:
+        s.stop()
+        await run
+    assert (o["state"], o["reason"]) == ("dead", "AttemptsExhausted")
+    assert (
+        s.metrics.registry.get_sample_value("cronwell_leases_reaped_total", {"state": "dead"}) == 1
+    )
 
 
 async def test_ctx_transaction_promotes_the_next_waiting_occurrence(db: Database) -> None:
@@ -221,7 +247,7 @@ async def test_status_change_reads_skip_jobs_that_back_off(db: Database) -> None
         stuck.id,
         fine.id,
     )
-    head = await db.fetch("StatusChangesRead", {"limit": 5, "skip": []})
-    assert {r["job_id"] for r in head} == {stuck.id}
-    rows = await db.fetch("StatusChangesRead", {"limit": 5, "skip": [stuck.id]})
-    assert [r["job_id"] for r in rows] == [fine.id]
+    head = await status_changes.read(db, limit=5, skip=[])
+    assert {r.job_id for r in head} == {stuck.id}
+    rows = await status_changes.read(db, limit=5, skip=[stuck.id])
+    assert [r.job_id for r in rows] == [fine.id]

@@ -10,7 +10,7 @@ import pytest
 
 from cronwell import partitions
 from cronwell.errors import DatabaseUnavailable, PartitionMismatch, SchemaMissing, SchemaTooNew
-from cronwell.store import Database, migrate
+from cronwell.store import Database, claims, migrate
 from cronwell.store._queries import q
 from cronwell.store.migrate import SCHEMA_VERSION, check_schema
 
@@ -124,11 +124,11 @@ async def test_claim_start_and_spec_fetch_read_jobs_by_primary_key(db: Database)
     for every batch (a third of the statement's time in a burst)."""
     async with db.connection() as conn:
         await conn.execute(_FILL)  # type: ignore[arg-type]
-    rows = await db.fetch("OccurrenceClaimCandidates", {"pool": "default", "limit": 500})
+    rows = await claims.candidates(db, pool="default", limit=500)
     assert len(rows) == 500
     start = await _plan(
-        db, "OccurrenceClaimBatch", {"ids": [r["id"] for r in rows], "worker_id": "w", "lease": 60}
+        db, "OccurrenceClaimBatch", {"ids": [r.id for r in rows], "worker_id": "w", "lease": 60}
     )
     assert "cronwell_jobs_pkey" in start and "Seq Scan" not in start, start
-    specs = await _plan(db, "JobSpecBatch", {"ids": list({r["job_id"] for r in rows})[:5]})
+    specs = await _plan(db, "JobSpecBatch", {"ids": list({r.job_id for r in rows})[:5]})
     assert "cronwell_jobs_pkey" in specs and "Seq Scan" not in specs, specs

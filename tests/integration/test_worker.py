@@ -20,6 +20,7 @@ from cronwell.errors import LeaseLost
 from cronwell.handlers import Context
 from cronwell.models import RetryPolicy
 from cronwell.schedule import format_instant
+from cronwell.store import claims
 from cronwell.store.db import Database
 from cronwell_worker.dlq import replay
 from cronwell_worker.runtime import backoff_seconds, self_fence_margin
@@ -317,7 +318,7 @@ async def test_at_most_once_never_reruns_an_ambiguous_attempt(db: Database, db_u
         lease_key,
     )
     reaped = await maintenance.reap(db, limit=10)
-    assert [(r["state"], r["reason"]) for r in reaped] == [("dead", "Ambiguous")]
+    assert [(r.state, r.reason) for r in reaped] == [("dead", "Ambiguous")]
 
     async with running_worker(db_url):
         key = await trigger(db, "amo")
@@ -636,23 +637,19 @@ async def test_a_spec_changed_after_the_claim_runs_the_claimed_spec_if_found_els
 ) -> None:
     await _twins(db)
     async with db.transaction() as conn:
-        cands = await db.fetch(
-            "OccurrenceClaimCandidates", {"pool": "default", "limit": 10}, conn=conn
+        cands = await claims.candidates(db, pool="default", limit=10, conn=conn)
+        rows = await claims.start(
+            db, [c.id for c in cands], worker_id="w", lease_seconds=30, conn=conn
         )
-        rows = await db.fetch(
-            "OccurrenceClaimBatch",
-            {"ids": [r["id"] for r in cands], "worker_id": "w", "lease": 30},
-            conn=conn,
-        )
-    rows = [r for r in rows if r["name"] in ("twin-a", "twin-b")]
-    claimed_hash = rows[0]["spec_hash"]
+    rows = [r for r in rows if r.name in ("twin-a", "twin-b")]
+    claimed_hash = rows[0].spec_hash
     # twin-a's spec changes between the claim and the fetch of its spec
     await make_job(db, "twin-a", schedule=FAR_FUTURE, target={"log": {"message": "new"}})
 
     async with db.connection() as conn:
         both = await dispatch.attach_specs(db, conn, rows, frozenset())
         only_a = await dispatch.attach_specs(
-            db, conn, [r for r in rows if r["name"] == "twin-a"], frozenset()
+            db, conn, [r for r in rows if r.name == "twin-a"], frozenset()
         )
     # twin-b still has the claimed spec: both run what was claimed
     for x in both:
@@ -664,9 +661,9 @@ async def test_a_spec_changed_after_the_claim_runs_the_claimed_spec_if_found_els
     assert a.spec_hash != claimed_hash
     # what the attempt must keep was fixed on the occurrence: unchanged by the spec change
     assert (a.timeout_seconds, a.delivery, a.max_attempts) == (
-        rows[0]["timeout_seconds"],
-        rows[0]["delivery"],
-        rows[0]["max_attempts"],
+        rows[0].timeout_seconds,
+        rows[0].delivery,
+        rows[0].max_attempts,
     )
 
 

@@ -10,6 +10,7 @@ import os
 import signal
 import subprocess
 import sys
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -67,7 +68,7 @@ async def _reap_until(db: Database, key: str, timeout: float = 15.0) -> dict[str
 
     async def reaped() -> dict[str, Any] | None:
         rows = await maintenance.reap(db, limit=100)
-        return next((r for r in rows if r["idempotency_key"] == key), None)
+        return next((asdict(r) for r in rows if r.idempotency_key == key), None)
 
     return await wait_for(reaped, timeout, f"the reaper to requeue {key}")
 

@@ -16,7 +16,7 @@ import os
 import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, TypeVar
@@ -30,6 +30,8 @@ from cronwell.errors import LeaseLost
 from cronwell.handlers import Context, StaleFence
 from cronwell.secretbox import SecretBox
 from cronwell.settings import WorkerSettings
+from cronwell.store import attempts as attempts_store
+from cronwell.store import claims, runs
 from cronwell.store.db import Database
 from cronwell_worker.runtime import Outcome, Worker
 
@@ -64,13 +66,13 @@ async def wait_for(
 
 
 async def occurrence(db: Database, key: str) -> dict[str, Any]:
-    row = await db.fetchone("OccurrenceGet", {"key": key})
+    row = await runs.get(db, key)
     assert row is not None, key
-    return dict(row)
+    return asdict(row)
 
 
 async def attempts(db: Database, key: str) -> list[dict[str, Any]]:
-    return [dict(r) for r in await db.fetch("AttemptList", {"key": key})]
+    return [asdict(r) for r in await runs.attempts(db, key)]
 
 
 async def state_is(db: Database, key: str, *states: str) -> dict[str, Any] | None:
@@ -110,8 +112,8 @@ async def _expire_and_reap(db: Database, conn: Any, key: str) -> int:
         (key,),
     )
     (row,) = await cur.fetchall()
-    reaped = await db.fetch("LeaseReap", {"limit": 100}, conn=conn)
-    assert [r["state"] for r in reaped if r["idempotency_key"] == key] == ["pending"]
+    reaped = await attempts_store.reap_leases(db, limit=100, conn=conn)
+    assert [r.state for r in reaped if r.idempotency_key == key] == ["pending"]
     occurrence_id: int = row["id"]
     return occurrence_id
 
@@ -129,11 +131,7 @@ async def steal(db: Database, key: str, worker_id: str = "thief") -> dispatch.Cl
     new fence, in one transaction (so the worker under test cannot claim it back between)."""
     async with db.transaction() as conn:
         oid = await _expire_and_reap(db, conn, key)
-        (r,) = await db.fetch(
-            "OccurrenceClaimBatch",
-            {"ids": [oid], "worker_id": worker_id, "lease": 60},
-            conn=conn,
-        )
+        (r,) = await claims.start(db, [oid], worker_id=worker_id, lease_seconds=60, conn=conn)
     return dispatch.claimed_from_row(r)
 
 

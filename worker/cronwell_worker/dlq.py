@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import re
+from dataclasses import asdict
 from typing import Any
 
 import click
@@ -22,6 +23,7 @@ import psycopg
 
 from cronwell import dispatch
 from cronwell.cli import Env, _fmt_time, render_dead, run
+from cronwell.store import dead, runs
 from cronwell.store.db import Database
 
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
@@ -68,10 +70,8 @@ def list_cmd(env: Env, name: str | None, namespace: str | None, limit: int, as_j
 
     async def go() -> list[dict[str, Any]]:
         async with env.database() as db:
-            rows = await db.fetch(
-                "DeadList", {"name": name, "namespace": namespace, "limit": limit}
-            )
-            return [dict(r) for r in rows]
+            rows = await dead.list_dead(db, name=name, namespace=namespace, limit=limit)
+            return [asdict(r) for r in rows]
 
     render_dead(run(go()), as_json=as_json)
 
@@ -85,9 +85,9 @@ def show_cmd(env: Env, key: str, as_json: bool) -> None:
 
     async def go() -> tuple[dict[str, Any] | None, list[dict[str, Any]]]:
         async with env.database() as db:
-            occ = await db.fetchone("OccurrenceGet", {"key": key})
-            atts = await db.fetch("AttemptList", {"key": key})
-            return (dict(occ) if occ else None), [dict(a) for a in atts]
+            occ = await runs.get(db, key)
+            atts = await runs.attempts(db, key)
+            return (asdict(occ) if occ else None), [asdict(a) for a in atts]
 
     occ, atts = run(go())
     if occ is None:
@@ -142,18 +142,16 @@ async def replay(
 ) -> list[dict[str, Any]]:
     """Dead occurrences back to pending (same key); wakes the pools' workers."""
     async with db.transaction() as conn:
-        rows = await db.fetch(
-            "DeadReplay",
-            {
-                "key": key,
-                "name": name,
-                "namespace": namespace,
-                "include_ambiguous": include_ambiguous,
-            },
+        rows = await dead.replay(
+            db,
+            key=key,
+            name=name,
+            namespace=namespace,
+            include_ambiguous=include_ambiguous,
             conn=conn,
         )
-        await dispatch.notify_due(db, conn, [(r["pool"], r["run_at"]) for r in rows])
-    return [dict(r) for r in rows]
+        await dispatch.notify_due(db, conn, [(r.pool, r.run_at) for r in rows])
+    return [asdict(r) for r in rows]
 
 
 @dlq.command("replay")
@@ -190,8 +188,8 @@ def replay_cmd(
             )
             occ = None
             if key is not None and not rows:
-                found = await db.fetchone("OccurrenceGet", {"key": key})
-                occ = dict(found) if found else None
+                found = await runs.get(db, key)
+                occ = asdict(found) if found else None
             return rows, occ
 
     rows, occ = run(go())
@@ -232,12 +230,14 @@ def purge_cmd(
     env: Env, older_than: float, name: str | None, namespace: str | None, yes: bool
 ) -> None:
     """Delete dead occurrences and their attempt history (asks for --yes)."""
-    params = {"older_than": older_than, "name": name, "namespace": namespace}
 
     async def go() -> int:
         async with env.database() as db:
             async with db.transaction() as conn:
-                n = len(await db.fetch("DeadPurge", params, conn=conn))
+                purged = await dead.purge(
+                    db, older_than_seconds=older_than, name=name, namespace=namespace, conn=conn
+                )
+                n = len(purged)
                 if not yes:
                     raise psycopg.Rollback()
             return n

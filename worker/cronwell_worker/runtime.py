@@ -44,7 +44,7 @@ from cronwell.metrics import Metrics
 from cronwell.models import Delivery, RetryPolicy, ScheduledJobSpec
 from cronwell.secretbox import SecretBox, SecretsKeyError
 from cronwell.settings import EgressSettings, SecretsSettings, WorkerSettings
-from cronwell.store import processes
+from cronwell.store import claims, processes
 from cronwell.store.db import Database
 from cronwell.supervise import Backoff, Supervisor
 from cronwell_worker import egress, targets
@@ -257,9 +257,9 @@ class Worker:
                         self._specs.popitem(last=False)
                     if len(claimed) == want:
                         continue
-                    row = await self.db.fetchone("OccurrenceNextDue", {"pool": s.pool})
-                    if row and row["next_due"] is not None:
-                        delay = (row["next_due"] - row["db_now"]).total_seconds()
+                    due = await claims.next_due(self.db, pool=s.pool)
+                    if due.next_due is not None:
+                        delay = (due.next_due - due.db_now).total_seconds()
                 backoff.success()
             except EXPECTED_ERRORS as e:
                 delay = backoff.failure()
