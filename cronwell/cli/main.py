@@ -6,11 +6,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import re
 import signal
 import sys
 from collections.abc import AsyncIterator, Callable, Coroutine
-from datetime import UTC, datetime
+from datetime import datetime
 from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Any, TypeVar
@@ -19,6 +18,7 @@ import click
 import pydantic
 
 from cronwell import __version__, backfill, jobs, logs, partitions
+from cronwell.cli.parse import duration_option, instant_option, parse_duration
 from cronwell.embedded import EmbeddedPostgres
 from cronwell.errors import CronwellError
 from cronwell.metrics import Metrics
@@ -257,7 +257,7 @@ metrics_port_option = click.option(
 @click.option(
     "--retention",
     "retention_seconds",
-    callback=lambda ctx, param, v: None if v is None else _parse_seconds(v),
+    callback=duration_option,
     help="Keep finished runs of deleted and one-shot jobs this long (e.g. 7d, 12h; "
     "default 7d, env CRONWELL_RETENTION_SECONDS in seconds).",
 )
@@ -603,31 +603,12 @@ def render_dead(rows: list[dict[str, Any]], *, as_json: bool = False) -> None:
         click.echo("(no dead occurrences)", err=True)
 
 
-def _parse_instant(value: str) -> datetime:
-    """`now`, ISO-8601 with Z or an offset, or without one (UTC, as cronwell prints)."""
-    text = value.strip()
-    if text.lower() == "now":
-        return datetime.now(UTC)
-    try:
-        t = datetime.fromisoformat(text)
-    except ValueError:
-        raise click.BadParameter(
-            f"{value!r}: use ISO-8601, e.g. 2026-03-29T00:00:00Z, 2026-03-29T02:30+02:00, "
-            "2026-03-29 (UTC midnight) or now"
-        ) from None
-    return t if t.tzinfo is not None else t.replace(tzinfo=UTC)
-
-
-def _instant_option(ctx: click.Context, param: click.Parameter, value: str) -> datetime:
-    return _parse_instant(value)
-
-
 @main.command("backfill")
 @click.argument("name")
 @click.option("-n", "--namespace", default="default", show_default=True)
-@click.option("--from", "start", required=True, callback=_instant_option,
+@click.option("--from", "start", required=True, callback=instant_option,
               help="First instant of the window (ISO-8601; no offset means UTC).")  # fmt: skip
-@click.option("--to", "end", required=True, callback=_instant_option,
+@click.option("--to", "end", required=True, callback=instant_option,
               help="Last instant of the window, included (not in the future).")  # fmt: skip
 @click.option("--dry-run", is_flag=True, help="Print what would happen; write nothing.")
 @click.option("--max", "max_instants", type=int, default=backfill.DEFAULT_MAX_INSTANTS,
@@ -740,16 +721,6 @@ def status_cmd(env: Env) -> None:
     click.echo("occurrences: " + (", ".join(f"{r['state']}={r['n']}" for r in counts) or "none"))
 
 
-def _parse_seconds(value: str) -> float:
-    """`90`, `30s`, `5m`, `1h`, `1h30m`, `2d` -> seconds."""
-    text = value.strip().lower()
-    parts = re.findall(r"(\d+(?:\.\d+)?)([smhd]?)", text)
-    if not text or "".join(n + u for n, u in parts) != text:
-        raise click.BadParameter(f"{value!r}: use a duration such as 90s, 5m, 1h or 1h30m")
-    mult = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
-    return sum(float(n) * mult[u] for n, u in parts)
-
-
 @main.command("forecast")
 @click.option("--pool", default=None, help="Only this pool.")
 @click.option("--horizon", default="1h", show_default=True, help="How far ahead (e.g. 5m, 1h).")
@@ -777,7 +748,10 @@ def forecast_cmd(
     from cronwell import forecast
     from cronwell.workerpool import WorkerPoolSpec
 
-    horizon_s, bucket_s = _parse_seconds(horizon), _parse_seconds(bucket)
+    try:
+        horizon_s, bucket_s = parse_duration(horizon), parse_duration(bucket)
+    except ValueError as e:
+        raise click.BadParameter(str(e)) from None
     if horizon_s <= 0 or bucket_s <= 0:
         raise click.BadParameter("--horizon and --bucket must be positive")
     try:
