@@ -20,7 +20,7 @@ import click
 import psycopg
 
 from cronwell import dispatch
-from cronwell.cli import Env, _fmt_time, duration_option, render_dead, run
+from cronwell.cli import Env, duration_option, fmt_time, render_dead, run
 from cronwell.store.db import Database
 
 
@@ -102,7 +102,7 @@ def show_cmd(env: Env, key: str, as_json: bool) -> None:
                 a["fence"],
                 a["outcome"],
                 (a["worker_id"] or "-")[:44],
-                _fmt_time(a["finished_at"]),
+                fmt_time(a["finished_at"]),
                 (a["error"] or "").replace("\n", " ")[:80],
             )
         )
