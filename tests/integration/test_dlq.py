@@ -12,9 +12,9 @@ import pytest
 from click.testing import CliRunner, Result
 
 from cronwell import dispatch
-from cronwell.cli import Env
+from cronwell.cli import Env, parse_duration
 from cronwell.store.db import Database
-from cronwell_worker.dlq import dlq, parse_duration
+from cronwell_worker.dlq import dlq
 
 from .worker_helpers import attempts, handler_job, occurrence, sql, trigger
 

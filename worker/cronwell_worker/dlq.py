@@ -14,7 +14,6 @@ issued before for that key. Ambiguous occurrences (AtMostOnce) are replayed only
 from __future__ import annotations
 
 import json
-import re
 from dataclasses import asdict
 from typing import Any
 
@@ -22,32 +21,9 @@ import click
 import psycopg
 
 from cronwell import dispatch
-from cronwell.cli import Env, _fmt_time, render_dead, run
+from cronwell.cli import Env, duration_option, fmt_time, render_dead, run
 from cronwell.store import dead, runs
 from cronwell.store.db import Database
-
-_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
-_DURATION = re.compile(r"(\d+(?:\.\d+)?)([smhdw])")
-
-
-def parse_duration(text: str) -> float:
-    """'90s', '15m', '12h', '7d', '2w', '1d12h' or plain seconds -> seconds."""
-    t = text.strip().lower()
-    try:
-        return float(t)
-    except ValueError:
-        pass
-    parts = _DURATION.findall(t)
-    if not parts or "".join(n + u for n, u in parts) != t:
-        raise ValueError(f"invalid duration {text!r} (examples: 90s, 15m, 12h, 7d, 1d12h)")
-    return sum(float(n) * _UNITS[u] for n, u in parts)
-
-
-def _duration(ctx: click.Context, param: click.Parameter, value: str) -> float:
-    try:
-        return parse_duration(value)
-    except ValueError as e:
-        raise click.BadParameter(str(e)) from None
 
 
 def _jsonable(row: dict[str, Any]) -> str:
@@ -126,7 +102,7 @@ def show_cmd(env: Env, key: str, as_json: bool) -> None:
                 a["fence"],
                 a["outcome"],
                 (a["worker_id"] or "-")[:44],
-                _fmt_time(a["finished_at"]),
+                fmt_time(a["finished_at"]),
                 (a["error"] or "").replace("\n", " ")[:80],
             )
         )
@@ -217,7 +193,7 @@ def replay_cmd(
 @click.option(
     "--older-than",
     "older_than",
-    callback=_duration,
+    callback=duration_option,
     default="7d",
     show_default=True,
     help="Only occurrences dead for longer than this (90s, 15m, 12h, 7d, ...).",
