@@ -12,6 +12,8 @@ import click
 from cronwell import jobs
 from cronwell.cli import render
 from cronwell.cli.main import Env, main, run
+from cronwell.store import jobs as store_jobs
+from cronwell.store import runs
 
 
 def load_or_fail(paths: tuple[Path, ...], *, standalone: bool = False) -> tuple[list[Any], int]:
@@ -251,9 +253,9 @@ def _set_suspend(env: Env, namespace: str, name: str, suspended: bool) -> None:
 def jobs_cmd(env: Env, namespace: str | None) -> None:
     """List jobs in the store (the standalone `kubectl get scheduledjobs`)."""
 
-    async def go() -> list[Any]:
+    async def go() -> list[store_jobs.JobSummary]:
         async with env.database() as db:
-            return await db.fetch("JobList", {"namespace": namespace})
+            return await store_jobs.list_live(db, namespace=namespace)
 
     render.render_jobs(run(go()))
 
@@ -270,14 +272,10 @@ def runs_cmd(
 ) -> None:
     """Recent occurrences with state, start lag and attempts (newest first)."""
 
-    async def go() -> list[dict[str, Any]]:
+    async def go() -> list[runs.Run]:
         async with env.database() as db:
-            return [
-                dict(r)
-                for r in await db.fetch(
-                    "RunsList",
-                    {"name": name, "namespace": namespace, "state": state, "limit": limit},
-                )
-            ]
+            return await runs.list_runs(
+                db, name=name, namespace=namespace, state=state, limit=limit
+            )
 
     render.render_runs(run(go()), as_json=as_json)

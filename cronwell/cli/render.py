@@ -4,6 +4,7 @@ table looks the same wherever it is shown."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime
@@ -17,7 +18,10 @@ from cronwell.schedule import format_instant
 if TYPE_CHECKING:
     from cronwell.backfill import BackfillResult
     from cronwell.forecast import PoolForecast, ReplicaPlan
+    from cronwell.store.dead import Dead
+    from cronwell.store.jobs import JobSummary
     from cronwell.store.processes import Process
+    from cronwell.store.runs import Run
 
 
 def fmt_time(t: datetime | None) -> str:
@@ -29,13 +33,13 @@ def fmt_secs(v: Any) -> str:
     return "-" if v is None else f"{float(v):.3f}s"
 
 
-def json_lines(rows: Iterable[Mapping[str, Any]]) -> None:
-    """One JSON object per line (`--json`); times and UUIDs as strings."""
+def json_lines(rows: Iterable[Any]) -> None:
+    """One JSON object per line (`--json`) of store rows; times and UUIDs as strings."""
     for r in rows:
-        click.echo(json.dumps(r, default=str))
+        click.echo(json.dumps(dataclasses.asdict(r), default=str))
 
 
-def render_runs(rows: list[dict[str, Any]], *, as_json: bool = False) -> None:
+def render_runs(rows: Sequence[Run], *, as_json: bool = False) -> None:
     """The runs table (`cronwell runs`, `kubectl cronwell runs`): one renderer for both."""
     if as_json:
         json_lines(rows)
@@ -49,21 +53,21 @@ def render_runs(rows: list[dict[str, Any]], *, as_json: bool = False) -> None:
     for r in rows:
         click.echo(
             fmt.format(
-                f"{r['namespace']}/{r['name']}"[:28],
-                fmt_time(r["scheduled_for"]),
-                r["state"],
-                r["origin"],
-                fmt_secs(r["lag_seconds"]),
-                fmt_secs(r["duration_seconds"]),
-                r["attempt"],
-                (r["reason"] or r["last_error"] or "").replace("\n", " ")[:60],
+                f"{r.namespace}/{r.name}"[:28],
+                fmt_time(r.scheduled_for),
+                r.state,
+                r.origin,
+                fmt_secs(r.lag_seconds),
+                fmt_secs(r.duration_seconds),
+                r.attempt,
+                (r.reason or r.last_error or "").replace("\n", " ")[:60],
             )
         )
     if not rows:
         click.echo("(no occurrences)", err=True)
 
 
-def render_dead(rows: list[dict[str, Any]], *, as_json: bool = False) -> None:
+def render_dead(rows: Sequence[Dead], *, as_json: bool = False) -> None:
     """The dead-letter table (`cronwell dlq list`, `kubectl cronwell dlq`)."""
     if as_json:
         json_lines(rows)
@@ -73,19 +77,19 @@ def render_dead(rows: list[dict[str, Any]], *, as_json: bool = False) -> None:
     for r in rows:
         click.echo(
             fmt.format(
-                f"{r['namespace']}/{r['name']}"[:28],
-                r["idempotency_key"],
-                (r["reason"] or "-")[:18],
-                f"{r['attempt']}/{r['max_attempts']}",
-                fmt_time(r["finished_at"]),
-                (r["last_error"] or "").replace("\n", " ")[:80],
+                f"{r.namespace}/{r.name}"[:28],
+                r.idempotency_key,
+                (r.reason or "-")[:18],
+                f"{r.attempt}/{r.max_attempts}",
+                fmt_time(r.finished_at),
+                (r.last_error or "").replace("\n", " ")[:80],
             )
         )
     if not rows:
         click.echo("(no dead occurrences)", err=True)
 
 
-def render_jobs(rows: Iterable[Mapping[str, Any]]) -> None:
+def render_jobs(rows: Iterable[JobSummary]) -> None:
     """The jobs table (`cronwell jobs`, the standalone `kubectl get scheduledjobs`)."""
     fmt = "{:<32} {:<18} {:<16} {:<8} {:<20} {:>8} {:>7}"
     click.echo(
@@ -94,16 +98,16 @@ def render_jobs(rows: Iterable[Mapping[str, Any]]) -> None:
         )
     )
     for r in rows:
-        spec = r["spec"]
+        spec = r.spec
         click.echo(
             fmt.format(
-                f"{r['namespace']}/{r['name']}"[:32],
+                f"{r.namespace}/{r.name}"[:32],
                 spec.get("schedule") or "runAt",
                 spec.get("timeZone", "UTC")[:16],
-                (r["suspended_reason"] or "yes") if r["suspended"] else "no",
-                fmt_time(r["next_run_at"]),
-                r["consecutive_failures"],
-                r["missed_total"],
+                (r.suspended_reason or "yes") if r.suspended else "no",
+                fmt_time(r.next_run_at),
+                r.consecutive_failures,
+                r.missed_total,
             )
         )
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 import uuid
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, NoReturn
@@ -160,16 +160,14 @@ def _store(plugin: Plugin) -> Database:
     return Database(plugin.url(), min_size=1, max_size=1, application_name="kubectl-cronwell")
 
 
-async def _runs(plugin: Plugin, job_id: uuid.UUID, state: str | None, limit: int) -> list[Any]:
+async def _runs(plugin: Plugin, job_id: uuid.UUID, state: str | None, limit: int) -> list[runs.Run]:
     async with _store(plugin) as db:
-        return [
-            asdict(r) for r in await runs.list_for_job(db, job_id=job_id, state=state, limit=limit)
-        ]
+        return await runs.list_for_job(db, job_id=job_id, state=state, limit=limit)
 
 
-async def _dead(plugin: Plugin, ns: str | None, name: str | None, limit: int) -> list[Any]:
+async def _dead(plugin: Plugin, ns: str | None, name: str | None, limit: int) -> list[dead.Dead]:
     async with _store(plugin) as db:
-        return [asdict(r) for r in await dead.list_dead(db, namespace=ns, name=name, limit=limit)]
+        return await dead.list_dead(db, namespace=ns, name=name, limit=limit)
 
 
 namespace_option = click.option(

@@ -44,10 +44,9 @@ def dlq() -> None:
 def list_cmd(env: Env, name: str | None, namespace: str | None, limit: int, as_json: bool) -> None:
     """Dead occurrences, newest first, with their reason and last error."""
 
-    async def go() -> list[dict[str, Any]]:
+    async def go() -> list[dead.Dead]:
         async with env.database() as db:
-            rows = await dead.list_dead(db, name=name, namespace=namespace, limit=limit)
-            return [asdict(r) for r in rows]
+            return await dead.list_dead(db, name=name, namespace=namespace, limit=limit)
 
     render_dead(run(go()), as_json=as_json)
 
