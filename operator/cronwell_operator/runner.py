@@ -24,7 +24,7 @@ import kopf
 from cronwell.metrics import Metrics
 from cronwell.store.db import Database
 from cronwell.store.migrate import check_schema
-from cronwell_operator import drift, handlers, tenancy_sync
+from cronwell_operator import drift, kopf_handlers, tenancy_sync
 from cronwell_operator.kube import Kube
 from cronwell_operator.leader import LeaderElector, LeadershipLost
 from cronwell_operator.scaler import Scaler
@@ -91,8 +91,8 @@ class Operator:
         s = self.settings
         registry = kopf.OperatorRegistry()
         kopf_settings = kopf.OperatorSettings()
-        handlers.configure(kopf_settings, s, manage_webhook=leader)
-        ctx = handlers.Context(
+        kopf_handlers.configure(kopf_settings, s, manage_webhook=leader)
+        ctx = kopf_handlers.Context(
             self.db,
             self.kube,
             s,
@@ -100,7 +100,7 @@ class Operator:
             metrics=self.metrics,
             secrets=self.secrets,
         )
-        handlers.register(registry, ctx, webhook_only=not leader)
+        kopf_handlers.register(registry, ctx, webhook_only=not leader)
         loop = asyncio.get_running_loop()
         stop: asyncio.Future[None] = loop.create_future()
         ready: asyncio.Future[None] = loop.create_future()

@@ -13,7 +13,7 @@ import pytest
 
 from cronwell.errors import DatabaseError, DatabaseUnavailable, JobNotFound, SpecError
 from cronwell.models import ScheduledJobStatus
-from cronwell_operator import handlers, status, webhook
+from cronwell_operator import kopf_handlers, status, webhook
 from cronwell_operator.settings import OperatorSettings
 
 NOW = datetime(2026, 3, 1, 12, 0, 30, 123456, tzinfo=UTC)
@@ -200,10 +200,10 @@ def test_webhook_names_the_field_and_the_fix(spec: dict[str, Any], expected: str
 
 
 def test_cronwell_errors_map_to_kopf_errors_explicitly() -> None:
-    assert handlers.kopf_error(DatabaseUnavailable("down")).delay == 10  # type: ignore[union-attr]
-    assert handlers.kopf_error(DatabaseError("x")).delay == 30  # type: ignore[union-attr]
-    assert isinstance(handlers.kopf_error(JobNotFound("x")), kopf.TemporaryError)
-    assert isinstance(handlers.kopf_error(SpecError("x")), kopf.PermanentError)
+    assert kopf_handlers.kopf_error(DatabaseUnavailable("down")).delay == 10  # type: ignore[union-attr]
+    assert kopf_handlers.kopf_error(DatabaseError("x")).delay == 30  # type: ignore[union-attr]
+    assert isinstance(kopf_handlers.kopf_error(JobNotFound("x")), kopf.TemporaryError)
+    assert isinstance(kopf_handlers.kopf_error(SpecError("x")), kopf.PermanentError)
 
 
 def test_a_failing_ready_posts_one_warning_per_transition() -> None:
