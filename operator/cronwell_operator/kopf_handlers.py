@@ -163,9 +163,9 @@ def configure(
     settings.scanning.disabled = True
     settings.watching.server_timeout = 300
     settings.watching.client_timeout = 330
-    if cfg.webhook_port is not None:
+    if cfg.webhook.port is not None:
         settings.admission.server = webhook.server(cfg)
-        if cfg.webhook_host is not None and manage_webhook:
+        if cfg.webhook.host is not None and manage_webhook:
             settings.admission.managed = f"{GROUP}"
 
 
@@ -187,7 +187,7 @@ def register(registry: kopf.OperatorRegistry, ctx: Context, *, webhook_only: boo
     if not webhook_only:
         _register_resource_handlers(registry, ctx)
 
-    if ctx.settings.webhook_port is not None:
+    if ctx.settings.webhook.port is not None:
         admission = webhook.Admission(ctx.db, ctx.kube, ctx.settings, ctx.m)
 
         @kopf.on.validate(

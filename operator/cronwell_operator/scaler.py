@@ -135,7 +135,7 @@ class Scaler:
         self._state: dict[str, _PoolState] = {}
         self._raised: set[tuple[str, str]] = set()  # (namespace, HPA) we raised
         self._labels: set[str] = set()
-        self._sem = asyncio.Semaphore(max(1, settings.status_concurrency))
+        self._sem = asyncio.Semaphore(max(1, settings.status.concurrency))
         self._tick_seconds = 0.0
         self._crd_missing = False
         self._ready_unknown: set[str] = set()  # pools whose Deployment could not be read
@@ -159,7 +159,7 @@ class Scaler:
         await repeat(
             "pre-scale tick",
             step,
-            interval_seconds=self.settings.scale_interval_seconds,
+            interval_seconds=self.settings.scaling.interval_seconds,
             expected=_EXPECTED,
         )
 
@@ -179,7 +179,7 @@ class Scaler:
                     extra={"action": "prescale_idle"},
                 )
             self._crd_missing = True
-            return s.scale_interval_seconds
+            return s.scaling.interval_seconds
         self._crd_missing = False
         specs: dict[str, WorkerPoolSpec] = {}
         parsed: list[tuple[dict[str, Any], WorkerPoolSpec | str]] = []
@@ -191,7 +191,7 @@ class Scaler:
                 continue
             parsed.append((obj, spec))
             specs.setdefault(obj["metadata"]["name"], spec)
-        forecasts = await forecast_pools(self.db, s.forecast_horizon_seconds, pools=specs)
+        forecasts = await forecast_pools(self.db, s.scaling.forecast_horizon_seconds, pools=specs)
         base, mono = await self._db_now()
 
         def now() -> datetime:
@@ -215,7 +215,7 @@ class Scaler:
         self._forget(
             {o["metadata"]["uid"] for o, _ in parsed}, {o["metadata"]["name"] for o, _ in parsed}
         )
-        delay = s.scale_interval_seconds
+        delay = s.scaling.interval_seconds
         t = now()
         for w in wakes:
             if w is not None:

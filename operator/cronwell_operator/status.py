@@ -81,8 +81,8 @@ class StatusWriter:
         self._known: dict[str, _Known] = {}
         self._touched: set[str] = set()
         self._wake = asyncio.Event()
-        self._limiter = TokenBucket(self.settings.status_qps, self.settings.status_burst)
-        self._sem = asyncio.Semaphore(self.settings.status_concurrency)
+        self._limiter = TokenBucket(self.settings.status.qps, self.settings.status.burst)
+        self._sem = asyncio.Semaphore(self.settings.status.concurrency)
         self._clock_offset = 0.0
         self.backoff = JobBackoff()
 
@@ -126,7 +126,7 @@ class StatusWriter:
             if not busy:
                 self._wake.clear()
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._wake.wait(), self.settings.status_poll_seconds)
+                    await asyncio.wait_for(self._wake.wait(), self.settings.status.poll_seconds)
             return 0.0
 
         try:
@@ -145,7 +145,7 @@ class StatusWriter:
         waiting = self.backoff.waiting(time.monotonic())
         rows = await self.db.fetch(
             "StatusChangesRead",
-            {"limit": s.status_batch_size, "skip": [uuid.UUID(u) for u in waiting]},
+            {"limit": s.status.batch_size, "skip": [uuid.UUID(u) for u in waiting]},
         )
         self.stats.passes += 1
         changes: dict[str, list[Any]] = defaultdict(list)
@@ -176,7 +176,7 @@ class StatusWriter:
         self.stats.rows += len(done)
         # More is waiting only if this pass made progress: a pass where every write failed
         # (the API server is down) waits for the poll interval, not loops at once.
-        return len(rows) >= s.status_batch_size and any(results)
+        return len(rows) >= s.status.batch_size and any(results)
 
     async def _write(self, uid: str, row: Any, changes: list[Any]) -> bool:
         """Bring one CR's status up to date; False to retry it next pass."""

@@ -14,7 +14,7 @@ import pytest
 from cronwell.errors import DatabaseError, DatabaseUnavailable, JobNotFound, SpecError
 from cronwell.models import ScheduledJobStatus
 from cronwell_operator import kopf_handlers, ratelimit, status_build, webhook
-from cronwell_operator.settings import OperatorSettings
+from cronwell_operator.settings import OperatorSettings, WebhookSettings
 
 NOW = datetime(2026, 3, 1, 12, 0, 30, 123456, tzinfo=UTC)
 
@@ -167,7 +167,7 @@ async def test_token_bucket_holds_the_rate() -> None:
     assert time.monotonic() - started >= 0.38
 
 
-SETTINGS = OperatorSettings(identity="t", webhook_payload_max_bytes=100)
+SETTINGS = OperatorSettings(identity="t", webhook=WebhookSettings(payload_max_bytes=100))
 
 
 def doc(spec: dict[str, Any], name: str = "j") -> dict[str, Any]:
