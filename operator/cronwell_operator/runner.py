@@ -92,7 +92,7 @@ class Operator:
         registry = kopf.OperatorRegistry()
         kopf_settings = kopf.OperatorSettings()
         kopf_handlers.configure(kopf_settings, s, manage_webhook=leader)
-        ctx = kopf_handlers.Context(
+        ctx = kopf_handlers.HandlerDeps(
             self.db,
             self.kube,
             s,
