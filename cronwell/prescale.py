@@ -23,7 +23,7 @@ from typing import Any
 
 import pydantic
 
-from cronwell.workerpool import LastPreScale
+from cronwell.workerpool import LastPreScale, WorkerPoolSpec
 
 HPA_ANNOTATION = "cronwell.dev/original-min-replicas"
 """Where a raised HPA remembers its own minReplicas (restored when the need has passed)."""
@@ -54,6 +54,23 @@ class Hold:
     def until(self, delay: float) -> datetime | None:
         """When the value held now stops being held (None: nothing is)."""
         return self._q[0][0] + timedelta(seconds=delay) if self._q else None
+
+    def push_past(
+        self, start: datetime, resolution: float, need: Sequence[int], cut: datetime
+    ) -> None:
+        """Remember a previous forecast's needs (bucket i at start + i * resolution) in its
+        buckets before `cut`: the next forecast starts at `cut`, so they are out of it."""
+        for i, n in enumerate(need):
+            t = start + timedelta(seconds=i * resolution)
+            if t >= cut:
+                break
+            self.push(t, n)
+
+
+def desired_replicas(planned: int, held: int, spec: WorkerPoolSpec) -> int:
+    """Replicas to ask for: the plan, or what the hold still keeps, within the pool's
+    [minReplicas, maxReplicas]."""
+    return min(spec.max_replicas, max(spec.min_replicas, planned, held))
 
 
 def hpa_targets(hpa: Mapping[str, Any], deployment: str) -> bool:

@@ -55,6 +55,7 @@ from cronwell.prescale import (
     Hold,
     HpaChange,
     PreScale,
+    desired_replicas,
     hpa_change,
     hpa_original,
     hpa_targets,
@@ -291,13 +292,7 @@ class Scaler:
             self.metrics.planned_replicas.labels(ref.name).set(spec.min_replicas)
         # What the previous forecast needed in buckets now past goes into the hold.
         if state.last is not None:
-            start0, res0, need0 = state.last
-            cut = pf.start if pf is not None else t
-            for i, n in enumerate(need0):
-                tb = start0 + timedelta(seconds=i * res0)
-                if tb >= cut:
-                    break
-                state.hold.push(tb, n)
+            state.hold.push_past(*state.last, pf.start if pf is not None else t)
         state.last = (pf.start, pf.resolution, plan.need) if pf is not None else None
 
         try:
@@ -326,8 +321,7 @@ class Scaler:
             # A new leader never scales down sooner than scaleDownDelaySeconds.
             state.hold.push(t, min(current, spec.max_replicas))
             state.seeded = True
-        desired = max(planned, state.hold.value(t, delay))
-        desired = min(spec.max_replicas, max(spec.min_replicas, desired))
+        desired = desired_replicas(planned, state.hold.value(t, delay), spec)
         until = state.hold.until(delay)
         if until is not None and desired > planned and (out.wake is None or until < out.wake):
             out.wake = until

@@ -15,6 +15,7 @@ from cronwell.prescale import (
     Hold,
     HpaChange,
     PreScale,
+    desired_replicas,
     hpa_change,
     hpa_original,
     hpa_targets,
@@ -52,6 +53,22 @@ def test_a_larger_later_need_replaces_older_smaller_ones() -> None:
     h.push(at(5), 4)
     assert h.value(at(14), 10) == 4  # held from t=5, not t=0
     assert h.value(at(15.5), 10) == 0
+
+
+def test_hold_remembers_only_the_buckets_before_the_cut() -> None:
+    h = Hold()
+    h.push_past(at(0), 5, [2, 7, 4, 9], at(10))  # buckets at 0, 5 | 10, 15: two are past
+    assert h.value(at(10), 60) == 7 and h.until(60) == at(65)
+
+
+def test_desired_is_the_plan_or_the_hold_within_the_pool_bounds() -> None:
+    spec = WorkerPoolSpec.model_validate(
+        {"scaleTargetRef": {"name": "w"}, "minReplicas": 2, "maxReplicas": 6}
+    )
+    assert desired_replicas(3, 5, spec) == 5
+    assert desired_replicas(4, 0, spec) == 4
+    assert desired_replicas(0, 1, spec) == 2
+    assert desired_replicas(9, 3, spec) == 6
 
 
 def test_hold_times_never_go_backwards() -> None:
