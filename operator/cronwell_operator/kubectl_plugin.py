@@ -31,7 +31,7 @@ from cronwell.store import dead, runs
 from cronwell.store.db import Database
 from cronwell_operator.kube import PLURAL, api_client
 
-#: The annotation the operator watches (handlers.py): each new value requests one run.
+#: The annotation the operator watches (kopf_handlers.py): each new value requests one run.
 TRIGGER_ANNOTATION = f"{GROUP}/trigger"
 _SA_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
 DATABASE_HELP = (

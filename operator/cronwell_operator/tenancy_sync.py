@@ -110,7 +110,7 @@ class TenancySync:
                 )
             except Exception:
                 log.exception("tenancy sync failed", extra={"action": "tenancy_sync"})
-            await asyncio.sleep(self.settings.tenancy_sync_seconds)
+            await asyncio.sleep(self.settings.tenancy.sync_seconds)
 
     async def sync_once(self) -> None:
         await self.sync_namespaces()

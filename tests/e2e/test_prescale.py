@@ -31,9 +31,9 @@ from kubernetes import client
 
 from cronwell.jobs import apply_job
 from cronwell.models import ScheduledJobSpec
+from cronwell.prescale import HPA_ANNOTATION
 from cronwell.store.db import Database
 from cronwell.testing.controlplane import Cluster, free_port
-from cronwell_operator.scaler import HPA_ANNOTATION
 from cronwell_operator.testing import (
     FAST_LEASE_ARGS,
     OperatorProcess,

@@ -10,10 +10,10 @@ from dataclasses import asdict
 from typing import Any
 
 from cronwell import dispatch, jobs, maintenance
-from cronwell.handlers import Context
 from cronwell.metrics import Metrics
 from cronwell.models import ScheduledJobSpec
 from cronwell.scheduler import Scheduler
+from cronwell.sdk import Context
 from cronwell.settings import SchedulerSettings
 from cronwell.store import status_changes
 from cronwell.store.db import Database

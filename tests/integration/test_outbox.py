@@ -13,7 +13,7 @@ from click.testing import CliRunner, Result
 from cronwell import dispatch
 from cronwell.cli import Env
 from cronwell.errors import LeaseLost
-from cronwell.handlers import Context, StaleFence
+from cronwell.sdk import Context, StaleFence
 from cronwell.store import outbox
 from cronwell.store.db import Database
 from cronwell_worker.cli import outbox_relay

@@ -17,9 +17,9 @@ import pytest
 
 from cronwell import dispatch, maintenance
 from cronwell.errors import LeaseLost
-from cronwell.handlers import Context
 from cronwell.models import RetryPolicy
 from cronwell.schedule import format_instant
+from cronwell.sdk import Context
 from cronwell.store import claims
 from cronwell.store.db import Database
 from cronwell_worker.dlq import replay

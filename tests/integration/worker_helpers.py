@@ -27,7 +27,7 @@ import cronwell
 from cronwell import dispatch, jobs
 from cronwell.egress import EgressPolicy
 from cronwell.errors import LeaseLost
-from cronwell.handlers import Context, StaleFence
+from cronwell.sdk import Context, StaleFence
 from cronwell.secretbox import SecretBox
 from cronwell.settings import WorkerSettings
 from cronwell.store import attempts as attempts_store

@@ -16,7 +16,7 @@ import yaml
 
 from cronwell.loader import load
 from cronwell.testing.controlplane import ControlPlaneError, find_assets
-from cronwell_operator import status
+from cronwell_operator import status_build
 from tests.unit.test_chart import CHART, WORKERPOOL_SERVED, helm
 from tests.unit.test_crd_status import NOW, row
 
@@ -239,7 +239,7 @@ def test_scheduledjob_health_from_the_operators_statuses(
     expected: str,
     in_message: str,
 ) -> None:
-    st = status.build_status(job_row, previous=None, spec_error=spec_error, now=NOW)
+    st = status_build.build_status(job_row, previous=None, spec_error=spec_error, now=NOW)
     state, message = health("ScheduledJob", scheduled_job(st, generation))
     assert state == expected, message
     assert in_message in message

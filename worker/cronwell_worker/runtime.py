@@ -38,10 +38,10 @@ from cronwell.egress import (
     Rules,
 )
 from cronwell.errors import EXPECTED_ERRORS, DatabaseError, LeaseLost
-from cronwell.handlers import Context
 from cronwell.maintenance import process_id, this_process
 from cronwell.metrics import Metrics
 from cronwell.models import Delivery, RetryPolicy, ScheduledJobSpec
+from cronwell.sdk import Context
 from cronwell.secretbox import SecretBox, SecretsKeyError
 from cronwell.settings import EgressSettings, SecretsSettings, WorkerSettings
 from cronwell.store import claims, processes

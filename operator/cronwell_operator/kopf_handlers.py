@@ -47,7 +47,7 @@ TRIGGER_ANNOTATION = f"{GROUP}/trigger"
 
 
 @dataclass
-class Context:
+class HandlerDeps:
     """What the handlers need, passed explicitly (no module globals)."""
 
     db: Database
@@ -100,7 +100,7 @@ def connection_info(config: Any) -> kopf.ConnectionInfo:
 
 
 async def _warn_unresolved(
-    ctx: Context, ref: CRef, unresolved: tenancy_sync.SecretUnresolved | None
+    ctx: HandlerDeps, ref: CRef, unresolved: tenancy_sync.SecretUnresolved | None
 ) -> None:
     """A Warning Event naming a missing Secret (or key), once per transition: kopf's retries
     of the reconcile do not post it again, a resolution re-arms it."""
@@ -164,9 +164,9 @@ def configure(
     settings.scanning.disabled = True
     settings.watching.server_timeout = 300
     settings.watching.client_timeout = 330
-    if cfg.webhook_port is not None:
+    if cfg.webhook.port is not None:
         settings.admission.server = webhook.server(cfg)
-        if cfg.webhook_host is not None and manage_webhook:
+        if cfg.webhook.host is not None and manage_webhook:
             settings.admission.managed = f"{GROUP}"
 
 
@@ -175,7 +175,9 @@ def _ref(body: kopf.Body) -> CRef:
     return CRef(str(meta.uid), str(meta.namespace), str(meta.name))
 
 
-def register(registry: kopf.OperatorRegistry, ctx: Context, *, webhook_only: bool = False) -> None:
+def register(
+    registry: kopf.OperatorRegistry, ctx: HandlerDeps, *, webhook_only: bool = False
+) -> None:
     """Register the handlers into `registry` (one per kopf instance); `webhook_only` for a
     standby, which serves admission but reconciles nothing."""
 
@@ -188,7 +190,7 @@ def register(registry: kopf.OperatorRegistry, ctx: Context, *, webhook_only: boo
     if not webhook_only:
         _register_resource_handlers(registry, ctx)
 
-    if ctx.settings.webhook_port is not None:
+    if ctx.settings.webhook.port is not None:
         admission = webhook.Admission(ctx.db, ctx.kube, ctx.settings, ctx.m)
 
         @kopf.on.validate(
@@ -206,7 +208,7 @@ def register(registry: kopf.OperatorRegistry, ctx: Context, *, webhook_only: boo
                 raise kopf.AdmissionError(verdict.denial, code=422)
 
 
-def _register_resource_handlers(registry: kopf.OperatorRegistry, ctx: Context) -> None:
+def _register_resource_handlers(registry: kopf.OperatorRegistry, ctx: HandlerDeps) -> None:
     """create/update/resume/delete of ScheduledJobs: the reconciliation proper."""
 
     async def reconcile(body: kopf.Body, *, trigger: bool) -> None:
