@@ -12,7 +12,7 @@ from cronwell import partitions
 from cronwell.errors import DatabaseUnavailable, PartitionMismatch, SchemaMissing, SchemaTooNew
 from cronwell.store import Database, migrate
 from cronwell.store._queries import q
-from cronwell.store.migrate import SCHEMA_VERSION, check_schema
+from cronwell.store.migrate import SCHEMA_VERSION, check_schema, record, schema_present
 
 
 async def test_migrate_is_idempotent_and_concurrent_safe(empty_db_url: str) -> None:
@@ -29,7 +29,7 @@ async def test_migrate_is_idempotent_and_concurrent_safe(empty_db_url: str) -> N
 
 
 async def test_refuses_a_newer_schema(db: Database) -> None:
-    await db.execute("MigrationRecord", {"version": SCHEMA_VERSION + 1, "name": "future"})
+    await record(db, version=SCHEMA_VERSION + 1, name="future")
     with pytest.raises(SchemaTooNew, match="newer than this cronwell"):
         await migrate(db)
     with pytest.raises(SchemaTooNew):
@@ -44,8 +44,7 @@ async def test_check_schema_refuses_a_missing_schema_without_creating_one(
     async with Database(empty_db_url) as db:
         with pytest.raises(SchemaMissing, match="run `cronwell migrate`"):
             await check_schema(db)
-        row = await db.fetchone("SchemaPresent")
-        assert row is not None and row["present"] is False
+        assert await schema_present(db) is False
         await migrate(db)
         await check_schema(db)
 
