@@ -1,35 +1,6 @@
 -- All runtime SQL of cronwell. Each query: `-- name: NounVerb` then a one-line comment.
 -- Every time comparison uses the database clock, now() (invariant 6).
 
--- name: PartitionRenew
--- Extends the leases this holder still owns at its epoch; missing rows were lost.
-UPDATE cronwell_partitions
-SET expires_at = now() + make_interval(secs => %(ttl)s)
-WHERE holder = %(holder)s AND expires_at > now()
-  AND (partition, epoch) IN (SELECT * FROM unnest(%(partitions)s::int[], %(epochs)s::bigint[]))
-RETURNING partition, epoch;
-
--- name: PartitionAcquire
--- Takes up to `want` free or expired partitions; a takeover increments the epoch.
-UPDATE cronwell_partitions p
-SET holder = %(holder)s, epoch = p.epoch + 1,
-    expires_at = now() + make_interval(secs => %(ttl)s)
-FROM (SELECT partition FROM cronwell_partitions
-      WHERE holder IS NULL OR expires_at <= now()
-      ORDER BY partition LIMIT %(want)s FOR UPDATE SKIP LOCKED) free
-WHERE p.partition = free.partition
-RETURNING p.partition, p.epoch;
-
--- name: PartitionRelease
--- Resigns partitions (rebalancing or shutdown) so others need not wait out the lease.
-UPDATE cronwell_partitions SET holder = NULL, expires_at = NULL
-WHERE holder = %(holder)s AND partition = ANY(%(partitions)s::int[]);
-
--- name: PartitionList
--- Partition owners for `cronwell status`.
-SELECT partition, holder, epoch, expires_at, expires_at > now() AS live
-FROM cronwell_partitions ORDER BY partition;
-
 -- name: JobDueClaim
 -- Due jobs (next_run_at within the horizon) of one partition this holder owns right now at
 -- this epoch, oldest first, locked so concurrent materialisers never process a job twice.
@@ -352,10 +323,6 @@ WHERE (%(namespace)s::text IS NULL OR j.namespace = %(namespace)s)
 ORDER BY o.scheduled_for DESC, o.id DESC
 LIMIT %(limit)s;
 
--- name: OccurrenceCounts
--- Occurrences by state (status and tests).
-SELECT state, count(*) AS n FROM cronwell_occurrences GROUP BY state ORDER BY state;
-
 -- name: FenceWrite
 -- Fenced write check for a user's resource: succeeds only if `fence` is not below the
 -- highest fence already accepted for it (rowcount 0 = stale writer).
@@ -509,22 +476,6 @@ WHERE deleted_at IS NULL
 UPDATE cronwell_jobs SET generation = %(generation)s, updated_at = now()
 WHERE id = %(id)s AND deleted_at IS NULL AND generation < %(generation)s;
 
--- ==== observability ====
-
--- name: QueueDepthByPool
--- Due occurrences not yet started, per pool (the leading indicator of an SLA miss).
-SELECT pool, count(*) AS n FROM cronwell_occurrences
-WHERE state = 'pending' AND run_at <= now() GROUP BY pool;
-
--- name: JobsBehindCount
--- Live jobs whose next instant is past but not materialised (scheduler behind / unowned).
-SELECT count(*) AS n FROM cronwell_jobs
-WHERE NOT suspended AND deleted_at IS NULL AND next_run_at < now() - interval '5 seconds';
-
--- name: DeadCount
--- Dead-lettered occurrences (DLQ size).
-SELECT count(*) AS n FROM cronwell_occurrences WHERE state = 'dead';
-
 -- ==== forecast ====
 
 -- name: ForecastJobList
@@ -632,11 +583,6 @@ WHERE namespace = %(namespace)s AND name <> %(name)s AND deleted_at IS NULL
   AND NOT coalesce((spec->>'suspend')::boolean, false)
   AND (next_run_at IS NOT NULL OR suspended)
 GROUP BY 1;
-
--- name: StatusBacklogCount
--- Change-log rows not yet written back (the operator's backlog gauge), with the database
--- clock so that the writer measures its lag against the clock that stamped the rows.
-SELECT count(*) AS n, now() AS now FROM cronwell_status_changes;
 
 -- ==== maintenance: history limits and retention (cronwell/maintenance.py) ====
 

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from cronwell import partitions
+from cronwell.store import leases
 from cronwell.store import partitions as store_partitions
 from cronwell.store.db import Database
 from tests.procs import spawn, stop
@@ -27,9 +28,9 @@ pytestmark = pytest.mark.slow
 
 async def _owners(db: Database) -> dict[str, int]:
     counts: dict[str, int] = defaultdict(int)
-    for r in await db.fetch("PartitionList"):
-        if r["live"]:
-            counts[r["holder"]] += 1
+    for r in await leases.list_all(db):
+        if r.live and r.holder is not None:
+            counts[r.holder] += 1
     return dict(counts)
 
 

@@ -10,7 +10,7 @@ import pytest
 
 from cronwell import partitions
 from cronwell.errors import DatabaseUnavailable, PartitionMismatch, SchemaMissing, SchemaTooNew
-from cronwell.store import Database, migrate
+from cronwell.store import Database, leases, migrate
 from cronwell.store._queries import q
 from cronwell.store.migrate import SCHEMA_VERSION, check_schema, record, schema_present
 
@@ -54,7 +54,7 @@ async def test_migrate_stores_the_partition_count_of_a_new_store(empty_db_url: s
         await migrate(db, partitions=5)
         await migrate(db)  # a store that has a count keeps it
         assert await partitions.read(db) == 5
-        assert len(await db.fetch("PartitionList")) == 5
+        assert len(await leases.list_all(db)) == 5
         with pytest.raises(PartitionMismatch, match="configured with 8 partitions but the store"):
             await partitions.check(db, 8)
 
