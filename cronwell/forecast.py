@@ -49,7 +49,7 @@ from cronwell.cronexpr import uses_hash
 from cronwell.errors import SpecError
 from cronwell.models import ScheduledJobSpec
 from cronwell.schedule import JobSchedule, jitter_offset
-from cronwell.store import clock
+from cronwell.store import clock, gauges
 from cronwell.store import jobs as store_jobs
 from cronwell.workerpool import WorkerPoolSpec
 
@@ -476,11 +476,7 @@ async def forecast_pools(
         ForecastJob(str(r.id), r.pool, r.spec, r.p90_seconds)
         for r in await store_jobs.forecast_list(db, pool=pool, history=history)
     ]
-    backlog = {
-        r["pool"]: int(r["n"])
-        for r in await db.fetch("QueueDepthByPool")
-        if pool is None or r["pool"] == pool
-    }
+    backlog = {r.pool: r.n for r in await gauges.queue_depth(db) if pool is None or r.pool == pool}
     defaults = {p: s.default_duration_seconds for p, s in pools.items()}
     out = demand(jobs, now, horizon_seconds, resolution, backlog=backlog, default_duration=defaults)
     for p, pf in out.items():

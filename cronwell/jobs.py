@@ -17,6 +17,7 @@ from cronwell.errors import CronwellError, JobNotFound
 from cronwell.models import ScheduledJobSpec
 from cronwell.store import clock
 from cronwell.store import jobs as store_jobs
+from cronwell.store import partitions as store_partitions
 from cronwell.store.db import Conn, Database
 
 log = logging.getLogger(__name__)
@@ -68,10 +69,9 @@ async def apply_job(
         else:
             row = await store_jobs.get_live(db, namespace=namespace, name=name, conn=conn)
         if row is None:
-            parts = await db.fetchone("ConfigPartitionsShare", conn=conn)
-            if parts is None:
+            partitions = await store_partitions.count_shared(db, conn)
+            if partitions is None:
                 raise CronwellError("the store has no partition count: run `cronwell migrate`")
-            partitions = int(parts["partitions"])
             job_id = uuid.UUID(str(uid)) if uid is not None else uuid.uuid4()
             sched = schedule.JobSchedule.from_spec(job_id, spec)
             nxt = spec.run_at if spec.run_at is not None else sched.first_at_or_after(now)

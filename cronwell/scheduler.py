@@ -29,7 +29,7 @@ from cronwell.metrics import Metrics
 from cronwell.models import MisfirePolicy, ScheduledJobSpec
 from cronwell.plan import plan_job
 from cronwell.settings import SchedulerSettings
-from cronwell.store import materialise, processes
+from cronwell.store import gauges, leases, materialise, processes
 from cronwell.store.db import Database
 from cronwell.store.migrate import check_schema
 from cronwell.supervise import Supervisor, repeat
@@ -124,17 +124,10 @@ class Scheduler:
         s = self.settings
         self.partitions = await partitions.read(self.db)
         if self.owned:
-            parts = sorted(self.owned)
-            rows = await self.db.fetch(
-                "PartitionRenew",
-                {
-                    "holder": self.holder,
-                    "ttl": s.partition_lease_seconds,
-                    "partitions": parts,
-                    "epochs": [self.owned[p] for p in parts],
-                },
+            rows = await leases.renew(
+                self.db, holder=self.holder, owned=self.owned, ttl_seconds=s.partition_lease_seconds
             )
-            kept = {r["partition"]: r["epoch"] for r in rows}
+            kept = {r.partition: r.epoch for r in rows}
             lost = set(self.owned) - set(kept)
             if lost:
                 self.metrics.partitions_lost.inc(len(lost))
@@ -151,27 +144,25 @@ class Scheduler:
         target = math.ceil(self.partitions / max(1, live))
         if len(self.owned) > target:
             extra = sorted(self.owned)[target:]
-            await self.db.execute("PartitionRelease", {"holder": self.holder, "partitions": extra})
+            await leases.release(self.db, holder=self.holder, partitions=extra)
             for p in extra:
                 del self.owned[p]
         elif len(self.owned) < target:
-            rows = await self.db.fetch(
-                "PartitionAcquire",
-                {
-                    "holder": self.holder,
-                    "ttl": s.partition_lease_seconds,
-                    "want": target - len(self.owned),
-                },
+            rows = await leases.acquire(
+                self.db,
+                holder=self.holder,
+                want=target - len(self.owned),
+                ttl_seconds=s.partition_lease_seconds,
             )
             for r in rows:
-                self.owned[r["partition"]] = r["epoch"]
+                self.owned[r.partition] = r.epoch
             self.metrics.partition_takeovers.inc(len(rows))
             if rows:
                 log.info(
                     "partitions acquired",
                     extra={
                         "action": "partition_acquired",
-                        "partitions": sorted(r["partition"] for r in rows),
+                        "partitions": sorted(r.partition for r in rows),
                     },
                 )
                 self._wake.set()
@@ -183,18 +174,16 @@ class Scheduler:
         m.partitions_owned.set(len(self.owned))
         if 0 not in self.owned:
             return
-        for r in await self.db.fetch("QueueDepthByPool"):
-            m.queue_depth.labels(r["pool"]).set(r["n"])
-        m.behind.set((await self.db.fetchone("JobsBehindCount") or {"n": 0})["n"])
-        m.dlq_size.set((await self.db.fetchone("DeadCount") or {"n": 0})["n"])
+        for r in await gauges.queue_depth(self.db):
+            m.queue_depth.labels(r.pool).set(r.n)
+        m.behind.set(await gauges.jobs_behind(self.db))
+        m.dlq_size.set(await gauges.dead_count(self.db))
 
     async def resign(self) -> None:
         """Release every partition so the other replicas take over at once."""
         if self.owned:
             with contextlib.suppress(DatabaseError):  # best effort: leases expire anyway
-                await self.db.execute(
-                    "PartitionRelease", {"holder": self.holder, "partitions": sorted(self.owned)}
-                )
+                await leases.release(self.db, holder=self.holder, partitions=sorted(self.owned))
         with contextlib.suppress(DatabaseError):
             await processes.delete(self.db, self.holder)
         self.owned = {}

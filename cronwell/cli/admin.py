@@ -3,8 +3,6 @@ partitions (P), status, and the embedded PostgreSQL (db)."""
 
 from __future__ import annotations
 
-from typing import Any
-
 import click
 
 from cronwell import __version__, partitions
@@ -12,7 +10,10 @@ from cronwell.cli import render
 from cronwell.cli.main import Env, main, run
 from cronwell.embedded import EmbeddedPostgres
 from cronwell.errors import CronwellError
-from cronwell.store import migrate, processes
+from cronwell.store import gauges, leases, migrate, processes
+from cronwell.store.gauges import StateCount
+from cronwell.store.leases import Owner
+from cronwell.store.processes import Process
 
 
 @main.command()
@@ -90,12 +91,12 @@ def partitions_set(env: Env, count: int) -> None:
 def status_cmd(env: Env) -> None:
     """Partitions and their owners, live processes, occurrences by state."""
 
-    async def go() -> tuple[list[Any], list[Any], list[Any]]:
+    async def go() -> tuple[list[Owner], list[Process], list[StateCount]]:
         async with env.database() as db:
             return (
-                await db.fetch("PartitionList"),
+                await leases.list_all(db),
                 await processes.list_all(db, ttl_seconds=15),
-                await db.fetch("OccurrenceCounts"),
+                await gauges.occurrence_counts(db),
             )
 
     render.render_status(*run(go()))

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -19,7 +19,9 @@ if TYPE_CHECKING:
     from cronwell.backfill import BackfillResult
     from cronwell.forecast import PoolForecast, ReplicaPlan
     from cronwell.store.dead import Dead
+    from cronwell.store.gauges import StateCount
     from cronwell.store.jobs import JobSummary
+    from cronwell.store.leases import Owner
     from cronwell.store.processes import Process
     from cronwell.store.runs import Run
 
@@ -113,15 +115,15 @@ def render_jobs(rows: Iterable[JobSummary]) -> None:
 
 
 def render_status(
-    parts: Iterable[Mapping[str, Any]],
+    parts: Iterable[Owner],
     procs: Iterable[Process],
-    counts: Iterable[Mapping[str, Any]],
+    counts: Iterable[StateCount],
 ) -> None:
     """`cronwell status`: partition owners, live processes, occurrences by state."""
     parts = list(parts)
     owners: dict[str, list[int]] = {}
     for p in parts:
-        owners.setdefault(p["holder"] if p["live"] else "(unowned)", []).append(p["partition"])
+        owners.setdefault(p.holder if p.live and p.holder else "(unowned)", []).append(p.partition)
     click.echo(f"partitions ({len(parts)}):")
     for holder, ps in sorted(owners.items()):
         click.echo(f"  {holder}: {ps}")
@@ -131,7 +133,7 @@ def render_status(
             f"  {r.role:<9} {r.id:<44} pool={r.pool or '-'} "
             f"running={r.running} {'live' if r.live else 'silent'}"
         )
-    click.echo("occurrences: " + (", ".join(f"{r['state']}={r['n']}" for r in counts) or "none"))
+    click.echo("occurrences: " + (", ".join(f"{r.state}={r.n}" for r in counts) or "none"))
 
 
 def render_backfill(res: BackfillResult) -> None:

@@ -40,7 +40,7 @@ from typing import Any
 
 from cronwell.errors import EXPECTED_ERRORS
 from cronwell.metrics import Metrics
-from cronwell.store import status_changes
+from cronwell.store import gauges, status_changes
 from cronwell.store.db import Database
 from cronwell.supervise import repeat
 from cronwell_operator.kube import CRef, Kube, KubeError, KubeNotFound
@@ -138,11 +138,11 @@ class StatusWriter:
     async def pass_once(self) -> bool:
         """One pass; True when the log had a full batch (more is waiting)."""
         s = self.settings
-        backlog = await self.db.fetchone("StatusBacklogCount")
+        backlog = await gauges.status_backlog(self.db)
         if backlog is not None:
-            self.metrics.operator_status_backlog.set(int(backlog["n"]))
+            self.metrics.operator_status_backlog.set(backlog.n)
             # database clock - local clock: lags are measured on the clock that stamped rows
-            self._clock_offset = backlog["now"].timestamp() - time.time()
+            self._clock_offset = backlog.now.timestamp() - time.time()
         waiting = self.backoff.waiting(time.monotonic())
         rows = [
             asdict(r)

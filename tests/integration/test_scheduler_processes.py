@@ -16,6 +16,8 @@ from pathlib import Path
 import pytest
 
 from cronwell import partitions
+from cronwell.store import leases
+from cronwell.store import partitions as store_partitions
 from cronwell.store.db import Database
 from tests.procs import spawn, stop
 
@@ -26,9 +28,9 @@ pytestmark = pytest.mark.slow
 
 async def _owners(db: Database) -> dict[str, int]:
     counts: dict[str, int] = defaultdict(int)
-    for r in await db.fetch("PartitionList"):
-        if r["live"]:
-            counts[r["holder"]] += 1
+    for r in await leases.list_all(db):
+        if r.live and r.holder is not None:
+            counts[r.holder] += 1
     return dict(counts)
 
 
@@ -129,8 +131,8 @@ async def test_repartition_online_loses_and_repeats_nothing(
         assert stop(b) == 0, (tmp_path / "b.log").read_text()
     assert "cronwell partitions set 4" in (tmp_path / "c.log").read_text()
     assert "Traceback" not in (tmp_path / "c.log").read_text()
-    rows = await db.fetch("JobPartitionList", {"after": uuid.UUID(int=0), "limit": 100})
-    assert {r["partition"] for r in rows} <= set(range(7)) and len(rows) == 30
+    rows = await store_partitions.job_page(db, after=uuid.UUID(int=0), limit=100)
+    assert {r.partition for r in rows} <= set(range(7)) and len(rows) == 30
     occ = await occurrences(db)
     by_job: dict[str, list] = defaultdict(list)  # type: ignore[type-arg]
     for o in occ:

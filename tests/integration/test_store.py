@@ -10,9 +10,9 @@ import pytest
 
 from cronwell import partitions
 from cronwell.errors import DatabaseUnavailable, PartitionMismatch, SchemaMissing, SchemaTooNew
-from cronwell.store import Database, claims, migrate
+from cronwell.store import Database, claims, leases, migrate
 from cronwell.store._queries import q
-from cronwell.store.migrate import SCHEMA_VERSION, check_schema
+from cronwell.store.migrate import SCHEMA_VERSION, check_schema, record, schema_present
 
 
 async def test_migrate_is_idempotent_and_concurrent_safe(empty_db_url: str) -> None:
@@ -29,7 +29,7 @@ async def test_migrate_is_idempotent_and_concurrent_safe(empty_db_url: str) -> N
 
 
 async def test_refuses_a_newer_schema(db: Database) -> None:
-    await db.execute("MigrationRecord", {"version": SCHEMA_VERSION + 1, "name": "future"})
+    await record(db, version=SCHEMA_VERSION + 1, name="future")
     with pytest.raises(SchemaTooNew, match="newer than this cronwell"):
         await migrate(db)
     with pytest.raises(SchemaTooNew):
@@ -44,8 +44,7 @@ async def test_check_schema_refuses_a_missing_schema_without_creating_one(
     async with Database(empty_db_url) as db:
         with pytest.raises(SchemaMissing, match="run `cronwell migrate`"):
             await check_schema(db)
-        row = await db.fetchone("SchemaPresent")
-        assert row is not None and row["present"] is False
+        assert await schema_present(db) is False
         await migrate(db)
         await check_schema(db)
 
@@ -55,7 +54,7 @@ async def test_migrate_stores_the_partition_count_of_a_new_store(empty_db_url: s
         await migrate(db, partitions=5)
         await migrate(db)  # a store that has a count keeps it
         assert await partitions.read(db) == 5
-        assert len(await db.fetch("PartitionList")) == 5
+        assert len(await leases.list_all(db)) == 5
         with pytest.raises(PartitionMismatch, match="configured with 8 partitions but the store"):
             await partitions.check(db, 8)
 

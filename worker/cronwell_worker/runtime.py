@@ -44,7 +44,8 @@ from cronwell.models import Delivery, RetryPolicy, ScheduledJobSpec
 from cronwell.sdk import Context
 from cronwell.secretbox import SecretBox, SecretsKeyError
 from cronwell.settings import EgressSettings, SecretsSettings, WorkerSettings
-from cronwell.store import claims, processes
+from cronwell.store import claims, job_secrets, processes
+from cronwell.store import policies as store_policies
 from cronwell.store.db import Database
 from cronwell.supervise import Backoff, Supervisor
 from cronwell_worker import egress, targets
@@ -383,8 +384,8 @@ class Worker:
         http = spec.target.http
         if http is None or not http.secret_headers:
             return policy, None
-        row = await self.db.fetchone("JobSecretGet", {"job_id": c.job_id})
-        if row is None:
+        token = await job_secrets.ciphertext(self.db, job_id=c.job_id)
+        if token is None:
             return policy, {}
         if self.secrets is None:
             raise targets.TargetError(
@@ -394,7 +395,7 @@ class Worker:
                 reason="SecretUnresolved",
             )
         try:
-            return policy, self.secrets.decrypt(row["ciphertext"])
+            return policy, self.secrets.decrypt(token)
         except SecretsKeyError as e:
             raise targets.TargetError(str(e), sent=False, reason="SecretUnresolved") from None
 
@@ -710,12 +711,13 @@ POLICY_REASONS = frozenset({"EgressDenied", "PoolNotAllowed", "HandlerNotAllowed
 class _View:
     """Namespace and pool policies as last read from the store."""
 
-    namespaces: dict[str, dict[str, Any]]
+    namespaces: dict[str, store_policies.NamespacePolicy]
     pool_rows: list[tenancy.PoolPolicy]
     _egress: dict[str, NamespaceEgress | None] = field(default_factory=dict)
 
     def labels(self, namespace: str) -> dict[str, str]:
-        return dict((self.namespaces.get(namespace) or {}).get("labels") or {})
+        row = self.namespaces.get(namespace)
+        return dict(row.labels) if row is not None else {}
 
     def egress(self, namespace: str) -> NamespaceEgress | None:
         if namespace not in self._egress:
@@ -725,8 +727,8 @@ class _View:
                 ann = {
                     k: v
                     for k, v in (
-                        (ALLOW_ANNOTATION, row["egress_allow"]),
-                        (DENY_ANNOTATION, row["egress_deny"]),
+                        (ALLOW_ANNOTATION, row.egress_allow),
+                        (DENY_ANNOTATION, row.egress_deny),
                     )
                     if v is not None
                 }
@@ -758,10 +760,10 @@ class _Tenancy:
             if self._view is None or time.monotonic() - self._at >= (
                 self.settings.policy_refresh_seconds
             ):
-                ns = await self.db.fetch("NamespacePolicyList")
-                pools = await self.db.fetch("PoolPolicyList", {"pool": self.settings.pool})
+                ns = await store_policies.list_namespaces(self.db)
+                pools = await store_policies.list_pool(self.db, pool=self.settings.pool)
                 self._view = _View(
-                    {r["namespace"]: dict(r) for r in ns},
+                    {r.namespace: r for r in ns},
                     [tenancy.PoolPolicy.from_row(r) for r in pools],
                 )
                 self._at = time.monotonic()
