@@ -188,8 +188,10 @@ async def main() -> None:
             retention.check(retention_jobs)
         if "prescale" in only:
             prescale.check(args.prescale_max_workers)
+        if "profile" in only and not burst.PY_SPY.exists():
+            raise BenchError(f"profile needs py-spy ({burst.PY_SPY}): pip install -e '.[bench]'")
     except BenchError as e:
-        ap.error(str(e))
+        ap.exit(2, f"{ap.prog}: error: {e}\n")  # one line, no usage block
     server = EmbeddedPostgres(
         Path(tempfile.mkdtemp(prefix="cronwell-bench-")),
         settings={"max_connections": "300", "shared_buffers": "512MB"},

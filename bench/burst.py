@@ -24,6 +24,9 @@ from cronwell.scheduler import Scheduler
 from cronwell.settings import SchedulerSettings
 from cronwell.store import Database, claims, partitions
 
+PY_SPY = Path(sys.executable).parent / "py-spy"
+"""The sampler of the `profile` section (the `bench` extra installs it)."""
+
 
 def _cpu(pid: int) -> float:
     t = psutil.Process(pid).cpu_times()
@@ -133,7 +136,7 @@ async def burst(
             spies = [
                 subprocess.Popen(  # noqa: ASYNC220
                     [
-                        str(Path(sys.executable).parent / "py-spy"),
+                        str(PY_SPY),
                         "record",
                         "--format",
                         "raw",

@@ -229,7 +229,7 @@ async def main() -> None:
     try:
         check(args.max_workers)
     except BenchError as e:
-        ap.error(str(e))
+        ap.exit(2, f"{ap.prog}: error: {e}\n")  # one line, no usage block
     server = EmbeddedPostgres(
         Path(tempfile.mkdtemp(prefix="cronwell-bench-")),
         settings={"max_connections": "300", "shared_buffers": "512MB"},
