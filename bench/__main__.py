@@ -188,6 +188,8 @@ async def main() -> None:
             retention.check(retention_jobs)
         if "prescale" in only:
             prescale.check(args.prescale_max_workers)
+        if "sustained" in only:
+            sustained.check(args.sustained_seconds, args.sustained_warmup)
         if "profile" in only and not burst.PY_SPY.exists():
             raise BenchError(f"profile needs py-spy ({burst.PY_SPY}): pip install -e '.[bench]'")
     except BenchError as e:
