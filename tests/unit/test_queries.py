@@ -74,8 +74,6 @@ def test_each_table_module_runs_only_the_queries_beside_it() -> None:
         for f in ROOT.glob(pattern):
             if f.parent == store:
                 continue
-            if f.parent == ROOT / "bench":
-                continue  # until the bench calls the store's functions
             stray = query_names_called(f.read_text())
             assert not stray, f"{f.relative_to(ROOT)} runs queries by name: {stray}"
 
