@@ -41,13 +41,8 @@ import pydantic
 
 from cronwell.conditions import condition
 from cronwell.errors import EXPECTED_ERRORS
-from cronwell.forecast import (
-    PoolForecast,
-    export_metrics,
-    forecast_pools,
-    plan_replicas,
-    upcoming_burst,
-)
+from cronwell.fleet_forecast import forecast_pools
+from cronwell.forecast import PoolForecast, export_metrics, plan_replicas, upcoming_burst
 from cronwell.loader import format_validation_error
 from cronwell.metrics import Metrics
 from cronwell.prescale import (
