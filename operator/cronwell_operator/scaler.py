@@ -30,7 +30,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import math
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -42,7 +41,7 @@ import pydantic
 from cronwell.conditions import condition
 from cronwell.errors import EXPECTED_ERRORS
 from cronwell.fleet_forecast import forecast_pools
-from cronwell.forecast import PoolForecast, export_metrics, plan_replicas, upcoming_burst
+from cronwell.forecast import PoolForecast, export_metrics
 from cronwell.loader import format_validation_error
 from cronwell.metrics import Metrics
 from cronwell.prescale import (
@@ -54,7 +53,7 @@ from cronwell.prescale import (
     hpa_change,
     hpa_original,
     hpa_targets,
-    lookahead_max,
+    plan_pool,
 )
 from cronwell.schedule import format_instant
 from cronwell.store import clock
@@ -269,19 +268,14 @@ class Scaler:
         t = now()
         planned, burst_for_scale = spec.min_replicas, None
         if pf is not None:
-            plan = plan_replicas(pf, spec, pf.start)
+            pp = plan_pool(pf, spec, self._tick_seconds)
+            plan = pp.plan
             export_metrics(self.metrics, pf, plan)
-            ahead = 1 + math.ceil(self._tick_seconds / pf.resolution)
-            series = lookahead_max(plan.series, ahead)
-            planned = series[0]
-            nxt = next((i for i in range(1, len(series)) if series[i] != series[0]), None)
-            if nxt is not None:
-                out.wake = pf.bucket_time(nxt)
-            burst = upcoming_burst(pf, plan, spec)
-            if burst is not None:
-                out.burst = NextBurst(time=burst.time, size=burst.size)
-            if planned > spec.min_replicas:
-                burst_for_scale = burst.time if burst is not None else pf.start
+            planned, burst_for_scale = pp.planned, pp.scale_for
+            if pp.change_at is not None:
+                out.wake = pp.change_at
+            if pp.burst is not None:
+                out.burst = NextBurst(time=pp.burst.time, size=pp.burst.size)
         else:
             self.metrics.forecast_demand.labels(ref.name).set(0)
             self.metrics.planned_replicas.labels(ref.name).set(spec.min_replicas)
