@@ -2,8 +2,9 @@
 forecast from the schedules (cronwell.forecast), instead of reacting once they are late.
 
 Each tick: list the WorkerPools of the served namespaces, forecast every pool at once from the
-store (`forecast_pools`, the database's clock), plan each pool's replicas (`plan_replicas`:
-up leadTimeSeconds before a burst, within [minReplicas, maxReplicas]), then for each pool:
+store (`fleet_forecast.forecast_pools`, the database's clock), plan each pool's replicas
+(`prescale.plan_pool`: up leadTimeSeconds before a burst, within [minReplicas, maxReplicas]),
+then for each pool:
 
 - read its Deployment's scale subresource and patch `spec.replicas` there when it differs
   (never the Deployment object itself, so GitOps tools can ignore just /spec/replicas);
