@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import json
-from collections.abc import AsyncIterator, Collection
+from collections.abc import AsyncGenerator, Collection
 
 import psycopg
 
@@ -13,7 +13,7 @@ from cronwell.store._queries import q
 from cronwell.store.db import Database, wrap_exceptions
 
 
-async def due_pools(db: Database) -> AsyncIterator[Collection[str] | None]:
+async def due_pools(db: Database) -> AsyncGenerator[Collection[str] | None, None]:
     """The pools each notification names, on one dedicated long-lived connection (outside
     the pool: it stays subscribed). Yields None first, once listening: anything notified
     before was missed. Raises DatabaseUnavailable when the connection is lost."""
