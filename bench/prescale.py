@@ -35,7 +35,8 @@ from typing import Any
 
 from bench.common import RESULTS, BenchError, lag_stats, seed, stop_all, succeeded_lags, worker_env
 from cronwell.embedded import EmbeddedPostgres
-from cronwell.forecast import forecast_pools, plan_replicas, upcoming_burst
+from cronwell.fleet_forecast import forecast_pools
+from cronwell.forecast import plan_replicas, upcoming_burst
 from cronwell.scheduler import Scheduler
 from cronwell.settings import SchedulerSettings
 from cronwell.store import Database, clock, migrate, partitions

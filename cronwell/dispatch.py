@@ -9,7 +9,7 @@ import json
 import uuid
 from collections import defaultdict
 from collections.abc import Container, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 from datetime import datetime
 from typing import Any
 
@@ -23,51 +23,23 @@ BUFFERED = {ConcurrencyPolicy.BUFFER_ONE.value, ConcurrencyPolicy.BUFFER_ALL.val
 
 
 @dataclass(frozen=True, slots=True)
-class Claimed:
-    """An occurrence this worker now runs, under `fence`, until `lease` runs out."""
+class Claimed(Started):
+    """An occurrence this worker now runs, under `fence`, until `lease` runs out: the row
+    the claim started (`spec_hash`: equal hashes are equal specs, so workers cache parsed
+    specs by hash alone) and the spec document to run."""
 
-    id: int
-    key: str
-    job_id: uuid.UUID
-    namespace: str
-    name: str
-    spec: dict[str, Any] | None
+    spec: dict[str, Any] | None = None
     """The spec document to run, fetched when the claimer did not know `spec_hash`; None
     when it did (it runs the spec it parsed under that hash)."""
-    scheduled_for: datetime
-    run_at: datetime
-    started_at: datetime
-    attempt: int
-    fence: int
-    delivery: str
-    max_attempts: int
-    timeout_seconds: int
-    origin: str
-    spec_hash: str = ""
-    """Content hash of `spec` (jobs.spec_hash): equal hashes are equal specs, so workers
-    cache parsed specs by hash alone; empty (hand-made rows) is never shared."""
+
+    @property
+    def key(self) -> str:
+        return self.idempotency_key
 
 
 def claimed_from_row(r: Started, spec: dict[str, Any] | None = None) -> Claimed:
     """A Claimed from a started occurrence (and the spec fetched for it, if any)."""
-    return Claimed(
-        id=r.id,
-        key=r.idempotency_key,
-        job_id=r.job_id,
-        namespace=r.namespace,
-        name=r.name,
-        spec=spec,
-        spec_hash=r.spec_hash,
-        scheduled_for=r.scheduled_for,
-        run_at=r.run_at,
-        started_at=r.started_at,
-        attempt=r.attempt,
-        fence=r.fence,
-        delivery=r.delivery,
-        max_attempts=r.max_attempts,
-        timeout_seconds=r.timeout_seconds,
-        origin=r.origin,
-    )
+    return Claimed(**{f.name: getattr(r, f.name) for f in fields(Started)}, spec=spec)
 
 
 def decide_overlap(

@@ -2,6 +2,8 @@
 each bucket needs): what the operator's scale loop (cronwell_operator/scaler.py) decides
 before it calls the API server. No I/O here.
 
+- `plan_pool`: one tick's plan from the pool's forecast (replicas now, when the plan next
+  changes, the next burst);
 - `Hold`: what was needed lately, so a pool scales down only scaleDownDelaySeconds after
   its need is gone (each forecast starts now, so past buckets slip out of it into the hold);
 - `lookahead_max`: act a few buckets early, so a tick that takes a moment still lands
@@ -15,6 +17,7 @@ before it calls the API server. No I/O here.
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -23,6 +26,7 @@ from typing import Any
 
 import pydantic
 
+from cronwell.forecast import Burst, PoolForecast, ReplicaPlan, plan_replicas, upcoming_burst
 from cronwell.workerpool import LastPreScale, WorkerPoolSpec
 
 HPA_ANNOTATION = "cronwell.dev/original-min-replicas"
@@ -190,6 +194,41 @@ class PreScale:
             ready_at=shown.ready_at,
             verdict=shown.landed_before_burst,
         )
+
+
+@dataclass(frozen=True)
+class PoolPlan:
+    """What one tick of the scale loop plans for a pool from its forecast."""
+
+    plan: ReplicaPlan
+    planned: int
+    """Replicas now: the most the plan needs before the next tick can act."""
+    change_at: datetime | None
+    """When that number next changes (the loop wakes then); None: not in the horizon."""
+    burst: Burst | None
+    """The next burst the plan scales up for."""
+    scale_for: datetime | None
+    """The instant a scale-up above minReplicas is for (the burst, else the forecast's
+    start); None when nothing above minReplicas is planned."""
+
+
+def plan_pool(pf: PoolForecast, spec: WorkerPoolSpec, tick_seconds: float) -> PoolPlan:
+    """The plan of a tick that takes `tick_seconds`: it acts that many buckets early."""
+    plan = plan_replicas(pf, spec, pf.start)
+    series = lookahead_max(plan.series, 1 + math.ceil(tick_seconds / pf.resolution))
+    nxt = next((i for i in range(1, len(series)) if series[i] != series[0]), None)
+    burst = upcoming_burst(pf, plan, spec)
+    planned = series[0]
+    scale_for = (
+        (burst.time if burst is not None else pf.start) if planned > spec.min_replicas else None
+    )
+    return PoolPlan(
+        plan=plan,
+        planned=planned,
+        change_at=pf.bucket_time(nxt) if nxt is not None else None,
+        burst=burst,
+        scale_for=scale_for,
+    )
 
 
 def lookahead_max(series: Sequence[int], ahead: int) -> list[int]:

@@ -7,14 +7,22 @@ entry points)."""
 # The command modules register their commands on `main` when imported.
 from cronwell.cli import admin, backfill, forecast, jobs, scheduler  # noqa: F401
 from cronwell.cli.jobs import load_or_fail
-from cronwell.cli.main import Env, main, metrics_port_option, run, run_until_signal
+from cronwell.cli.main import (
+    Env,
+    main,
+    metrics_port_option,
+    run,
+    run_until_signal,
+    settings_or_fail,
+)
 from cronwell.cli.parse import duration_option, parse_duration, parse_instant
-from cronwell.cli.render import fmt_time, render_dead, render_runs
+from cronwell.cli.render import fmt_time, json_line, render_dead, render_runs
 
 __all__ = [
     "Env",
     "duration_option",
     "fmt_time",
+    "json_line",
     "load_or_fail",
     "main",
     "metrics_port_option",
@@ -24,4 +32,5 @@ __all__ = [
     "render_runs",
     "run",
     "run_until_signal",
+    "settings_or_fail",
 ]

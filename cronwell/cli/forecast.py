@@ -37,7 +37,7 @@ def forecast_cmd(
 ) -> None:
     """Forecast each pool's due occurrences, the concurrency that starts them within the
     SLO, and the worker replicas to plan (from the schedules, durations and backlog)."""
-    from cronwell import forecast
+    from cronwell import fleet_forecast, forecast
     from cronwell.workerpool import WorkerPoolSpec
 
     try:
@@ -62,7 +62,7 @@ def forecast_cmd(
 
     async def go() -> dict[str, forecast.PoolForecast]:
         async with env.database() as db:
-            return await forecast.forecast_pools(
+            return await fleet_forecast.forecast_pools(
                 db, horizon_s, pool=pool, slo_seconds=spec.start_slo_seconds
             )
 

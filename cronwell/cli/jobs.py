@@ -3,7 +3,6 @@ pause, jobs (list) and runs."""
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +15,7 @@ from cronwell.store import jobs as store_jobs
 from cronwell.store import runs
 
 
-def load_or_fail(paths: tuple[Path, ...], *, standalone: bool = False) -> tuple[list[Any], int]:
+def load_or_fail(paths: tuple[Path, ...], *, standalone: bool = False) -> list[Any]:
     """Every document, or none: any invalid one is reported on stderr (one line each) and
     the command stops before touching the store (a multi-document file with one bad
     document applies nothing). `standalone`: also the checks the operator's webhook makes
@@ -58,7 +57,7 @@ def load_or_fail(paths: tuple[Path, ...], *, standalone: bool = False) -> tuple[
         raise click.ClickException(
             f"{len(errors)} invalid document(s); nothing applied: fix them and apply again"
         )
-    return loaded, 0
+    return loaded
 
 
 @main.command("apply")
@@ -75,7 +74,7 @@ def load_or_fail(paths: tuple[Path, ...], *, standalone: bool = False) -> tuple[
 def apply_cmd(env: Env, paths: tuple[Path, ...]) -> None:
     """Create or update ScheduledJobs from YAML in the store (standalone `kubectl apply`).
     All or nothing: any invalid document is reported and nothing is applied."""
-    loaded, n_errors = load_or_fail(paths, standalone=True)
+    loaded = load_or_fail(paths, standalone=True)
 
     async def go() -> list[jobs.Applied]:
         async with env.database(migrate_first=True) as db:
@@ -94,8 +93,6 @@ def apply_cmd(env: Env, paths: tuple[Path, ...]) -> None:
             f"scheduledjob.cronwell.dev/{a.name} {a.action} (namespace {a.namespace}, "
             f"next {a.next_run_at.isoformat() if a.next_run_at else '-'})"
         )
-    if n_errors:
-        sys.exit(1)
 
 
 @main.command("delete")
@@ -105,7 +102,7 @@ def apply_cmd(env: Env, paths: tuple[Path, ...]) -> None:
 @click.pass_obj
 def delete_cmd(env: Env, paths: tuple[Path, ...], namespace: str, names: tuple[str, ...]) -> None:
     """Delete ScheduledJobs (by file or by name); their history is kept."""
-    loaded = load_or_fail(paths)[0] if paths else []
+    loaded = load_or_fail(paths) if paths else []
     targets = [(i.job.metadata.namespace, i.job.metadata.name) for i in loaded]
     targets += [(namespace, n) for n in names]
     if not targets:

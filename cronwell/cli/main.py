@@ -90,7 +90,25 @@ def run(coro: Coroutine[Any, Any, T]) -> T:
     except CronwellError as e:
         raise click.ClickException(str(e)) from None
     except pydantic.ValidationError as e:
-        raise click.ClickException(f"invalid setting: {e}") from None
+        raise invalid_setting(e) from None
+
+
+S = TypeVar("S", bound=pydantic.BaseModel)
+
+
+def settings_or_fail(cls: type[S], **opts: Any) -> S:
+    """Settings from the given options (None: unset, so the environment or default applies);
+    a bad value is one clear line, never a pydantic traceback."""
+    try:
+        return cls(**{k: v for k, v in opts.items() if v is not None})
+    except pydantic.ValidationError as e:
+        raise invalid_setting(e) from None
+
+
+def invalid_setting(e: pydantic.ValidationError) -> click.ClickException:
+    from cronwell.loader import format_validation_error
+
+    return click.ClickException(f"invalid setting {format_validation_error(e)}")
 
 
 def run_until_signal(

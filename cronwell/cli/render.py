@@ -35,10 +35,15 @@ def fmt_secs(v: Any) -> str:
     return "-" if v is None else f"{float(v):.3f}s"
 
 
+def json_line(row: Any, **extra: Any) -> str:
+    """A store row (plus `extra` fields) as one JSON object; times and UUIDs as strings."""
+    return json.dumps(dataclasses.asdict(row) | extra, default=str)
+
+
 def json_lines(rows: Iterable[Any]) -> None:
-    """One JSON object per line (`--json`) of store rows; times and UUIDs as strings."""
+    """One JSON object per line (`--json`) of store rows."""
     for r in rows:
-        click.echo(json.dumps(dataclasses.asdict(r), default=str))
+        click.echo(json_line(r))
 
 
 def render_runs(rows: Sequence[Run], *, as_json: bool = False) -> None:

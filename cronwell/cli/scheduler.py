@@ -7,7 +7,7 @@ from typing import Any
 
 import click
 
-from cronwell.cli.main import Env, main, metrics_port_option, run_until_signal
+from cronwell.cli.main import Env, main, metrics_port_option, run_until_signal, settings_or_fail
 from cronwell.cli.parse import duration_option
 from cronwell.metrics import Metrics
 from cronwell.scheduler import Scheduler
@@ -40,7 +40,7 @@ from cronwell.settings import SchedulerSettings
 def scheduler_cmd(env: Env, /, metrics_port: int, **opts: Any) -> None:
     """Run a scheduler replica: partition leases, materialisation, lease reaping, and
     (the owner of partition 0) pruning history by the jobs' limits and --retention."""
-    settings = SchedulerSettings(**{k: v for k, v in opts.items() if v is not None})
+    settings = settings_or_fail(SchedulerSettings, **opts)
     metrics = Metrics()
     metrics.serve(metrics_port)
     holder: list[Scheduler] = []

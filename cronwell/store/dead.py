@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime
 
+import psycopg
+
 from cronwell.store.db import Conn, Database
 
 
@@ -81,13 +83,18 @@ async def purge(
     older_than_seconds: float,
     namespace: str | None,
     name: str | None,
-    conn: Conn | None = None,
+    dry_run: bool = False,
 ) -> list[str]:
-    """Delete dead occurrences finished more than `older_than_seconds` ago; their keys."""
-    rows = await db.rows(
-        Purged,
-        "DeadPurge",
-        {"older_than": older_than_seconds, "namespace": namespace, "name": name},
-        conn,
-    )
+    """Delete dead occurrences finished more than `older_than_seconds` ago; their keys.
+
+    With `dry_run` the delete is rolled back: the keys are those it would delete."""
+    async with db.transaction() as conn:
+        rows = await db.rows(
+            Purged,
+            "DeadPurge",
+            {"older_than": older_than_seconds, "namespace": namespace, "name": name},
+            conn,
+        )
+        if dry_run:
+            raise psycopg.Rollback()
     return [r.idempotency_key for r in rows]

@@ -2,8 +2,9 @@
 forecast from the schedules (cronwell.forecast), instead of reacting once they are late.
 
 Each tick: list the WorkerPools of the served namespaces, forecast every pool at once from the
-store (`forecast_pools`, the database's clock), plan each pool's replicas (`plan_replicas`:
-up leadTimeSeconds before a burst, within [minReplicas, maxReplicas]), then for each pool:
+store (`fleet_forecast.forecast_pools`, the database's clock), plan each pool's replicas
+(`prescale.plan_pool`: up leadTimeSeconds before a burst, within [minReplicas, maxReplicas]),
+then for each pool:
 
 - read its Deployment's scale subresource and patch `spec.replicas` there when it differs
   (never the Deployment object itself, so GitOps tools can ignore just /spec/replicas);
@@ -30,7 +31,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import math
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -41,13 +41,8 @@ import pydantic
 
 from cronwell.conditions import condition
 from cronwell.errors import EXPECTED_ERRORS
-from cronwell.forecast import (
-    PoolForecast,
-    export_metrics,
-    forecast_pools,
-    plan_replicas,
-    upcoming_burst,
-)
+from cronwell.fleet_forecast import forecast_pools
+from cronwell.forecast import PoolForecast, export_metrics
 from cronwell.loader import format_validation_error
 from cronwell.metrics import Metrics
 from cronwell.prescale import (
@@ -59,7 +54,7 @@ from cronwell.prescale import (
     hpa_change,
     hpa_original,
     hpa_targets,
-    lookahead_max,
+    plan_pool,
 )
 from cronwell.schedule import format_instant
 from cronwell.store import clock
@@ -274,19 +269,14 @@ class Scaler:
         t = now()
         planned, burst_for_scale = spec.min_replicas, None
         if pf is not None:
-            plan = plan_replicas(pf, spec, pf.start)
+            pp = plan_pool(pf, spec, self._tick_seconds)
+            plan = pp.plan
             export_metrics(self.metrics, pf, plan)
-            ahead = 1 + math.ceil(self._tick_seconds / pf.resolution)
-            series = lookahead_max(plan.series, ahead)
-            planned = series[0]
-            nxt = next((i for i in range(1, len(series)) if series[i] != series[0]), None)
-            if nxt is not None:
-                out.wake = pf.bucket_time(nxt)
-            burst = upcoming_burst(pf, plan, spec)
-            if burst is not None:
-                out.burst = NextBurst(time=burst.time, size=burst.size)
-            if planned > spec.min_replicas:
-                burst_for_scale = burst.time if burst is not None else pf.start
+            planned, burst_for_scale = pp.planned, pp.scale_for
+            if pp.change_at is not None:
+                out.wake = pp.change_at
+            if pp.burst is not None:
+                out.burst = NextBurst(time=pp.burst.time, size=pp.burst.size)
         else:
             self.metrics.forecast_demand.labels(ref.name).set(0)
             self.metrics.planned_replicas.labels(ref.name).set(spec.min_replicas)

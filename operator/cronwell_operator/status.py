@@ -34,7 +34,7 @@ import time
 import uuid
 from collections import defaultdict
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
@@ -42,6 +42,7 @@ from cronwell.errors import EXPECTED_ERRORS
 from cronwell.metrics import Metrics
 from cronwell.store import gauges, status_changes
 from cronwell.store.db import Database
+from cronwell.store.status_changes import JobStatus, StatusChange
 from cronwell.supervise import repeat
 from cronwell_operator.kube import CRef, Kube, KubeError, KubeNotFound
 from cronwell_operator.ratelimit import JobBackoff, TokenBucket
@@ -144,29 +145,26 @@ class StatusWriter:
             # database clock - local clock: lags are measured on the clock that stamped rows
             self._clock_offset = backlog.now.timestamp() - time.time()
         waiting = self.backoff.waiting(time.monotonic())
-        rows = [
-            asdict(r)
-            for r in await status_changes.read(
-                self.db, limit=s.status.batch_size, skip=[uuid.UUID(u) for u in waiting]
-            )
-        ]
+        rows = await status_changes.read(
+            self.db, limit=s.status.batch_size, skip=[uuid.UUID(u) for u in waiting]
+        )
         self.stats.passes += 1
-        changes: dict[str, list[Any]] = defaultdict(list)
+        changes: dict[str, list[StatusChange]] = defaultdict(list)
         for r in rows:
-            changes[str(r["job_id"])].append(r)
+            changes[str(r.job_id)].append(r)
         touched = self._touched - waiting
         self._touched -= touched
         uids = sorted(set(changes) | touched)
         if not uids:
             return False
         facts = {
-            str(r.id): asdict(r)
+            str(r.id): r
             for r in await status_changes.job_status(self.db, [uuid.UUID(u) for u in uids])
         }
         results = await asyncio.gather(
             *(self._write(uid, facts.get(uid), changes.get(uid, [])) for uid in uids)
         )
-        done = [r["id"] for uid, ok in zip(uids, results, strict=True) if ok for r in changes[uid]]
+        done = [r.id for uid, ok in zip(uids, results, strict=True) if ok for r in changes[uid]]
         now = time.monotonic()
         for uid, ok in zip(uids, results, strict=True):
             if ok:
@@ -181,15 +179,15 @@ class StatusWriter:
         # (the API server is down) waits for the poll interval, not loops at once.
         return len(rows) >= s.status.batch_size and any(results)
 
-    async def _write(self, uid: str, row: Any, changes: list[Any]) -> bool:
+    async def _write(self, uid: str, row: JobStatus | None, changes: list[StatusChange]) -> bool:
         """Bring one CR's status up to date; False to retry it next pass."""
         known = self._known.get(uid)
-        if row is not None and row["deleted_at"] is not None:
+        if row is not None and row.deleted_at is not None:
             return True  # the CR is gone or going: nothing to report on
         if known is None:
             if row is None:
                 return True  # no CR known and no job: nothing to write
-            known = self._known.setdefault(uid, _Known(CRef(uid, row["namespace"], row["name"])))
+            known = self._known.setdefault(uid, _Known(CRef(uid, row.namespace, row.name)))
         ref = known.ref
         try:
             async with self._sem:
@@ -215,7 +213,7 @@ class StatusWriter:
                     known.status = {**known.status, **status}
                     self.stats.patches += 1
                     if changes:
-                        oldest = min(c["changed_at"] for c in changes).timestamp()
+                        oldest = min(c.changed_at for c in changes).timestamp()
                         lag = time.time() + self._clock_offset - oldest
                         self.metrics.operator_status_lag.observe(max(0.0, lag))
                 for ev in posts:

@@ -7,11 +7,14 @@ from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from cronwell.conditions import condition
 from cronwell.models import Condition, LastResult, RunCounters, ScheduledJobStatus
 from cronwell.schedule import format_instant
+
+if TYPE_CHECKING:  # the store's row types only: this module does no I/O
+    from cronwell.store.status_changes import JobStatus, StatusChange
 
 _RESULTS = {
     "succeeded": LastResult.SUCCEEDED,
@@ -41,7 +44,7 @@ def _utc(t: datetime | None) -> datetime | None:
 
 
 def build_status(
-    row: Mapping[str, Any] | None,
+    row: JobStatus | None,
     *,
     previous: Mapping[str, Any] | None,
     spec_error: tuple[int, str] | None,
@@ -49,12 +52,12 @@ def build_status(
 ) -> dict[str, Any]:
     """The status to write (camelCase JSON; None removes a field in a merge patch).
 
-    `row` is a JobStatusBatch row (None: the store has no live job for the CR), `previous`
-    the status the CR shows (for condition transition times), `spec_error` the generation
-    and message of a spec the store refused.
+    `row` is the store's facts of the job (None: the store has no live job for the CR),
+    `previous` the status the CR shows (for condition transition times), `spec_error` the
+    generation and message of a spec the store refused.
     """
     prev_conditions = {c.get("type"): c for c in (previous or {}).get("conditions") or []}
-    gen = int(row["generation"]) if row is not None else None
+    gen = row.generation if row is not None else None
     invalid = spec_error is not None and (gen is None or spec_error[0] > gen)
 
     def cond(type_: str, ok: bool, reason: str, message: str) -> Condition:
@@ -74,8 +77,8 @@ def build_status(
         )
         return _dump(status)
 
-    suspended, why = bool(row["suspended"]), row["suspended_reason"]
-    failures = int(row["consecutive_failures"])
+    suspended, why = row.suspended, row.suspended_reason
+    failures = row.consecutive_failures
     if invalid and spec_error is not None:
         ready = cond("Ready", False, "InvalidSpec", spec_error[1])
     elif suspended and why == "SuspendedAfterFailures":
@@ -88,7 +91,7 @@ def build_status(
         )
     elif suspended:
         ready = cond("Ready", True, "Suspended", "suspended: no run is scheduled")
-    elif row["schedule_done"]:
+    elif row.schedule_done:
         ready = cond("Ready", True, "Completed", "no further run is scheduled")
     else:
         ready = cond("Ready", True, "Scheduled", "the store runs this generation")
@@ -100,52 +103,48 @@ def build_status(
     else:
         susp = cond("Suspended", False, "Active", "runs are scheduled")
 
-    last_fail, last_ok = row["last_failure_time"], row["last_successful_time"]
+    last_fail, last_ok = row.last_failure_time, row.last_successful_time
     if last_fail is not None and (last_ok is None or last_fail > last_ok):
         failing = cond(
             "Failing",
             True,
             "AttemptFailed",
             f"last attempt failed at {format_instant(last_fail)}: "
-            f"{row['last_error'] or 'unknown error'}",
+            f"{row.last_error or 'unknown error'}",
         )
     else:
         failing = cond("Failing", False, "NoFailures", "no attempt failed since the last success")
 
     if failures > 0:
-        dead_reason = (row["last_reason"] if row["last_state"] == "dead" else None) or (
-            "DeadLettered"
-        )
+        dead_reason = (row.last_reason if row.last_state == "dead" else None) or "DeadLettered"
         dead = cond(
             "DeadLettered",
             True,
             dead_reason,
             f"{failures} run(s) in a row dead-lettered"
-            + (f"; latest {row['last_key']}" if row["last_state"] == "dead" else ""),
+            + (f"; latest {row.last_key}" if row.last_state == "dead" else ""),
         )
     else:
         dead = cond("DeadLettered", False, "NoDeadLetters", "the latest run was not dead-lettered")
 
     status = ScheduledJobStatus(
         observed_generation=gen,
-        next_schedule_time=_utc(row["next_schedule_time"]),
-        last_schedule_time=_utc(row["last_schedule_time"]),
+        next_schedule_time=_utc(row.next_schedule_time),
+        last_schedule_time=_utc(row.last_schedule_time),
         last_successful_time=_utc(last_ok),
         last_failure_time=_utc(last_fail),
-        last_result=_RESULTS.get(row["last_state"] or ""),
+        last_result=_RESULTS.get(row.last_state or ""),
         last_duration=format_duration(
-            float(row["last_duration_seconds"])
-            if row["last_duration_seconds"] is not None
-            else None
+            float(row.last_duration_seconds) if row.last_duration_seconds is not None else None
         ),
         consecutive_failures=failures,
-        active=int(row["active"] or 0),
+        active=row.active or 0,
         counters=RunCounters(
-            succeeded=int(row["succeeded"] or 0),
-            failed=int(row["failed"] or 0),
-            dead=int(row["dead"] or 0),
-            missed=int(row["missed_total"] or 0),
-            skipped=int(row["skipped"] or 0),
+            succeeded=row.succeeded,
+            failed=row.failed,
+            dead=row.dead,
+            missed=row.missed_total,
+            skipped=row.skipped,
         ),
         conditions=[ready, susp, failing, dead],
     )
@@ -185,30 +184,30 @@ class EventSpec:
     message: str
 
 
-def events_for(changes: Iterable[Mapping[str, Any]]) -> list[EventSpec]:
+def events_for(changes: Iterable[StatusChange]) -> list[EventSpec]:
     """Warning Events for one job's changes in a pass: dead letters, missed runs and failed
     attempts, one Event per reason with a count (never one per row)."""
-    by_kind: dict[str, list[Mapping[str, Any]]] = defaultdict(list)
+    by_kind: dict[str, list[StatusChange]] = defaultdict(list)
     for ch in changes:
-        state = ch.get("state")
+        state = ch.state
         if state == "dead":
             by_kind["DeadLettered"].append(ch)
         elif state == "missed":
             by_kind["MissedRun"].append(ch)
-        elif state == "pending" and (ch.get("attempt") or 0) > 0:
+        elif state == "pending" and (ch.attempt or 0) > 0:
             by_kind["AttemptFailed"].append(ch)
     out = []
     for reason, rows in by_kind.items():
-        latest = max(rows, key=lambda r: r["id"])
-        when = format_instant(latest["scheduled_for"]) if latest.get("scheduled_for") else "?"
-        detail = latest.get("error") or latest.get("reason") or ""
+        latest = max(rows, key=lambda r: r.id)
+        when = format_instant(latest.scheduled_for) if latest.scheduled_for else "?"
+        detail = latest.error or latest.reason or ""
         if reason == "DeadLettered":
             msg = f"{len(rows)} run(s) dead-lettered; latest {when}"
         elif reason == "MissedRun":
             msg = f"{len(rows)} run(s) missed; latest {when}"
         else:
             msg = f"{len(rows)} attempt(s) failed and will be retried; latest {when}"
-            msg += f" (attempt {latest.get('attempt')})"
+            msg += f" (attempt {latest.attempt})"
         out.append(EventSpec("Warning", reason, f"{msg}: {detail}" if detail else msg))
     return out
 

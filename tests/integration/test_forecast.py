@@ -10,7 +10,8 @@ import uuid
 from datetime import timedelta
 from pathlib import Path
 
-from cronwell.forecast import forecast_pools, plan_replicas
+from cronwell.fleet_forecast import forecast_pools
+from cronwell.forecast import plan_replicas
 from cronwell.store.db import Database
 from cronwell.workerpool import WorkerPoolSpec
 from tests.conftest import REPO

@@ -246,7 +246,7 @@ async def test_backoff_moves_run_at_then_dead_then_replay_keeps_the_key(
 
         CONTROL["retrying"] = False
         replayed = await replay(db, key=key)
-        assert [(r["idempotency_key"], r["max_attempts"]) for r in replayed] == [(key, 6)]
+        assert [(r.idempotency_key, r.max_attempts) for r in replayed] == [(key, 6)]
         o = await wait_for(lambda: state_is(db, key, "succeeded"))
     atts = await attempts(db, key)
     assert [(a["attempt"], a["outcome"]) for a in atts] == [

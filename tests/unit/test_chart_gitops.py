@@ -6,6 +6,7 @@ statuses the operator's own code builds to the right health."""
 
 from __future__ import annotations
 
+import dataclasses
 import subprocess
 from datetime import timedelta
 from pathlib import Path
@@ -15,6 +16,7 @@ import pytest
 import yaml
 
 from cronwell.loader import load
+from cronwell.store.status_changes import JobStatus
 from cronwell.testing.controlplane import ControlPlaneError, find_assets
 from cronwell_operator import status_build
 from tests.unit.test_chart import CHART, WORKERPOOL_SERVED, helm
@@ -214,7 +216,7 @@ DEAD = row(consecutive_failures=2, dead=2, last_state="dead", last_reason="Attem
             id="suspended",
         ),
         pytest.param(
-            DEAD | {"suspended": True, "suspended_reason": "SuspendedAfterFailures"},
+            dataclasses.replace(DEAD, suspended=True, suspended_reason="SuspendedAfterFailures"),
             None,
             3,
             "Degraded",
@@ -233,7 +235,7 @@ DEAD = row(consecutive_failures=2, dead=2, last_state="dead", last_reason="Attem
     ],
 )
 def test_scheduledjob_health_from_the_operators_statuses(
-    job_row: dict[str, Any] | None,
+    job_row: JobStatus | None,
     spec_error: tuple[int, str] | None,
     generation: int,
     expected: str,

@@ -4,8 +4,11 @@ admission checks and the error mapping (no I/O)."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
+import uuid
 from datetime import UTC, datetime, timedelta
+from decimal import Decimal
 from typing import Any
 
 import kopf
@@ -13,14 +16,20 @@ import pytest
 
 from cronwell.errors import DatabaseError, DatabaseUnavailable, JobNotFound, SpecError
 from cronwell.models import ScheduledJobStatus
+from cronwell.store.status_changes import JobStatus, StatusChange
 from cronwell_operator import kopf_handlers, ratelimit, status_build, webhook
 from cronwell_operator.settings import OperatorSettings, WebhookSettings
 
 NOW = datetime(2026, 3, 1, 12, 0, 30, 123456, tzinfo=UTC)
 
 
-def row(**over: Any) -> dict[str, Any]:
+def row(**over: Any) -> JobStatus:
     base: dict[str, Any] = {
+        "id": uuid.UUID(int=1),
+        "namespace": "default",
+        "name": "job",
+        "deleted_at": None,
+        "last_state_error": None,
         "generation": 3,
         "suspended": False,
         "suspended_reason": None,
@@ -42,7 +51,13 @@ def row(**over: Any) -> dict[str, Any]:
         "last_key": None,
         "last_duration_seconds": None,
     }
-    return base | over
+    return JobStatus(**(base | over))
+
+
+def change(id: int, state: str, **over: Any) -> StatusChange:
+    base: dict[str, Any] = {"job_id": uuid.UUID(int=1), "occurrence_id": id, "attempt": None}
+    base |= {"scheduled_for": None, "reason": None, "error": None, "changed_at": NOW}
+    return StatusChange(id=id, state=state, **(base | over))
 
 
 def conds(st: dict[str, Any]) -> dict[str, tuple[str, str]]:
@@ -70,7 +85,7 @@ def test_success_then_failures_then_auto_suspension() -> None:
         last_state="succeeded",
         last_successful_time=NOW - timedelta(minutes=2),
         last_schedule_time=NOW - timedelta(minutes=2),
-        last_duration_seconds=1.25,
+        last_duration_seconds=Decimal("1.25"),
     )
     st = status_build.build_status(ok, previous=None, spec_error=None, now=NOW)
     assert (st["lastResult"], st["lastDuration"], st["counters"]["succeeded"]) == (
@@ -78,19 +93,20 @@ def test_success_then_failures_then_auto_suspension() -> None:
         "1.25s",
         5,
     )
-    bad = ok | {
-        "failed": 4,
-        "dead": 2,
-        "consecutive_failures": 2,
-        "last_failure_time": NOW - timedelta(seconds=5),
-        "last_error": "connect refused",
-        "last_state": "dead",
-        "last_reason": "AttemptsExhausted",
-        "last_key": "k:1",
-        "suspended": True,
-        "suspended_reason": "SuspendedAfterFailures",
-        "next_schedule_time": None,
-    }
+    bad = dataclasses.replace(
+        ok,
+        failed=4,
+        dead=2,
+        consecutive_failures=2,
+        last_failure_time=NOW - timedelta(seconds=5),
+        last_error="connect refused",
+        last_state="dead",
+        last_reason="AttemptsExhausted",
+        last_key="k:1",
+        suspended=True,
+        suspended_reason="SuspendedAfterFailures",
+        next_schedule_time=None,
+    )
     later = NOW + timedelta(minutes=1)
     st2 = status_build.build_status(bad, previous=st, spec_error=None, now=later)
     assert conds(st2) == {
@@ -144,12 +160,12 @@ def test_durations_read_like_kubectl(seconds: float | None, text: str | None) ->
 def test_events_are_one_per_reason_with_a_count() -> None:
     t = NOW
     changes = [
-        {"id": 1, "state": "running", "attempt": 1, "scheduled_for": t},
-        {"id": 2, "state": "pending", "attempt": 1, "scheduled_for": t, "error": "boom"},
-        {"id": 3, "state": "dead", "attempt": 2, "scheduled_for": t, "reason": "Exhausted"},
-        {"id": 4, "state": "missed", "scheduled_for": t, "reason": "Misfire"},
-        {"id": 5, "state": "missed", "scheduled_for": t + timedelta(minutes=1), "reason": "M2"},
-        {"id": 6, "state": "succeeded", "attempt": 1, "scheduled_for": t},
+        change(1, "running", attempt=1, scheduled_for=t),
+        change(2, "pending", attempt=1, scheduled_for=t, error="boom"),
+        change(3, "dead", attempt=2, scheduled_for=t, reason="Exhausted"),
+        change(4, "missed", scheduled_for=t, reason="Misfire"),
+        change(5, "missed", scheduled_for=t + timedelta(minutes=1), reason="M2"),
+        change(6, "succeeded", attempt=1, scheduled_for=t),
     ]
     evs = {e.reason: e for e in status_build.events_for(changes)}
     assert set(evs) == {"AttemptFailed", "DeadLettered", "MissedRun"}

@@ -20,6 +20,7 @@ from cronwell.prescale import (
     hpa_original,
     hpa_targets,
     lookahead_max,
+    plan_pool,
 )
 from cronwell.workerpool import PoolCondition, WorkerPoolSpec
 
@@ -248,6 +249,23 @@ def test_upcoming_burst_is_the_next_one_to_start() -> None:
     burst = upcoming_burst(pf, plan, s)
     assert burst is not None and (burst.time, burst.size, burst.replicas) == (at(20), 20, 5)
     assert plan.series.index(5) == 15  # up leadTimeSeconds before
+
+
+def test_a_tick_plans_replicas_now_when_they_change_and_the_burst() -> None:
+    s = spec(minReplicas=1, maxReplicas=10, concurrencyPerReplica=2, startSLOSeconds=1,
+             leadTimeSeconds=5, scaleDownDelaySeconds=0)  # fmt: skip
+    pf = burst_forecast(20, 20)
+    concurrency_timeline(pf, s.start_slo_seconds)
+    quiet = plan_pool(pf, s, tick_seconds=0.0)
+    assert (quiet.planned, quiet.scale_for) == (1, None)  # nothing above minReplicas yet
+    assert quiet.change_at == at(14)  # one bucket early: up at 15, a tick acts by 14
+    assert quiet.burst is not None and quiet.burst.time == at(20)
+    slow = plan_pool(pf, s, tick_seconds=3.0)  # a slow tick acts 1 + 3 buckets early
+    assert slow.change_at == at(11)
+    soon = burst_forecast(3, 20)
+    concurrency_timeline(soon, s.start_slo_seconds)
+    busy = plan_pool(soon, s, tick_seconds=0.0)
+    assert (busy.planned, busy.scale_for) == (5, at(3))  # within the lead time: up now
 
 
 def test_a_burst_under_way_is_not_the_next_one() -> None:

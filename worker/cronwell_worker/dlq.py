@@ -13,21 +13,14 @@ issued before for that key. Ambiguous occurrences (AtMostOnce) are replayed only
 
 from __future__ import annotations
 
-import json
-from dataclasses import asdict
-from typing import Any
+import dataclasses
 
 import click
-import psycopg
 
 from cronwell import dispatch
-from cronwell.cli import Env, duration_option, fmt_time, render_dead, run
+from cronwell.cli import Env, duration_option, fmt_time, json_line, render_dead, run
 from cronwell.store import dead, runs
 from cronwell.store.db import Database
-
-
-def _jsonable(row: dict[str, Any]) -> str:
-    return json.dumps(row, default=str)
 
 
 @click.group("dlq")
@@ -58,17 +51,15 @@ def list_cmd(env: Env, name: str | None, namespace: str | None, limit: int, as_j
 def show_cmd(env: Env, key: str, as_json: bool) -> None:
     """An occurrence (dead or not) and every attempt of it."""
 
-    async def go() -> tuple[dict[str, Any] | None, list[dict[str, Any]]]:
+    async def go() -> tuple[runs.Occurrence | None, list[runs.Attempt]]:
         async with env.database() as db:
-            occ = await runs.get(db, key)
-            atts = await runs.attempts(db, key)
-            return (asdict(occ) if occ else None), [asdict(a) for a in atts]
+            return await runs.get(db, key), await runs.attempts(db, key)
 
     occ, atts = run(go())
     if occ is None:
         raise click.ClickException(f"no occurrence with key {key!r}")
     if as_json:
-        click.echo(_jsonable(occ | {"attempts": atts}))
+        click.echo(json_line(occ, attempts=[dataclasses.asdict(a) for a in atts]))
         return
     for k in (
         "idempotency_key",
@@ -87,22 +78,22 @@ def show_cmd(env: Env, key: str, as_json: bool) -> None:
         "started_at",
         "finished_at",
     ):
-        v = occ[k]
+        v = getattr(occ, k)
         click.echo(f"{k + ':':<17} {'-' if v is None else v}")
-    if occ["job_deleted_at"] is not None:
-        click.echo(f"{'job:':<17} deleted at {occ['job_deleted_at']} (cannot be replayed)")
+    if occ.job_deleted_at is not None:
+        click.echo(f"{'job:':<17} deleted at {occ.job_deleted_at} (cannot be replayed)")
     click.echo("attempts:")
     fmt = "  {:>4} {:>10} {:<14} {:<44} {:<20} {}"
     click.echo(fmt.format("TRY", "FENCE", "OUTCOME", "WORKER", "FINISHED (UTC)", "ERROR"))
     for a in atts:
         click.echo(
             fmt.format(
-                a["attempt"],
-                a["fence"],
-                a["outcome"],
-                (a["worker_id"] or "-")[:44],
-                fmt_time(a["finished_at"]),
-                (a["error"] or "").replace("\n", " ")[:80],
+                a.attempt,
+                a.fence,
+                a.outcome,
+                (a.worker_id or "-")[:44],
+                fmt_time(a.finished_at),
+                (a.error or "").replace("\n", " ")[:80],
             )
         )
 
@@ -114,7 +105,7 @@ async def replay(
     name: str | None = None,
     namespace: str | None = None,
     include_ambiguous: bool = False,
-) -> list[dict[str, Any]]:
+) -> list[dead.Replayed]:
     """Dead occurrences back to pending (same key); wakes the pools' workers."""
     async with db.transaction() as conn:
         rows = await dead.replay(
@@ -126,7 +117,7 @@ async def replay(
             conn=conn,
         )
         await dispatch.notify_due(db, conn, [(r.pool, r.run_at) for r in rows])
-    return [asdict(r) for r in rows]
+    return rows
 
 
 @dlq.command("replay")
@@ -156,31 +147,27 @@ def replay_cmd(
     if (key is not None) + (name is not None) + all_ != 1:
         raise click.UsageError("give exactly one of KEY, --job NAME or --all")
 
-    async def go() -> tuple[list[dict[str, Any]], dict[str, Any] | None]:
+    async def go() -> tuple[list[dead.Replayed], runs.Occurrence | None]:
         async with env.database() as db:
             rows = await replay(
                 db, key=key, name=name, namespace=namespace, include_ambiguous=include_ambiguous
             )
-            occ = None
-            if key is not None and not rows:
-                found = await runs.get(db, key)
-                occ = asdict(found) if found else None
+            occ = await runs.get(db, key) if key is not None and not rows else None
             return rows, occ
 
     rows, occ = run(go())
     for r in rows:
         click.echo(
-            f"replayed {r['idempotency_key']} (next attempt {r['attempt'] + 1} of "
-            f"{r['max_attempts']})"
+            f"replayed {r.idempotency_key} (next attempt {r.attempt + 1} of {r.max_attempts})"
         )
     if key is not None and not rows:
         if occ is None:
             raise click.ClickException(f"no occurrence with key {key!r}")
-        if occ["state"] != "dead":
-            raise click.ClickException(f"{key} is {occ['state']}, not dead: nothing to replay")
-        if occ["job_deleted_at"] is not None:
+        if occ.state != "dead":
+            raise click.ClickException(f"{key} is {occ.state}, not dead: nothing to replay")
+        if occ.job_deleted_at is not None:
             raise click.ClickException(f"{key}: its job was deleted; it cannot be replayed")
-        if occ["reason"] == "Ambiguous":
+        if occ.reason == "Ambiguous":
             raise click.ClickException(
                 f"{key} is dead as Ambiguous (delivery AtMostOnce: its effect may have "
                 "happened); pass --include-ambiguous to run it again anyway"
@@ -208,14 +195,10 @@ def purge_cmd(
 
     async def go() -> int:
         async with env.database() as db:
-            async with db.transaction() as conn:
-                purged = await dead.purge(
-                    db, older_than_seconds=older_than, name=name, namespace=namespace, conn=conn
-                )
-                n = len(purged)
-                if not yes:
-                    raise psycopg.Rollback()
-            return n
+            purged = await dead.purge(
+                db, older_than_seconds=older_than, name=name, namespace=namespace, dry_run=not yes
+            )
+            return len(purged)
 
     n = run(go())
     if not yes:

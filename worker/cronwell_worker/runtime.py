@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import random
 import time
@@ -24,7 +23,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
-import psycopg
 import pydantic
 
 from cronwell import dispatch, tenancy
@@ -44,7 +42,7 @@ from cronwell.models import Delivery, RetryPolicy, ScheduledJobSpec
 from cronwell.sdk import Context
 from cronwell.secretbox import SecretBox, SecretsKeyError
 from cronwell.settings import EgressSettings, SecretsSettings, WorkerSettings
-from cronwell.store import claims, job_secrets, processes
+from cronwell.store import claims, job_secrets, notify, processes
 from cronwell.store import policies as store_policies
 from cronwell.store.db import Database
 from cronwell.supervise import Backoff, Supervisor
@@ -313,15 +311,11 @@ class Worker:
         for our pool lands (it then asks the database when the batch is due)."""
         while True:
             try:
-                conn = await psycopg.AsyncConnection.connect(self.db.url, autocommit=True)
-                async with conn:
-                    await conn.execute("LISTEN cronwell_due")
-                    self._wake.set()  # anything notified while we were not listening
-                    async for n in conn.notifies():
-                        with contextlib.suppress(ValueError):
-                            if self.settings.pool in json.loads(n.payload):
-                                self._wake.set()
-            except (psycopg.Error, OSError) as e:
+                async for pools in notify.due_pools(self.db):
+                    # None: listening (again); anything notified meanwhile was missed.
+                    if pools is None or self.settings.pool in pools:
+                        self._wake.set()
+            except (DatabaseError, OSError) as e:
                 log.info(
                     "listen connection lost; polling until it is back",
                     extra={"action": "listen_lost", "error": str(e)},
