@@ -21,7 +21,7 @@ from cryptography.fernet import Fernet
 
 from cronwell.testing.controlplane import Cluster
 from cronwell_operator.testing import FAST_LEASE_ARGS, OperatorProcess, sql, wait_until
-from tests import procs
+from tests.helpers import procs
 
 KEY = Fernet.generate_key().decode()
 

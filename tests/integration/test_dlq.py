@@ -16,7 +16,8 @@ from cronwell.cli import Env, parse_duration
 from cronwell.store.db import Database
 from cronwell_worker.dlq import dlq
 
-from .worker_helpers import attempts, handler_job, occurrence, sql, trigger
+from .helpers import sql
+from .worker_helpers import attempts, handler_job, occurrence, trigger
 
 
 def test_parse_duration() -> None:

@@ -19,7 +19,8 @@ from cronwell import partitions
 from cronwell.store import leases
 from cronwell.store import partitions as store_partitions
 from cronwell.store.db import Database
-from tests.procs import spawn, stop
+from tests.helpers.procs import spawn, stop
+from tests.helpers.wait import wait_for
 
 from .helpers import db_now, make_job, occurrences
 
@@ -32,15 +33,6 @@ async def _owners(db: Database) -> dict[str, int]:
         if r.live and r.holder is not None:
             counts[r.holder] += 1
     return dict(counts)
-
-
-async def _wait_for(cond, timeout: float = 30.0) -> float:  # type: ignore[no-untyped-def]
-    start = time.monotonic()
-    while time.monotonic() - start < timeout:
-        if await cond():
-            return time.monotonic() - start
-        await asyncio.sleep(0.1)
-    raise AssertionError("condition not met in time")
 
 
 async def test_kill_minus_nine_a_scheduler(db: Database, db_url: str, tmp_path: Path) -> None:
@@ -63,11 +55,13 @@ async def test_kill_minus_nine_a_scheduler(db: Database, db_url: str, tmp_path: 
             o = await _owners(db)
             return len(o) == 2 and sorted(o.values()) == [2, 2]
 
-        await _wait_for(split)
+        await wait_for(split, 30, "two schedulers owning two partitions each", 0.1)
         await asyncio.sleep(1.5)
         os.kill(a.pid, signal.SIGKILL)
         killed_at = await db_now(db)
-        took = await _wait_for(lambda: _one_owner(db))
+        start = time.monotonic()
+        await wait_for(lambda: _one_owner(db), 30, "one scheduler owning all four", 0.1)
+        took = time.monotonic() - start
         await asyncio.sleep(2.5)
     finally:
         stop(a)
@@ -116,12 +110,12 @@ async def test_repartition_online_loses_and_repeats_nothing(
             o = await _owners(db)
             return len(o) == 2 and sum(o.values()) == n
 
-        await _wait_for(lambda: owned(4))
+        await wait_for(lambda: owned(4), 30, "four partitions owned by two", 0.1)
         await asyncio.sleep(1.5)
         changed_at = await db_now(db)
         old, moved = await partitions.set_count(db, 7)
         assert old == 4 and moved > 0
-        await _wait_for(lambda: owned(7))
+        await wait_for(lambda: owned(7), 30, "seven partitions owned by two", 0.1)
         await asyncio.sleep(2.5)
         # a scheduler configured with the old count refuses to start, saying why
         c = spawn("scheduler", "--partitions", "4", env=env, log=tmp_path / "c.log")

@@ -24,8 +24,9 @@ from cronwell.store import claims
 from cronwell.store.db import Database
 from cronwell_worker.dlq import replay
 from cronwell_worker.runtime import backoff_seconds, self_fence_margin
+from tests.helpers.wait import wait_for
 
-from .helpers import db_now, make_job
+from .helpers import db_now, make_job, sql
 from .worker_helpers import (
     CONTROL,
     EFFECTS_DDL,
@@ -37,12 +38,10 @@ from .worker_helpers import (
     occurrence,
     requeue,
     running_worker,
-    sql,
     started,
     state_is,
     steal,
     trigger,
-    wait_for,
 )
 
 # -- pure logic -----------------------------------------------------------------------------

@@ -18,8 +18,10 @@ import pytest
 
 from cronwell import maintenance
 from cronwell.store.db import Database
-from tests.procs import spawn, stop
+from tests.helpers.procs import spawn, stop
+from tests.helpers.wait import wait_for
 
+from .helpers import sql
 from .worker_helpers import (
     EFFECTS_DDL,
     HANDLERS_MODULE,
@@ -28,10 +30,8 @@ from .worker_helpers import (
     http_server,
     marks_of,
     occurrence,
-    sql,
     state_is,
     trigger,
-    wait_for,
     worker_env,
 )
 
