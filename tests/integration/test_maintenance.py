@@ -17,6 +17,7 @@ from cronwell.sdk import Context
 from cronwell.settings import SchedulerSettings
 from cronwell.store import status_changes
 from cronwell.store.db import Database
+from tests.helpers.store import fail_dead
 
 from .helpers import make_job, occurrences, scheduler, set_cursor, sql
 
@@ -62,18 +63,7 @@ async def test_history_limits_keep_the_newest_runs_and_totals_stay_totals(db: Da
     mine = sorted((c for c in claimed if c.job_id == job.id), key=lambda c: c.scheduled_for)
     assert len(mine) == 7
     for c in mine[:3]:  # the three oldest die
-        assert (
-            await dispatch.fail(
-                db,
-                key=c.key,
-                fence=c.fence,
-                next_state="dead",
-                reason="AttemptsExhausted",
-                error="boom",
-                delay_seconds=0,
-            )
-            == "dead"
-        )
+        assert await fail_dead(db, c.key, c.fence, "AttemptsExhausted") == "dead"
     done = [(c.key, c.fence) for c in claimed if c not in mine[:3]]
     assert len(await dispatch.succeed(db, done)) == 4 + 3
     before = await _status(db, job.id)

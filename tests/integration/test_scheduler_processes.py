@@ -27,6 +27,18 @@ from .helpers import db_now, make_job, occurrences
 pytestmark = pytest.mark.slow
 
 
+def _env(db_url: str, **extra: str) -> dict[str, str]:
+    """Schedulers with 2 s partition leases, a 1 s horizon and fast ticks."""
+    return {
+        "CRONWELL_DATABASE_URL": db_url,
+        "CRONWELL_PARTITION_LEASE_SECONDS": "2",
+        "CRONWELL_HORIZON_SECONDS": "1",
+        "CRONWELL_TICK_SECONDS": "0.2",
+        "CRONWELL_LOG_LEVEL": "WARNING",
+        **extra,
+    }
+
+
 async def _owners(db: Database) -> dict[str, int]:
     counts: dict[str, int] = defaultdict(int)
     for r in await leases.list_all(db):
@@ -39,14 +51,7 @@ async def test_kill_minus_nine_a_scheduler(db: Database, db_url: str, tmp_path: 
     await partitions.set_count(db, 4)
     for i in range(40):
         await make_job(db, f"sec{i}", schedule="* * * * * *")
-    env = {
-        "CRONWELL_DATABASE_URL": db_url,
-        "CRONWELL_PARTITIONS": "4",
-        "CRONWELL_PARTITION_LEASE_SECONDS": "2",
-        "CRONWELL_HORIZON_SECONDS": "1",
-        "CRONWELL_TICK_SECONDS": "0.2",
-        "CRONWELL_LOG_LEVEL": "WARNING",
-    }
+    env = _env(db_url, CRONWELL_PARTITIONS="4")
     a = spawn("scheduler", env=env, log=tmp_path / "a.log")
     b = spawn("scheduler", env=env, log=tmp_path / "b.log")
     try:
@@ -95,13 +100,7 @@ async def test_repartition_online_loses_and_repeats_nothing(
     await partitions.set_count(db, 4)
     for i in range(30):
         await make_job(db, f"sec{i}", schedule="* * * * * *")
-    env = {
-        "CRONWELL_DATABASE_URL": db_url,
-        "CRONWELL_PARTITION_LEASE_SECONDS": "2",
-        "CRONWELL_HORIZON_SECONDS": "1",
-        "CRONWELL_TICK_SECONDS": "0.2",
-        "CRONWELL_LOG_LEVEL": "WARNING",
-    }
+    env = _env(db_url)
     a = spawn("scheduler", env=env, log=tmp_path / "a.log")
     b = spawn("scheduler", env=env, log=tmp_path / "b.log")
     try:
