@@ -10,7 +10,7 @@ import signal
 import time
 import uuid
 from collections import defaultdict
-from datetime import timedelta
+from datetime import datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -72,17 +72,23 @@ async def test_kill_minus_nine_a_scheduler(db: Database, db_url: str, tmp_path: 
         stop(a)
         assert stop(b) == 0, (tmp_path / "b.log").read_text()
     assert took < 2 + 2 + 1.5, f"takeover took {took:.1f}s for a 2 s lease"
+    await _each_instant_once(db, 40, killed_at + timedelta(seconds=1), "the kill")
+
+
+async def _each_instant_once(db: Database, jobs: int, past: datetime, event: str) -> None:
+    """Each of the `jobs` per-second jobs has its instants one second apart, each once,
+    none missed, and went on past `past` (the instant just after `event`)."""
     occ = await occurrences(db)
-    by_job: dict[str, list] = defaultdict(list)  # type: ignore[type-arg]
+    by_job: dict[str, list[datetime]] = defaultdict(list)
     for o in occ:
         by_job[o["name"]].append(o["scheduled_for"])
-    assert len(by_job) == 40
+    assert len(by_job) == jobs
     for name, instants in by_job.items():
         assert len(instants) == len(set(instants)), f"{name}: duplicate instants"
         instants.sort()
         gaps = [b - a for a, b in itertools.pairwise(instants) if b - a != timedelta(seconds=1)]
         assert not gaps, f"{name}: lost instants around {gaps}"
-        assert instants[-1] > killed_at + timedelta(seconds=1), f"{name} stopped at the kill"
+        assert instants[-1] > past, f"{name} stopped at {event}"
     assert not [o for o in occ if o["state"] == "missed"]
 
 
@@ -126,15 +132,4 @@ async def test_repartition_online_loses_and_repeats_nothing(
     assert "Traceback" not in (tmp_path / "c.log").read_text()
     rows = await store_partitions.job_page(db, after=uuid.UUID(int=0), limit=100)
     assert {r.partition for r in rows} <= set(range(7)) and len(rows) == 30
-    occ = await occurrences(db)
-    by_job: dict[str, list] = defaultdict(list)  # type: ignore[type-arg]
-    for o in occ:
-        by_job[o["name"]].append(o["scheduled_for"])
-    assert len(by_job) == 30
-    for name, instants in by_job.items():
-        assert len(instants) == len(set(instants)), f"{name}: duplicate instants"
-        instants.sort()
-        gaps = [b - a for a, b in itertools.pairwise(instants) if b - a != timedelta(seconds=1)]
-        assert not gaps, f"{name}: lost instants around {gaps}"
-        assert instants[-1] > changed_at + timedelta(seconds=2), f"{name} stopped at the change"
-    assert not [o for o in occ if o["state"] == "missed"]
+    await _each_instant_once(db, 30, changed_at + timedelta(seconds=2), "the change")
