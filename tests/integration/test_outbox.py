@@ -18,7 +18,9 @@ from cronwell.store import outbox
 from cronwell.store.db import Database
 from cronwell_worker.cli import outbox_relay
 from cronwell_worker.outbox import HttpPublisher, OutboxMessage, Relay, RelaySettings
+from tests.helpers.wait import wait_for
 
+from .helpers import sql
 from .worker_helpers import (
     EFFECTS_DDL,
     OUTBOX_SEEN,
@@ -27,11 +29,9 @@ from .worker_helpers import (
     http_server,
     occurrence,
     running_worker,
-    sql,
     state_is,
     steal,
     trigger,
-    wait_for,
 )
 
 

@@ -13,17 +13,16 @@ from cryptography.fernet import Fernet
 from cronwell.secretbox import SecretBox
 from cronwell.store import job_secrets
 from cronwell.store.db import Database
+from tests.helpers.wait import wait_for
 
-from .helpers import make_job
+from .helpers import make_job, sql
 from .worker_helpers import (
     FAR_FUTURE,
     http_server,
     occurrence,
     running_worker,
-    sql,
     state_is,
     trigger,
-    wait_for,
 )
 
 HEADERS = [

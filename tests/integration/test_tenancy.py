@@ -10,6 +10,7 @@ from typing import Any
 
 from cronwell.store import policies
 from cronwell.store.db import Database
+from tests.helpers.wait import wait_for
 
 from .helpers import make_job
 from .worker_helpers import (
@@ -18,7 +19,6 @@ from .worker_helpers import (
     running_worker,
     state_is,
     trigger,
-    wait_for,
 )
 
 

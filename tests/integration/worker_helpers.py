@@ -15,7 +15,7 @@ import json
 import os
 import threading
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import asdict, dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -34,6 +34,7 @@ from cronwell.store import attempts as attempts_store
 from cronwell.store import claims, runs
 from cronwell.store.db import Database
 from cronwell_worker.runtime import Outcome, Worker
+from tests.helpers.wait import wait_for
 
 from .helpers import make_job
 
@@ -44,23 +45,6 @@ LOCAL_EGRESS = "127.0.0.1/32"
 """Tests' HTTP servers listen on 127.0.0.1, which the egress policy denies by default:
 every test worker allows exactly this address, explicitly."""
 T = TypeVar("T")
-
-# -- waiting ------------------------------------------------------------------------------
-
-
-async def wait_for(
-    cond: Callable[[], Awaitable[T | None]], timeout: float = 15.0, what: str = "condition"
-) -> T:
-    """Poll `cond` until it returns something truthy; return it."""
-    deadline = time.monotonic() + timeout
-    while True:
-        v = await cond()
-        if v:
-            return v
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        await asyncio.sleep(0.05)
-
 
 # -- store views ----------------------------------------------------------------------------
 
@@ -96,13 +80,6 @@ async def trigger(db: Database, name: str) -> str:
     key, created = await jobs.trigger_job(db, namespace="default", name=name)
     assert created
     return key
-
-
-async def sql(db: Database, query: str, *args: Any) -> list[dict[str, Any]]:
-    """Ad-hoc SQL of the test itself (user tables, simulated time passing)."""
-    async with db.connection() as conn:
-        cur = await conn.execute(query, args or None)
-        return [dict(r) for r in await cur.fetchall()] if cur.description else []
 
 
 async def _expire_and_reap(db: Database, conn: Any, key: str) -> int:
