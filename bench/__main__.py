@@ -16,7 +16,6 @@ import asyncio
 import json
 import os
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -35,9 +34,8 @@ from bench import (
     status,
     sustained,
 )
-from bench.common import RESULTS, BenchError, db_url, worker_env
+from bench.common import RESULTS, BenchError, bench_server, db_url, worker_env
 from cronwell import jobs
-from cronwell.embedded import EmbeddedPostgres
 from cronwell.models import ScheduledJobSpec
 from cronwell.store import Database, migrate
 
@@ -194,10 +192,7 @@ async def main() -> None:
             raise BenchError(f"profile needs py-spy ({burst.PY_SPY}): pip install -e '.[bench]'")
     except BenchError as e:
         ap.exit(2, f"{ap.prog}: error: {e}\n")  # one line, no usage block
-    server = EmbeddedPostgres(
-        Path(tempfile.mkdtemp(prefix="cronwell-bench-")),
-        settings={"max_connections": "300", "shared_buffers": "512MB"},
-    )
+    server = bench_server()
     url = server.start()
     results: dict[str, Any] = {"machine": {"cpus": os.cpu_count()}}
     lags: dict[str, list[float]] = {}

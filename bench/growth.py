@@ -19,8 +19,8 @@ import statistics
 import time
 from typing import Any
 
-from bench.common import BenchError, timed, timed_claim
-from cronwell.store import Database, attempts, materialise, partitions
+from bench.common import BenchError, timed, timed_claim, timed_due_scan
+from cronwell.store import Database, attempts, partitions
 
 HOLDER = "bench-growth"
 MIN_JOBS = 8_000
@@ -79,17 +79,7 @@ async def measure(db: Database, reps: int) -> dict[str, float]:
     times: dict[str, list[float]] = {"due_scan": [], "claim": [], "complete": []}
     for _ in range(reps):
         async with db.connection() as conn, conn.transaction(force_rollback=True):
-            ms, due = await timed(
-                materialise.claim_due(
-                    db,
-                    holder=HOLDER,
-                    partition=0,
-                    epoch=1,
-                    horizon_seconds=30,
-                    limit=500,
-                    conn=conn,
-                )
-            )
+            ms, due = await timed_due_scan(db, conn, HOLDER)
             assert len(due) == 500, len(due)
             times["due_scan"].append(ms)
         async with db.connection() as conn, conn.transaction(force_rollback=True):

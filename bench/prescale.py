@@ -27,14 +27,21 @@ import json
 import math
 import subprocess
 import sys
-import tempfile
 import time
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from bench.common import RESULTS, BenchError, lag_stats, seed, stop_all, succeeded_lags, worker_env
-from cronwell.embedded import EmbeddedPostgres
+from bench.common import (
+    RESULTS,
+    BenchError,
+    bench_server,
+    lag_stats,
+    seed,
+    stop_all,
+    succeeded_lags,
+    worker_env,
+)
 from cronwell.fleet_forecast import forecast_pools
 from cronwell.forecast import plan_replicas, upcoming_burst
 from cronwell.scheduler import Scheduler
@@ -231,10 +238,7 @@ async def main() -> None:
         check(args.max_workers)
     except BenchError as e:
         ap.exit(2, f"{ap.prog}: error: {e}\n")  # one line, no usage block
-    server = EmbeddedPostgres(
-        Path(tempfile.mkdtemp(prefix="cronwell-bench-")),
-        settings={"max_connections": "300", "shared_buffers": "512MB"},
-    )
+    server = bench_server()
     url = server.start()
     try:
         async with Database(url, max_size=4) as db:

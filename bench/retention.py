@@ -29,9 +29,9 @@ import time
 import uuid
 from typing import Any
 
-from bench.common import BenchError, timed, timed_claim
+from bench.common import BenchError, timed, timed_claim, timed_due_scan
 from cronwell.maintenance import Pruner
-from cronwell.store import Database, materialise, status_changes
+from cronwell.store import Database, status_changes
 
 HOLDER = "bench-retention"
 DAY = 86400
@@ -146,17 +146,7 @@ async def _measure(db: Database, job_ids: list[uuid.UUID], reps: int) -> dict[st
     times: dict[str, list[float]] = {"due_scan": [], "claim": [], "status_batch": []}
     for _ in range(reps):
         async with db.connection() as conn, conn.transaction(force_rollback=True):
-            ms, _rows = await timed(
-                materialise.claim_due(
-                    db,
-                    holder=HOLDER,
-                    partition=0,
-                    epoch=1,
-                    horizon_seconds=30,
-                    limit=500,
-                    conn=conn,
-                )
-            )
+            ms, _rows = await timed_due_scan(db, conn, HOLDER)
             times["due_scan"].append(ms)
         async with db.connection() as conn, conn.transaction(force_rollback=True):
             steps, claimed = await timed_claim(db, conn)
