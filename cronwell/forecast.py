@@ -115,8 +115,7 @@ def _quantise(d: float) -> float:
     return round(math.ceil(d / DURATION_QUANTUM - 1e-9) * DURATION_QUANTUM, 6)
 
 
-def _schedule_key(job: ForecastJob) -> tuple[Any, ...]:
-    s = job.spec
+def _schedule_key(job_id: str, s: Mapping[str, Any]) -> tuple[Any, ...]:
     cron = s.get("schedule")
     dst = s.get("dstPolicy") or {}
     return (
@@ -127,23 +126,91 @@ def _schedule_key(job: ForecastJob) -> tuple[Any, ...]:
         dst.get("fallBack"),
         s.get("startAt"),
         s.get("endAt"),
-        job.id if cron is not None and uses_hash(cron) else None,
+        job_id if cron is not None and uses_hash(cron) else None,
     )
+
+
+@dataclass(frozen=True, slots=True)
+class JobDemand:
+    """What the forecast derives from one job's spec (its schedule group and jitter): kept
+    per (job, spec hash) by `DemandCache`, so a job's spec is read again only when it
+    changes."""
+
+    key: tuple[Any, ...]
+    jitter_ms: int
+    spec: Mapping[str, Any]
+
+    @classmethod
+    def of(cls, job_id: str, spec: Mapping[str, Any]) -> JobDemand:
+        jit = int(spec.get("jitterSeconds") or 0)
+        jms = jitter_offset(job_id, jit) // timedelta(milliseconds=1) if jit else 0
+        return cls(_schedule_key(job_id, spec), jms, spec)
+
+
+class DemandCache:
+    """The incremental state of a forecast loop: each job's `JobDemand` keyed by its spec
+    hash (equal hashes are equal specs), the spec documents by hash, and each schedule
+    group's parsed schedule. A job is derived again only when its hash changes; jobs,
+    specs and schedules no longer seen are dropped after each forecast."""
+
+    def __init__(self) -> None:
+        self.specs: dict[str, Mapping[str, Any]] = {}
+        self.jobs: dict[str, tuple[str, JobDemand]] = {}
+        self.schedules: dict[tuple[Any, ...], JobSchedule] = {}
+
+    def unknown(self, rows: Iterable[tuple[str, str]]) -> dict[str, str]:
+        """Of (job id, spec hash) rows, the hashes whose spec is needed -> one job having it."""
+        out: dict[str, str] = {}
+        for job_id, h in rows:
+            c = self.jobs.get(job_id)
+            if (c is None or c[0] != h) and h not in self.specs:
+                out.setdefault(h, job_id)
+        return out
+
+    def demand(
+        self,
+        rows: Iterable[tuple[str, str, str, float | None]],
+        start: datetime,
+        horizon_seconds: float,
+        resolution: float = 1,
+        *,
+        backlog: Mapping[str, int] | None = None,
+        default_duration: float | Mapping[str, float] = DEFAULT_DURATION_SECONDS,
+    ) -> dict[str, PoolForecast]:
+        """`demand` of (job id, pool, spec hash, duration) rows whose specs are in
+        `specs` (a row whose spec is not is left out)."""
+        old, jobs = self.jobs, {}
+        entries: list[tuple[str, float | None, JobDemand]] = []
+        for job_id, pool, h, dur in rows:
+            c = old.get(job_id)
+            if c is None or c[0] != h:
+                spec = self.specs.get(h)
+                if spec is None:
+                    continue
+                c = (h, JobDemand.of(job_id, spec))
+            jobs[job_id] = c
+            entries.append((pool, dur, c[1]))
+        self.jobs = jobs
+        used = {h for h, _ in jobs.values()}
+        self.specs = {h: s for h, s in self.specs.items() if h in used}
+        out, keys = _demand(
+            entries, start, horizon_seconds, resolution, backlog, default_duration, self.schedules
+        )
+        self.schedules = {k: v for k, v in self.schedules.items() if k in keys}
+        return out
 
 
 @dataclass
 class _Group:
-    rep: ForecastJob
+    rep: JobDemand
     members: Counter[tuple[str, float, int]] = field(default_factory=Counter)
     """(pool, duration, jitter in ms) -> jobs."""
     max_jitter_ms: int = 0
 
 
-def _duration_for(job: ForecastJob, default: float | Mapping[str, float]) -> float:
-    if job.duration is not None:
-        return job.duration
+def _default_for(pool: str, default: float | Mapping[str, float]) -> float:
     if isinstance(default, Mapping):
-        return float(default.get(job.pool, DEFAULT_DURATION_SECONDS))
+        return float(default.get(pool, DEFAULT_DURATION_SECONDS))
     return float(default)
 
 
@@ -158,6 +225,21 @@ def demand(
 ) -> dict[str, PoolForecast]:
     """Per pool, the occurrences arriving in each `resolution`-second bucket of
     [start, start + horizon) (nominal instant + jitter), plus the backlog already due."""
+    entries = [(j.pool, j.duration, JobDemand.of(j.id, j.spec)) for j in jobs]
+    return _demand(entries, start, horizon_seconds, resolution, backlog, default_duration, {})[0]
+
+
+def _demand(
+    entries: Iterable[tuple[str, float | None, JobDemand]],
+    start: datetime,
+    horizon_seconds: float,
+    resolution: float,
+    backlog: Mapping[str, int] | None,
+    default_duration: float | Mapping[str, float],
+    schedules: dict[tuple[Any, ...], JobSchedule],
+) -> tuple[dict[str, PoolForecast], set[tuple[Any, ...]]]:
+    """`demand` of (pool, duration, JobDemand) entries; `schedules` caches each group's
+    parsed schedule (None: a spec this version refuses). Also returns the group keys seen."""
     if resolution <= 0 or horizon_seconds <= 0:
         raise ValueError("resolution and horizon must be positive")
     start = start.astimezone(UTC)
@@ -173,21 +255,28 @@ def demand(
         return pf
 
     groups: dict[tuple[Any, ...], _Group] = {}
-    for job in jobs:
-        key = _schedule_key(job)
-        g = groups.get(key)
+    quantised: dict[tuple[str, float | None], float] = {}
+    for pool, dur, jd in entries:
+        g = groups.get(jd.key)
         if g is None:
-            g = groups[key] = _Group(job)
-        jit = int(job.spec.get("jitterSeconds") or 0)
-        jms = jitter_offset(job.id, jit) // timedelta(milliseconds=1) if jit else 0
-        g.members[(job.pool, _quantise(_duration_for(job, default_duration)), jms)] += 1
-        g.max_jitter_ms = max(g.max_jitter_ms, jms)
+            g = groups[jd.key] = _Group(jd)
+        q = quantised.get((pool, dur))
+        if q is None:
+            d = dur if dur is not None else _default_for(pool, default_duration)
+            q = quantised[(pool, dur)] = _quantise(d)
+        g.members[(pool, q, jd.jitter_ms)] += 1
+        if jd.jitter_ms > g.max_jitter_ms:
+            g.max_jitter_ms = jd.jitter_ms
 
-    for g in groups.values():
-        try:
-            sched = JobSchedule.from_spec(g.rep.id, ScheduledJobSpec.model_validate(g.rep.spec))
-        except (pydantic.ValidationError, SpecError):
-            continue  # a stored spec this version refuses: the scheduler parks its jobs
+    for key, g in groups.items():
+        sched = schedules.get(key)
+        if sched is None:
+            try:
+                rep_id = key[-1] or ""
+                sched = JobSchedule.from_spec(rep_id, ScheduledJobSpec.model_validate(g.rep.spec))
+            except (pydantic.ValidationError, SpecError):
+                continue  # a stored spec this version refuses: the scheduler parks its jobs
+            schedules[key] = sched
         offsets = [
             (inst - start).total_seconds()
             for inst in sched.between(start - timedelta(milliseconds=g.max_jitter_ms), end)
@@ -209,13 +298,8 @@ def demand(
         if k > 0:
             pf = pool_forecast(pool)
             pf.backlog += k
-            d = (
-                default_duration.get(pool, DEFAULT_DURATION_SECONDS)
-                if isinstance(default_duration, Mapping)
-                else default_duration
-            )
-            pf.arrivals[(0, _quantise(float(d)))] += k
-    return out
+            pf.arrivals[(0, _quantise(_default_for(pool, default_duration)))] += k
+    return out, set(groups)
 
 
 # ------------------------------------------------------------------------ concurrency
