@@ -37,7 +37,8 @@ class Forecaster:
     def __init__(self, full_refresh_seconds: float = FULL_REFRESH_SECONDS) -> None:
         self.cache = DemandCache()
         self.full_refresh = timedelta(seconds=full_refresh_seconds)
-        self.durations: dict[uuid.UUID, float | None] = {}
+        self.durations: dict[str, float] = {}
+        """job id -> p90 of its last runs (jobs with history only)."""
         self._since: datetime | None = None
         self._full_at: datetime | None = None
         self._history: int | None = None
@@ -57,9 +58,8 @@ class Forecaster:
         pools = pools or {}
         exact = await clock.now(db)
         now = exact.replace(microsecond=0)
-        keys = await store_jobs.forecast_keys(db, pool=pool)
-        rows = [(str(r.id), r.spec_hash) for r in keys]
-        unknown = self.cache.unknown(rows)
+        keys = [(k.pool, k.ids, k.hashes) for k in await store_jobs.forecast_keys(db, pool=pool)]
+        unknown = self.cache.unknown(keys)
         if unknown:
             ids = [uuid.UUID(j) for j in unknown.values()]
             for s in await store_jobs.forecast_specs(db, ids):
@@ -73,21 +73,26 @@ class Forecaster:
         since = None if full else self._since
         got = await store_jobs.forecast_durations(db, since=since, history=history)
         if full:
-            self.durations = {r.id: r.p90_seconds for r in got}
+            self.durations = {r.id: r.p90_seconds for r in got if r.p90_seconds is not None}
             self._full_at, self._history = exact, history
         else:
-            self.durations.update((r.id, r.p90_seconds) for r in got)
+            for r in got:
+                if r.p90_seconds is None:
+                    self.durations.pop(r.id, None)
+                else:
+                    self.durations[r.id] = r.p90_seconds
         self._since = exact - FINISH_SLACK
-        live = {r.id for r in keys}
-        if len(self.durations) > 2 * len(live) + 1000:  # forget deleted jobs now and then
-            self.durations = {k: v for k, v in self.durations.items() if k in live}
-        durations = self.durations
+        live = sum(len(ids) for _, ids, _ in keys)
+        if len(self.durations) > 2 * live + 1000:  # forget deleted jobs now and then
+            alive = {j for _, ids, _ in keys for j in ids}
+            self.durations = {k: v for k, v in self.durations.items() if k in alive}
         backlog = {
             r.pool: r.n for r in await gauges.queue_depth(db) if pool is None or r.pool == pool
         }
         defaults = {p: s.default_duration_seconds for p, s in pools.items()}
         out = self.cache.demand(
-            ((str(r.id), r.pool, r.spec_hash, durations.get(r.id)) for r in keys),
+            keys,
+            self.durations,
             now,
             horizon_seconds,
             resolution,
@@ -96,7 +101,8 @@ class Forecaster:
         )
         for p, pf in out.items():
             spec = pools.get(p)
-            concurrency_timeline(pf, spec.start_slo_seconds if spec else slo_seconds)
+            slo = spec.start_slo_seconds if spec else slo_seconds
+            concurrency_timeline(pf, slo, self.cache.memo)
         return out
 
 

@@ -147,29 +147,44 @@ class JobDemand:
         return cls(_schedule_key(job_id, spec), jms, spec)
 
 
+def _per_job(spec: Mapping[str, Any]) -> bool:
+    """Whether a spec's demand depends on the job's id (jitter, or `H` in its cron)."""
+    cron = spec.get("schedule")
+    return bool(spec.get("jitterSeconds")) or (cron is not None and uses_hash(cron))
+
+
 class DemandCache:
-    """The incremental state of a forecast loop: each job's `JobDemand` keyed by its spec
-    hash (equal hashes are equal specs), the spec documents by hash, and each schedule
-    group's parsed schedule. A job is derived again only when its hash changes; jobs,
-    specs and schedules no longer seen are dropped after each forecast."""
+    """The incremental state of a forecast loop: the spec documents by hash (equal hashes
+    are equal specs), the demand of each spec that does not depend on the job (most: one
+    per hash), each id-dependent job's `JobDemand` (jitter, `H`) until its hash changes,
+    each schedule group's parsed schedule, and the concurrency of windows already solved.
+    Nothing is derived twice from the same spec; what is no longer seen is dropped."""
 
     def __init__(self) -> None:
         self.specs: dict[str, Mapping[str, Any]] = {}
         self.jobs: dict[str, tuple[str, JobDemand]] = {}
+        """id-dependent jobs: id -> (spec hash, demand)."""
+        self.plain: dict[str, JobDemand | None] = {}
+        """spec hash -> its demand, None when it depends on the job."""
         self.schedules: dict[tuple[Any, ...], JobSchedule] = {}
+        self.memo: dict[tuple[Any, ...], int] = {}
+        """`concurrency_timeline` windows solved (shifted to start at 0) -> concurrency."""
 
-    def unknown(self, rows: Iterable[tuple[str, str]]) -> dict[str, str]:
-        """Of (job id, spec hash) rows, the hashes whose spec is needed -> one job having it."""
+    def unknown(self, pools: Iterable[tuple[str, Sequence[str], Sequence[str]]]) -> dict[str, str]:
+        """Of each pool's (ids, spec hashes), the hashes whose spec is needed -> a job having it."""
         out: dict[str, str] = {}
-        for job_id, h in rows:
-            c = self.jobs.get(job_id)
-            if (c is None or c[0] != h) and h not in self.specs:
-                out.setdefault(h, job_id)
+        for _, ids, hashes in pools:
+            missing = set(hashes).difference(self.specs)
+            if missing:
+                for job_id, h in zip(ids, hashes, strict=True):
+                    if h in missing:
+                        out.setdefault(h, job_id)
         return out
 
     def demand(
         self,
-        rows: Iterable[tuple[str, str, str, float | None]],
+        pools: Iterable[tuple[str, Sequence[str], Sequence[str]]],
+        durations: Mapping[str, float | None],
         start: datetime,
         horizon_seconds: float,
         resolution: float = 1,
@@ -177,26 +192,45 @@ class DemandCache:
         backlog: Mapping[str, int] | None = None,
         default_duration: float | Mapping[str, float] = DEFAULT_DURATION_SECONDS,
     ) -> dict[str, PoolForecast]:
-        """`demand` of (job id, pool, spec hash, duration) rows whose specs are in
-        `specs` (a row whose spec is not is left out)."""
+        """`demand` of each pool's jobs, given as (pool, ids, spec hashes) with each job's
+        p90 in `durations` (absent: the pool's default); a job whose spec is not in `specs`
+        is left out. Jobs of equal (spec hash, duration) are counted together (in C)."""
         old, jobs = self.jobs, {}
-        entries: list[tuple[str, float | None, JobDemand]] = []
-        for job_id, pool, h, dur in rows:
-            c = old.get(job_id)
-            if c is None or c[0] != h:
+        used: set[str] = set()
+        entries: list[tuple[str, float | None, JobDemand, int]] = []
+        for pool, ids, hashes in pools:
+            counted = Counter(zip(hashes, map(durations.get, ids), strict=True))
+            per_job: set[str] = set()
+            for (h, dur), k in counted.items():
                 spec = self.specs.get(h)
                 if spec is None:
                     continue
-                c = (h, JobDemand.of(job_id, spec))
-            jobs[job_id] = c
-            entries.append((pool, dur, c[1]))
+                used.add(h)
+                if h not in self.plain:
+                    self.plain[h] = None if _per_job(spec) else JobDemand.of("", spec)
+                jd = self.plain[h]
+                if jd is None:
+                    per_job.add(h)
+                else:
+                    entries.append((pool, dur, jd, k))
+            if not per_job:
+                continue
+            for job_id, h in zip(ids, hashes, strict=True):
+                if h in per_job:
+                    c = old.get(job_id)
+                    if c is None or c[0] != h:
+                        c = (h, JobDemand.of(job_id, self.specs[h]))
+                    jobs[job_id] = c
+                    entries.append((pool, durations.get(job_id), c[1], 1))
         self.jobs = jobs
-        used = {h for h, _ in jobs.values()}
         self.specs = {h: s for h, s in self.specs.items() if h in used}
+        self.plain = {h: d for h, d in self.plain.items() if h in used}
         out, keys = _demand(
             entries, start, horizon_seconds, resolution, backlog, default_duration, self.schedules
         )
         self.schedules = {k: v for k, v in self.schedules.items() if k in keys}
+        if len(self.memo) > 100_000:
+            self.memo.clear()
         return out
 
 
@@ -225,12 +259,12 @@ def demand(
 ) -> dict[str, PoolForecast]:
     """Per pool, the occurrences arriving in each `resolution`-second bucket of
     [start, start + horizon) (nominal instant + jitter), plus the backlog already due."""
-    entries = [(j.pool, j.duration, JobDemand.of(j.id, j.spec)) for j in jobs]
+    entries = [(j.pool, j.duration, JobDemand.of(j.id, j.spec), 1) for j in jobs]
     return _demand(entries, start, horizon_seconds, resolution, backlog, default_duration, {})[0]
 
 
 def _demand(
-    entries: Iterable[tuple[str, float | None, JobDemand]],
+    entries: Iterable[tuple[str, float | None, JobDemand, int]],
     start: datetime,
     horizon_seconds: float,
     resolution: float,
@@ -238,7 +272,7 @@ def _demand(
     default_duration: float | Mapping[str, float],
     schedules: dict[tuple[Any, ...], JobSchedule],
 ) -> tuple[dict[str, PoolForecast], set[tuple[Any, ...]]]:
-    """`demand` of (pool, duration, JobDemand) entries; `schedules` caches each group's
+    """`demand` of (pool, duration, JobDemand, jobs) entries; `schedules` caches each group's
     parsed schedule (None: a spec this version refuses). Also returns the group keys seen."""
     if resolution <= 0 or horizon_seconds <= 0:
         raise ValueError("resolution and horizon must be positive")
@@ -256,7 +290,7 @@ def _demand(
 
     groups: dict[tuple[Any, ...], _Group] = {}
     quantised: dict[tuple[str, float | None], float] = {}
-    for pool, dur, jd in entries:
+    for pool, dur, jd, k in entries:
         g = groups.get(jd.key)
         if g is None:
             g = groups[jd.key] = _Group(jd)
@@ -264,7 +298,7 @@ def _demand(
         if q is None:
             d = dur if dur is not None else _default_for(pool, default_duration)
             q = quantised[(pool, dur)] = _quantise(d)
-        g.members[(pool, q, jd.jitter_ms)] += 1
+        g.members[(pool, q, jd.jitter_ms)] += k
         if jd.jitter_ms > g.max_jitter_ms:
             g.max_jitter_ms = jd.jitter_ms
 
@@ -405,9 +439,13 @@ def meets_slo(
     return _meets_slo(_grouped(arrivals, durations, counts), concurrency, slo_seconds)
 
 
-def concurrency_timeline(pf: PoolForecast, slo_seconds: float) -> list[int]:
+def concurrency_timeline(
+    pf: PoolForecast, slo_seconds: float, memo: dict[tuple[Any, ...], int] | None = None
+) -> list[int]:
     """Concurrency needed in each bucket of `pf` (see the module docstring); also stored
-    in `pf.concurrency`."""
+    in `pf.concurrency`. `memo` keeps the windows solved, shifted to start at bucket 0 (the
+    answer does not depend on where a window starts): the next forecast, a second later,
+    solves only the windows that changed."""
     n = len(pf.counts)
     res = pf.resolution
     by_bucket: dict[int, list[tuple[float, float, int]]] = {}
@@ -415,6 +453,8 @@ def concurrency_timeline(pf: PoolForecast, slo_seconds: float) -> list[int]:
     for (b, d), k in pf.arrivals.items():
         by_bucket.setdefault(b, []).append((b * res, d, k))
         longest = max(longest, d)
+    for xs in by_bucket.values():
+        xs.sort()
     window = math.ceil((slo_seconds + min(longest, MAX_WINDOW_SECONDS)) / res - 1e-9)
     conc = [0] * n
     present: deque[int] = deque()
@@ -432,7 +472,19 @@ def concurrency_timeline(pf: PoolForecast, slo_seconds: float) -> list[int]:
             continue
         if changed:
             groups = sorted(x for b in present for x in by_bucket[b])
-            last = _required(groups, slo_seconds, hint=last or None)
+            if memo is None:
+                last = _required(groups, slo_seconds, hint=last or None)
+            else:
+                first = present[0]
+                key = (
+                    slo_seconds,
+                    res,
+                    *((b - first, d, k) for b in present for _, d, k in by_bucket[b]),
+                )
+                got = memo.get(key)
+                if got is None:
+                    got = memo[key] = _required(groups, slo_seconds, hint=last or None)
+                last = got
         conc[i] = last
     pf.concurrency = conc
     return conc

@@ -284,12 +284,12 @@ async def forecast_list(db: Database, *, pool: str | None, history: int) -> list
 
 
 @dataclass(frozen=True, slots=True)
-class JobKey:
-    """A live job to forecast, by its spec hash."""
+class PoolJobKeys:
+    """A pool's live jobs to forecast: ids (text) and their spec hashes, in the same order."""
 
-    id: uuid.UUID
     pool: str
-    spec_hash: str
+    ids: list[str]
+    hashes: list[str]
 
 
 @dataclass(frozen=True, slots=True)
@@ -300,13 +300,13 @@ class HashedSpec:
 
 @dataclass(frozen=True, slots=True)
 class JobP90:
-    id: uuid.UUID
+    id: str
     p90_seconds: float | None
 
 
-async def forecast_keys(db: Database, *, pool: str | None) -> list[JobKey]:
+async def forecast_keys(db: Database, *, pool: str | None) -> list[PoolJobKeys]:
     """The jobs `forecast_list` returns (of `pool`, all when None), without their specs."""
-    return await db.rows(JobKey, "ForecastJobKeys", {"pool": pool})
+    return await db.rows(PoolJobKeys, "ForecastJobKeys", {"pool": pool})
 
 
 async def forecast_specs(db: Database, ids: Sequence[uuid.UUID]) -> list[HashedSpec]:
