@@ -42,6 +42,8 @@ from collections import Counter, deque
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
+from itertools import compress, repeat
+from operator import eq
 from typing import TYPE_CHECKING, Any
 
 import pydantic
@@ -164,11 +166,21 @@ class DemandCache:
         self.specs: dict[str, Mapping[str, Any]] = {}
         self.jobs: dict[str, tuple[str, JobDemand]] = {}
         """id-dependent jobs: id -> (spec hash, demand)."""
-        self.plain: dict[str, JobDemand | None] = {}
-        """spec hash -> its demand, None when it depends on the job."""
+        self.classes: dict[str, int] = {}
+        """spec hash -> its demand class (index in `demands`), -1 when it depends on the job."""
+        self.demands: list[JobDemand] = []
+        self._index: dict[tuple[Any, ...], int] = {}
         self.schedules: dict[tuple[Any, ...], JobSchedule] = {}
         self.memo: dict[tuple[Any, ...], int] = {}
         """`concurrency_timeline` windows solved (shifted to start at 0) -> concurrency."""
+
+    def _class(self, jd: JobDemand) -> int:
+        """The class of a job-independent demand: specs of one schedule share it."""
+        c = self._index.get(jd.key)
+        if c is None:
+            c = self._index[jd.key] = len(self.demands)
+            self.demands.append(jd)
+        return c
 
     def unknown(self, pools: Iterable[tuple[str, Sequence[str], Sequence[str]]]) -> dict[str, str]:
         """Of each pool's (ids, spec hashes), the hashes whose spec is needed -> a job having it."""
@@ -198,33 +210,34 @@ class DemandCache:
         old, jobs = self.jobs, {}
         used: set[str] = set()
         entries: list[tuple[str, float | None, JobDemand, int]] = []
+        classes = self.classes
         for pool, ids, hashes in pools:
-            counted = Counter(zip(hashes, map(durations.get, ids), strict=True))
-            per_job: set[str] = set()
-            for (h, dur), k in counted.items():
+            new = set(hashes)
+            used |= new
+            new.difference_update(classes)
+            for h in new:
                 spec = self.specs.get(h)
-                if spec is None:
-                    continue
-                used.add(h)
-                if h not in self.plain:
-                    self.plain[h] = None if _per_job(spec) else JobDemand.of("", spec)
-                jd = self.plain[h]
-                if jd is None:
-                    per_job.add(h)
-                else:
-                    entries.append((pool, dur, jd, k))
-            if not per_job:
-                continue
-            for job_id, h in zip(ids, hashes, strict=True):
-                if h in per_job:
-                    c = old.get(job_id)
-                    if c is None or c[0] != h:
-                        c = (h, JobDemand.of(job_id, self.specs[h]))
-                    jobs[job_id] = c
-                    entries.append((pool, durations.get(job_id), c[1], 1))
+                if spec is not None:
+                    classes[h] = -1 if _per_job(spec) else self._class(JobDemand.of("", spec))
+            # jobs of the same demand class and p90, counted in C
+            counted = Counter(zip(map(classes.get, hashes), map(durations.get, ids), strict=True))
+            for (c, dur), k in counted.items():
+                if c is not None and c >= 0:
+                    entries.append((pool, dur, self.demands[c], k))
+            if any(c == -1 for c, _ in counted):
+                flags = map(eq, repeat(-1), map(classes.get, hashes))  # in C
+                per_job = compress(zip(ids, hashes, strict=True), flags)
+                for job_id, h in per_job:
+                    c0 = old.get(job_id)
+                    if c0 is None or c0[0] != h:
+                        c0 = (h, JobDemand.of(job_id, self.specs[h]))
+                    jobs[job_id] = c0
+                    entries.append((pool, durations.get(job_id), c0[1], 1))
         self.jobs = jobs
-        self.specs = {h: s for h, s in self.specs.items() if h in used}
-        self.plain = {h: d for h, d in self.plain.items() if h in used}
+        if len(self.specs) > len(used):
+            self.specs = {h: s for h, s in self.specs.items() if h in used}
+        if len(self.classes) > len(used):
+            self.classes = {h: c for h, c in self.classes.items() if h in used}
         out, keys = _demand(
             entries, start, horizon_seconds, resolution, backlog, default_duration, self.schedules
         )
@@ -280,6 +293,8 @@ def _demand(
     n = math.ceil(horizon_seconds / resolution - 1e-9)
     horizon = n * resolution
     end = start + timedelta(seconds=horizon)
+    # the resolution in whole milliseconds (0: not whole)
+    rms = round(resolution * 1000) if float(resolution * 1000).is_integer() else 0
     out: dict[str, PoolForecast] = {}
 
     def pool_forecast(pool: str) -> PoolForecast:
@@ -316,6 +331,22 @@ def _demand(
             for inst in sched.between(start - timedelta(milliseconds=g.max_jitter_ms), end)
         ]
         if not offsets:
+            continue
+        whole = [round(o / resolution) for o in offsets]
+        if rms and all(w * resolution == o for w, o in zip(whole, offsets, strict=True)):
+            # Offsets on bucket edges: an arrival's bucket is the offset's plus the job's
+            # whole buckets of jitter, so jobs are counted by those (exact, integer math).
+            by_shift: Counter[tuple[str, float, int]] = Counter()
+            for (pool, dur, jms), cnt in g.members.items():
+                by_shift[(pool, dur, jms // rms)] += cnt
+            for (pool, dur, shift), cnt in by_shift.items():
+                pf = pool_forecast(pool)
+                counts, arrivals = pf.counts, pf.arrivals
+                for w in whole:
+                    b = w + shift
+                    if 0 <= b < n:
+                        counts[b] += cnt
+                        arrivals[(b, dur)] += cnt
             continue
         for (pool, dur, jms), cnt in g.members.items():
             pf = pool_forecast(pool)
