@@ -186,7 +186,7 @@ class DemandCache:
         """Of each pool's (ids, spec hashes), the hashes whose spec is needed -> a job having it."""
         out: dict[str, str] = {}
         for _, ids, hashes in pools:
-            missing = set(hashes).difference(self.specs)
+            missing = set(hashes).difference(self.classes).difference(self.specs)
             if missing:
                 for job_id, h in zip(ids, hashes, strict=True):
                     if h in missing:
@@ -218,7 +218,11 @@ class DemandCache:
             for h in new:
                 spec = self.specs.get(h)
                 if spec is not None:
-                    classes[h] = -1 if _per_job(spec) else self._class(JobDemand.of("", spec))
+                    if _per_job(spec):
+                        classes[h] = -1
+                    else:  # its class is all it takes: the document is not kept
+                        classes[h] = self._class(JobDemand.of("", spec))
+                        del self.specs[h]
             # jobs of the same demand class and p90, counted in C
             counted = Counter(zip(map(classes.get, hashes), map(durations.get, ids), strict=True))
             for (c, dur), k in counted.items():
@@ -234,8 +238,7 @@ class DemandCache:
                     jobs[job_id] = c0
                     entries.append((pool, durations.get(job_id), c0[1], 1))
         self.jobs = jobs
-        if len(self.specs) > len(used):
-            self.specs = {h: s for h, s in self.specs.items() if h in used}
+        self.specs = {h: s for h, s in self.specs.items() if h in used}  # id-dependent only
         if len(self.classes) > len(used):
             self.classes = {h: c for h, c in self.classes.items() if h in used}
         out, keys = _demand(

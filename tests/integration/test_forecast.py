@@ -181,13 +181,13 @@ async def test_incremental_forecast_equals_a_forecast_from_scratch(db: Database)
     await add_history(db, a.id, "default", [4.0, 6.0])
     await add_pending(db, a.id, "default", 3)
     await check()
-    # one spec per hash; only the jobs with jitter or H are kept one by one
-    assert (len(f.cache.specs), len(f.cache.jobs)) == (8, 3)
+    # only the specs and jobs with jitter or H are kept one by one
+    assert (len(f.cache.specs), len(f.cache.jobs)) == (3, 3)
     await make_job(db, "h", schedule="H/15 * * * * *", pool="default")  # moves pool
     await jobs.delete_job(db, namespace="default", name="same-0")
     await jobs.set_suspended(db, namespace="default", name="same-1", suspended=True)
     await add_history(db, a.id, "default", [30.0] * 5)  # a's p90 changes after the tick
     await check()
-    assert (len(f.cache.specs), len(f.cache.jobs)) == (6, 3)
+    assert (len(f.cache.specs), len(f.cache.jobs)) == (3, 3)
     await make_job(db, "b", schedule="*/10 * * * * *", jitterSeconds=7)  # back to its first spec
     await check()
