@@ -25,6 +25,7 @@ import psycopg
 from bench import (
     burst,
     ceiling,
+    forecast,
     growth,
     peer,
     prescale,
@@ -51,6 +52,7 @@ SECTIONS = (
     "prescale",
     "retention",
     "schedule",
+    "forecast",
 )
 COMPARED = (
     "per_second",
@@ -170,6 +172,11 @@ async def main() -> None:
         help="retention: 30 days of 1,000,000 occurrences over 10,000 jobs (about an hour)",
     )
     ap.add_argument("--schedule-calls", type=int, default=10_000, help="schedule: calls per case")
+    ap.add_argument(
+        "--forecast-sizes",
+        default="10000,100000",
+        help="forecast: live jobs per size (1000000 works: minutes of seeding and old path)",
+    )
     ap.add_argument("--out", type=Path, default=RESULTS)
     args = ap.parse_args()
     only = set(args.only.split(","))
@@ -338,6 +345,9 @@ async def main() -> None:
                         n_jobs=retention_jobs,
                     ),
                 )
+            if "forecast" in only:
+                sizes = [int(x) for x in args.forecast_sizes.split(",") if x]
+                done("forecast", await forecast.forecast_bench(db, sizes))
     finally:
         server.stop("fast")
     results["machine"]["total_seconds"] = round(time.perf_counter() - t_all, 1)

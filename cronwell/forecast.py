@@ -42,6 +42,8 @@ from collections import Counter, deque
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
+from itertools import compress, repeat
+from operator import eq
 from typing import TYPE_CHECKING, Any
 
 import pydantic
@@ -115,8 +117,7 @@ def _quantise(d: float) -> float:
     return round(math.ceil(d / DURATION_QUANTUM - 1e-9) * DURATION_QUANTUM, 6)
 
 
-def _schedule_key(job: ForecastJob) -> tuple[Any, ...]:
-    s = job.spec
+def _schedule_key(job_id: str, s: Mapping[str, Any]) -> tuple[Any, ...]:
     cron = s.get("schedule")
     dst = s.get("dstPolicy") or {}
     return (
@@ -127,23 +128,139 @@ def _schedule_key(job: ForecastJob) -> tuple[Any, ...]:
         dst.get("fallBack"),
         s.get("startAt"),
         s.get("endAt"),
-        job.id if cron is not None and uses_hash(cron) else None,
+        job_id if cron is not None and uses_hash(cron) else None,
     )
+
+
+@dataclass(frozen=True, slots=True)
+class JobDemand:
+    """What the forecast derives from one job's spec (its schedule group and jitter): kept
+    per (job, spec hash) by `DemandCache`, so a job's spec is read again only when it
+    changes."""
+
+    key: tuple[Any, ...]
+    jitter_ms: int
+    spec: Mapping[str, Any]
+
+    @classmethod
+    def of(cls, job_id: str, spec: Mapping[str, Any]) -> JobDemand:
+        jit = int(spec.get("jitterSeconds") or 0)
+        jms = jitter_offset(job_id, jit) // timedelta(milliseconds=1) if jit else 0
+        return cls(_schedule_key(job_id, spec), jms, spec)
+
+
+def _per_job(spec: Mapping[str, Any]) -> bool:
+    """Whether a spec's demand depends on the job's id (jitter, or `H` in its cron)."""
+    cron = spec.get("schedule")
+    return bool(spec.get("jitterSeconds")) or (cron is not None and uses_hash(cron))
+
+
+class DemandCache:
+    """The incremental state of a forecast loop: the spec documents by hash (equal hashes
+    are equal specs), the demand of each spec that does not depend on the job (most: one
+    per hash), each id-dependent job's `JobDemand` (jitter, `H`) until its hash changes,
+    each schedule group's parsed schedule, and the concurrency of windows already solved.
+    Nothing is derived twice from the same spec; what is no longer seen is dropped."""
+
+    def __init__(self) -> None:
+        self.specs: dict[str, Mapping[str, Any]] = {}
+        self.jobs: dict[str, tuple[str, JobDemand]] = {}
+        """id-dependent jobs: id -> (spec hash, demand)."""
+        self.classes: dict[str, int] = {}
+        """spec hash -> its demand class (index in `demands`), -1 when it depends on the job."""
+        self.demands: list[JobDemand] = []
+        self._index: dict[tuple[Any, ...], int] = {}
+        self.schedules: dict[tuple[Any, ...], JobSchedule] = {}
+        self.memo: dict[tuple[Any, ...], int] = {}
+        """`concurrency_timeline` windows solved (shifted to start at 0) -> concurrency."""
+
+    def _class(self, jd: JobDemand) -> int:
+        """The class of a job-independent demand: specs of one schedule share it."""
+        c = self._index.get(jd.key)
+        if c is None:
+            c = self._index[jd.key] = len(self.demands)
+            self.demands.append(jd)
+        return c
+
+    def unknown(self, pools: Iterable[tuple[str, Sequence[str], Sequence[str]]]) -> dict[str, str]:
+        """Of each pool's (ids, spec hashes), the hashes whose spec is needed -> a job having it."""
+        out: dict[str, str] = {}
+        for _, ids, hashes in pools:
+            missing = set(hashes).difference(self.classes).difference(self.specs)
+            if missing:
+                for job_id, h in zip(ids, hashes, strict=True):
+                    if h in missing:
+                        out.setdefault(h, job_id)
+        return out
+
+    def demand(
+        self,
+        pools: Iterable[tuple[str, Sequence[str], Sequence[str]]],
+        durations: Mapping[str, float | None],
+        start: datetime,
+        horizon_seconds: float,
+        resolution: float = 1,
+        *,
+        backlog: Mapping[str, int] | None = None,
+        default_duration: float | Mapping[str, float] = DEFAULT_DURATION_SECONDS,
+    ) -> dict[str, PoolForecast]:
+        """`demand` of each pool's jobs, given as (pool, ids, spec hashes) with each job's
+        p90 in `durations` (absent: the pool's default); a job whose spec is not in `specs`
+        is left out. Jobs of equal (spec hash, duration) are counted together (in C)."""
+        old, jobs = self.jobs, {}
+        used: set[str] = set()
+        entries: list[tuple[str, float | None, JobDemand, int]] = []
+        classes = self.classes
+        for pool, ids, hashes in pools:
+            new = set(hashes)
+            used |= new
+            new.difference_update(classes)
+            for h in new:
+                spec = self.specs.get(h)
+                if spec is not None:
+                    if _per_job(spec):
+                        classes[h] = -1
+                    else:  # its class is all it takes: the document is not kept
+                        classes[h] = self._class(JobDemand.of("", spec))
+                        del self.specs[h]
+            # jobs of the same demand class and p90, counted in C
+            counted = Counter(zip(map(classes.get, hashes), map(durations.get, ids), strict=True))
+            for (c, dur), k in counted.items():
+                if c is not None and c >= 0:
+                    entries.append((pool, dur, self.demands[c], k))
+            if any(c == -1 for c, _ in counted):
+                flags = map(eq, repeat(-1), map(classes.get, hashes))  # in C
+                per_job = compress(zip(ids, hashes, strict=True), flags)
+                for job_id, h in per_job:
+                    c0 = old.get(job_id)
+                    if c0 is None or c0[0] != h:
+                        c0 = (h, JobDemand.of(job_id, self.specs[h]))
+                    jobs[job_id] = c0
+                    entries.append((pool, durations.get(job_id), c0[1], 1))
+        self.jobs = jobs
+        self.specs = {h: s for h, s in self.specs.items() if h in used}  # id-dependent only
+        if len(self.classes) > len(used):
+            self.classes = {h: c for h, c in self.classes.items() if h in used}
+        out, keys = _demand(
+            entries, start, horizon_seconds, resolution, backlog, default_duration, self.schedules
+        )
+        self.schedules = {k: v for k, v in self.schedules.items() if k in keys}
+        if len(self.memo) > 100_000:
+            self.memo.clear()
+        return out
 
 
 @dataclass
 class _Group:
-    rep: ForecastJob
+    rep: JobDemand
     members: Counter[tuple[str, float, int]] = field(default_factory=Counter)
     """(pool, duration, jitter in ms) -> jobs."""
     max_jitter_ms: int = 0
 
 
-def _duration_for(job: ForecastJob, default: float | Mapping[str, float]) -> float:
-    if job.duration is not None:
-        return job.duration
+def _default_for(pool: str, default: float | Mapping[str, float]) -> float:
     if isinstance(default, Mapping):
-        return float(default.get(job.pool, DEFAULT_DURATION_SECONDS))
+        return float(default.get(pool, DEFAULT_DURATION_SECONDS))
     return float(default)
 
 
@@ -158,12 +275,29 @@ def demand(
 ) -> dict[str, PoolForecast]:
     """Per pool, the occurrences arriving in each `resolution`-second bucket of
     [start, start + horizon) (nominal instant + jitter), plus the backlog already due."""
+    entries = [(j.pool, j.duration, JobDemand.of(j.id, j.spec), 1) for j in jobs]
+    return _demand(entries, start, horizon_seconds, resolution, backlog, default_duration, {})[0]
+
+
+def _demand(
+    entries: Iterable[tuple[str, float | None, JobDemand, int]],
+    start: datetime,
+    horizon_seconds: float,
+    resolution: float,
+    backlog: Mapping[str, int] | None,
+    default_duration: float | Mapping[str, float],
+    schedules: dict[tuple[Any, ...], JobSchedule],
+) -> tuple[dict[str, PoolForecast], set[tuple[Any, ...]]]:
+    """`demand` of (pool, duration, JobDemand, jobs) entries; `schedules` caches each group's
+    parsed schedule (None: a spec this version refuses). Also returns the group keys seen."""
     if resolution <= 0 or horizon_seconds <= 0:
         raise ValueError("resolution and horizon must be positive")
     start = start.astimezone(UTC)
     n = math.ceil(horizon_seconds / resolution - 1e-9)
     horizon = n * resolution
     end = start + timedelta(seconds=horizon)
+    # the resolution in whole milliseconds (0: not whole)
+    rms = round(resolution * 1000) if float(resolution * 1000).is_integer() else 0
     out: dict[str, PoolForecast] = {}
 
     def pool_forecast(pool: str) -> PoolForecast:
@@ -173,26 +307,49 @@ def demand(
         return pf
 
     groups: dict[tuple[Any, ...], _Group] = {}
-    for job in jobs:
-        key = _schedule_key(job)
-        g = groups.get(key)
+    quantised: dict[tuple[str, float | None], float] = {}
+    for pool, dur, jd, k in entries:
+        g = groups.get(jd.key)
         if g is None:
-            g = groups[key] = _Group(job)
-        jit = int(job.spec.get("jitterSeconds") or 0)
-        jms = jitter_offset(job.id, jit) // timedelta(milliseconds=1) if jit else 0
-        g.members[(job.pool, _quantise(_duration_for(job, default_duration)), jms)] += 1
-        g.max_jitter_ms = max(g.max_jitter_ms, jms)
+            g = groups[jd.key] = _Group(jd)
+        q = quantised.get((pool, dur))
+        if q is None:
+            d = dur if dur is not None else _default_for(pool, default_duration)
+            q = quantised[(pool, dur)] = _quantise(d)
+        g.members[(pool, q, jd.jitter_ms)] += k
+        if jd.jitter_ms > g.max_jitter_ms:
+            g.max_jitter_ms = jd.jitter_ms
 
-    for g in groups.values():
-        try:
-            sched = JobSchedule.from_spec(g.rep.id, ScheduledJobSpec.model_validate(g.rep.spec))
-        except (pydantic.ValidationError, SpecError):
-            continue  # a stored spec this version refuses: the scheduler parks its jobs
+    for key, g in groups.items():
+        sched = schedules.get(key)
+        if sched is None:
+            try:
+                rep_id = key[-1] or ""
+                sched = JobSchedule.from_spec(rep_id, ScheduledJobSpec.model_validate(g.rep.spec))
+            except (pydantic.ValidationError, SpecError):
+                continue  # a stored spec this version refuses: the scheduler parks its jobs
+            schedules[key] = sched
         offsets = [
             (inst - start).total_seconds()
             for inst in sched.between(start - timedelta(milliseconds=g.max_jitter_ms), end)
         ]
         if not offsets:
+            continue
+        whole = [round(o / resolution) for o in offsets]
+        if rms and all(w * resolution == o for w, o in zip(whole, offsets, strict=True)):
+            # Offsets on bucket edges: an arrival's bucket is the offset's plus the job's
+            # whole buckets of jitter, so jobs are counted by those (exact, integer math).
+            by_shift: Counter[tuple[str, float, int]] = Counter()
+            for (pool, dur, jms), cnt in g.members.items():
+                by_shift[(pool, dur, jms // rms)] += cnt
+            for (pool, dur, shift), cnt in by_shift.items():
+                pf = pool_forecast(pool)
+                counts, arrivals = pf.counts, pf.arrivals
+                for w in whole:
+                    b = w + shift
+                    if 0 <= b < n:
+                        counts[b] += cnt
+                        arrivals[(b, dur)] += cnt
             continue
         for (pool, dur, jms), cnt in g.members.items():
             pf = pool_forecast(pool)
@@ -209,13 +366,8 @@ def demand(
         if k > 0:
             pf = pool_forecast(pool)
             pf.backlog += k
-            d = (
-                default_duration.get(pool, DEFAULT_DURATION_SECONDS)
-                if isinstance(default_duration, Mapping)
-                else default_duration
-            )
-            pf.arrivals[(0, _quantise(float(d)))] += k
-    return out
+            pf.arrivals[(0, _quantise(_default_for(pool, default_duration)))] += k
+    return out, set(groups)
 
 
 # ------------------------------------------------------------------------ concurrency
@@ -321,9 +473,13 @@ def meets_slo(
     return _meets_slo(_grouped(arrivals, durations, counts), concurrency, slo_seconds)
 
 
-def concurrency_timeline(pf: PoolForecast, slo_seconds: float) -> list[int]:
+def concurrency_timeline(
+    pf: PoolForecast, slo_seconds: float, memo: dict[tuple[Any, ...], int] | None = None
+) -> list[int]:
     """Concurrency needed in each bucket of `pf` (see the module docstring); also stored
-    in `pf.concurrency`."""
+    in `pf.concurrency`. `memo` keeps the windows solved, shifted to start at bucket 0 (the
+    answer does not depend on where a window starts): the next forecast, a second later,
+    solves only the windows that changed."""
     n = len(pf.counts)
     res = pf.resolution
     by_bucket: dict[int, list[tuple[float, float, int]]] = {}
@@ -331,6 +487,8 @@ def concurrency_timeline(pf: PoolForecast, slo_seconds: float) -> list[int]:
     for (b, d), k in pf.arrivals.items():
         by_bucket.setdefault(b, []).append((b * res, d, k))
         longest = max(longest, d)
+    for xs in by_bucket.values():
+        xs.sort()
     window = math.ceil((slo_seconds + min(longest, MAX_WINDOW_SECONDS)) / res - 1e-9)
     conc = [0] * n
     present: deque[int] = deque()
@@ -348,7 +506,19 @@ def concurrency_timeline(pf: PoolForecast, slo_seconds: float) -> list[int]:
             continue
         if changed:
             groups = sorted(x for b in present for x in by_bucket[b])
-            last = _required(groups, slo_seconds, hint=last or None)
+            if memo is None:
+                last = _required(groups, slo_seconds, hint=last or None)
+            else:
+                first = present[0]
+                key = (
+                    slo_seconds,
+                    res,
+                    *((b - first, d, k) for b in present for _, d, k in by_bucket[b]),
+                )
+                got = memo.get(key)
+                if got is None:
+                    got = memo[key] = _required(groups, slo_seconds, hint=last or None)
+                last = got
         conc[i] = last
     pf.concurrency = conc
     return conc

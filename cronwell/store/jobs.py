@@ -281,3 +281,39 @@ async def namespace_schedules(
 async def forecast_list(db: Database, *, pool: str | None, history: int) -> list[JobDuration]:
     """Live jobs to forecast (of `pool`, all when None) with their p90 of `history` runs."""
     return await db.rows(JobDuration, "ForecastJobList", {"pool": pool, "history": history})
+
+
+@dataclass(frozen=True, slots=True)
+class PoolJobKeys:
+    """A pool's live jobs to forecast: ids (text) and their spec hashes, in the same order."""
+
+    pool: str
+    ids: list[str]
+    hashes: list[str]
+
+
+@dataclass(frozen=True, slots=True)
+class HashedSpec:
+    spec_hash: str
+    spec: dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class JobP90:
+    id: str
+    p90_seconds: float | None
+
+
+async def forecast_keys(db: Database, *, pool: str | None) -> list[PoolJobKeys]:
+    """The jobs `forecast_list` returns (of `pool`, all when None), without their specs."""
+    return await db.rows(PoolJobKeys, "ForecastJobKeys", {"pool": pool})
+
+
+async def forecast_specs(db: Database, ids: Sequence[uuid.UUID]) -> list[HashedSpec]:
+    """The specs of the given jobs, with their hashes."""
+    return await db.rows(HashedSpec, "ForecastSpecs", {"ids": list(ids)})
+
+
+async def forecast_durations(db: Database, *, since: datetime | None, history: int) -> list[JobP90]:
+    """p90 of `history` runs of the live jobs that finished a run since `since` (all: None)."""
+    return await db.rows(JobP90, "ForecastDurations", {"since": since, "history": history})

@@ -145,3 +145,39 @@ WHERE NOT j.suspended AND j.deleted_at IS NULL
        OR EXISTS (SELECT 1 FROM cronwell_occurrences o
                   WHERE o.job_id = j.id AND o.state = 'pending' AND o.run_at > now()))
   AND (%(pool)s::text IS NULL OR j.pool = %(pool)s);
+
+-- name: ForecastJobKeys
+-- The jobs ForecastJobList returns, without their specs, as one row per pool of two arrays
+-- (ids as text, spec hashes): the forecast keeps each job's demand by spec hash, fetches
+-- only the specs it does not know (ForecastSpecs), and counts equal hashes at C speed.
+SELECT j.pool, array_agg(j.id::text) AS ids, array_agg(j.spec_hash) AS hashes
+FROM cronwell_jobs j
+WHERE NOT j.suspended AND j.deleted_at IS NULL
+  AND (j.next_run_at IS NOT NULL
+       OR EXISTS (SELECT 1 FROM cronwell_occurrences o
+                  WHERE o.job_id = j.id AND o.state = 'pending' AND o.run_at > now()))
+  AND (%(pool)s::text IS NULL OR j.pool = %(pool)s)
+GROUP BY j.pool;
+
+-- name: ForecastSpecs
+-- The spec document of each hash, read from the given jobs (one per unknown hash).
+SELECT spec_hash, spec FROM cronwell_jobs WHERE id = ANY(%(ids)s::uuid[]);
+
+-- name: ForecastDurations
+-- The p90 duration of the last N successful runs of the live jobs that finished a run at or
+-- after `since` (all live jobs when NULL; NULL p90: no history left; ids as text), through the
+-- finished_at index: the forecast keeps the others' from its previous read.
+SELECT j.id::text AS id, h.p90_seconds
+FROM cronwell_jobs j
+CROSS JOIN LATERAL (
+    SELECT percentile_cont(0.9) WITHIN GROUP (ORDER BY r.secs) AS p90_seconds
+    FROM (SELECT extract(epoch FROM o.finished_at - o.started_at)::float8 AS secs
+          FROM cronwell_occurrences o
+          WHERE o.job_id = j.id AND o.state = 'succeeded'
+            AND o.started_at IS NOT NULL AND o.finished_at IS NOT NULL
+          ORDER BY o.scheduled_for DESC
+          LIMIT %(history)s) r) h
+WHERE j.deleted_at IS NULL
+  AND (%(since)s::timestamptz IS NULL
+       OR j.id IN (SELECT o.job_id FROM cronwell_occurrences o
+                   WHERE o.finished_at >= %(since)s AND o.state = 'succeeded'));

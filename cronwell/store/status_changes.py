@@ -60,8 +60,19 @@ class JobStatus:
 
 
 async def read(db: Database, *, limit: int, skip: Sequence[uuid.UUID]) -> list[StatusChange]:
-    """The oldest `limit` logged changes, leaving out jobs in `skip` (backing off)."""
+    """The oldest `limit` logged changes, failures first, leaving out jobs in `skip`."""
     return await db.rows(StatusChange, "StatusChangesRead", {"limit": limit, "skip": skip})
+
+
+async def read_failures(
+    db: Database, *, limit: int, skip: Sequence[uuid.UUID], seen: Sequence[int]
+) -> list[StatusChange]:
+    """Failures (dead letters, failed attempts) logged that are not in `seen`."""
+    return await db.rows(
+        StatusChange,
+        "StatusChangesReadFailures",
+        {"limit": limit, "skip": skip, "seen": list(seen)},
+    )
 
 
 async def delete(db: Database, ids: Sequence[int]) -> None:

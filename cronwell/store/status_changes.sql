@@ -2,11 +2,21 @@
 -- status writer reads them.
 
 -- name: StatusChangesRead
--- The oldest logged status changes (the operator's writer coalesces them per job); jobs in
--- `skip` are backing off after failed writes, so their rows never block the others.
+-- The oldest logged status changes (the operator's writer coalesces them per job), failures
+-- first (dead letters and failed attempts: on the CR before a backlog of successes); jobs
+-- in `skip` are backing off after failed writes, so their rows never block the others.
 SELECT id, job_id, occurrence_id, scheduled_for, state, reason, attempt, error, changed_at
 FROM cronwell_status_changes
 WHERE NOT (job_id = ANY(%(skip)s::uuid[]))
+ORDER BY coalesce(state = 'dead' OR (state = 'pending' AND attempt > 0), false) DESC, id
+LIMIT %(limit)s;
+
+-- name: StatusChangesReadFailures
+-- The failures (as above) logged since a pass read `seen`: the writer puts them first.
+SELECT id, job_id, occurrence_id, scheduled_for, state, reason, attempt, error, changed_at
+FROM cronwell_status_changes
+WHERE (state = 'dead' OR (state = 'pending' AND attempt > 0))
+  AND NOT (job_id = ANY(%(skip)s::uuid[])) AND NOT (id = ANY(%(seen)s::bigint[]))
 ORDER BY id LIMIT %(limit)s;
 
 -- name: StatusChangesDelete

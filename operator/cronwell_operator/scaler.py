@@ -2,7 +2,7 @@
 forecast from the schedules (cronwell.forecast), instead of reacting once they are late.
 
 Each tick: list the WorkerPools of the served namespaces, forecast every pool at once from the
-store (`fleet_forecast.forecast_pools`, the database's clock), plan each pool's replicas
+store (`fleet_forecast.Forecaster`, the database's clock), plan each pool's replicas
 (`prescale.plan_pool`: up leadTimeSeconds before a burst, within [minReplicas, maxReplicas]),
 then for each pool:
 
@@ -41,7 +41,7 @@ import pydantic
 
 from cronwell.conditions import condition
 from cronwell.errors import EXPECTED_ERRORS
-from cronwell.fleet_forecast import forecast_pools
+from cronwell.fleet_forecast import Forecaster
 from cronwell.forecast import PoolForecast, export_metrics
 from cronwell.loader import format_validation_error
 from cronwell.metrics import Metrics
@@ -135,6 +135,7 @@ class Scaler:
         self._tick_seconds = 0.0
         self._crd_missing = False
         self._ready_unknown: set[str] = set()  # pools whose Deployment could not be read
+        self._forecaster = Forecaster()  # per-job demand kept between ticks
 
     async def run(self) -> None:
         """Tick forever. The database or the API server down, or the API server refusing
@@ -187,7 +188,9 @@ class Scaler:
                 continue
             parsed.append((obj, spec))
             specs.setdefault(obj["metadata"]["name"], spec)
-        forecasts = await forecast_pools(self.db, s.scaling.forecast_horizon_seconds, pools=specs)
+        forecasts = await self._forecaster.forecast(
+            self.db, s.scaling.forecast_horizon_seconds, pools=specs
+        )
         base, mono = await self._db_now()
 
         def now() -> datetime:

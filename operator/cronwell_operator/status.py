@@ -51,6 +51,12 @@ from cronwell_operator.status_build import build_status, events_for, same_status
 
 log = logging.getLogger(__name__)
 
+
+def is_failure(change: StatusChange) -> bool:
+    """A dead letter or a failed attempt: written before successes."""
+    return change.state == "dead" or (change.state == "pending" and (change.attempt or 0) > 0)
+
+
 # --------------------------------------------------------------------------------- writer
 
 
@@ -137,7 +143,10 @@ class StatusWriter:
             self.metrics.operator_leader.set(0)
 
     async def pass_once(self) -> bool:
-        """One pass; True when the log had a full batch (more is waiting)."""
+        """One pass; True when the log had a full batch (more is waiting). Jobs with a
+        failure (a dead letter or a failed attempt) are written first: the read puts their
+        rows first, and before each chunk of writes the pass looks for failures logged
+        since it began, so a failure never waits behind a whole batch of successes."""
         s = self.settings
         backlog = await gauges.status_backlog(self.db)
         if backlog is not None:
@@ -145,36 +154,55 @@ class StatusWriter:
             # database clock - local clock: lags are measured on the clock that stamped rows
             self._clock_offset = backlog.now.timestamp() - time.time()
         waiting = self.backoff.waiting(time.monotonic())
-        rows = await status_changes.read(
-            self.db, limit=s.status.batch_size, skip=[uuid.UUID(u) for u in waiting]
-        )
+        skip = [uuid.UUID(u) for u in waiting]
+        rows = await status_changes.read(self.db, limit=s.status.batch_size, skip=skip)
         self.stats.passes += 1
         changes: dict[str, list[StatusChange]] = defaultdict(list)
         for r in rows:
             changes[str(r.job_id)].append(r)
         touched = self._touched - waiting
         self._touched -= touched
-        uids = sorted(set(changes) | touched)
-        if not uids:
+        urgent = {str(r.job_id) for r in rows if is_failure(r)}
+        queue = sorted(set(changes) | touched, key=lambda u: (u not in urgent, u))
+        if not queue:
             return False
-        facts = {
-            str(r.id): r
-            for r in await status_changes.job_status(self.db, [uuid.UUID(u) for u in uids])
-        }
-        results = await asyncio.gather(
-            *(self._write(uid, facts.get(uid), changes.get(uid, [])) for uid in uids)
-        )
-        done = [r.id for uid, ok in zip(uids, results, strict=True) if ok for r in changes[uid]]
-        now = time.monotonic()
-        for uid, ok in zip(uids, results, strict=True):
-            if ok:
-                self.backoff.succeeded(uid)
-            else:
-                self.backoff.failed(uid, now)
-                self._touched.add(uid)
-        if done:
-            await status_changes.delete(self.db, done)
-        self.stats.rows += len(done)
+        # a chunk: about two seconds of writes at the rate limit
+        chunk = max(s.status.concurrency, int(s.status.qps * 2))
+        seen = [r.id for r in rows]
+        results: list[bool] = []
+        while queue:
+            if results:  # failures logged since the pass began jump the queue
+                late = await status_changes.read_failures(
+                    self.db, limit=s.status.batch_size, skip=skip, seen=seen
+                )
+                for r in late:
+                    u = str(r.job_id)
+                    changes[u].append(r)
+                    seen.append(r.id)
+                if late:
+                    first = {str(r.job_id) for r in late}
+                    queue = sorted(first) + [u for u in queue if u not in first]
+            uids, queue = queue[:chunk], queue[chunk:]
+            facts = {
+                str(r.id): r
+                for r in await status_changes.job_status(self.db, [uuid.UUID(u) for u in uids])
+            }
+            batch = {uid: changes.pop(uid, []) for uid in uids}
+            ok = await asyncio.gather(
+                *(self._write(uid, facts.get(uid), batch[uid]) for uid in uids)
+            )
+            results += ok
+            now = time.monotonic()
+            for uid, good in zip(uids, ok, strict=True):
+                if good:
+                    self.backoff.succeeded(uid)
+                else:
+                    self.backoff.failed(uid, now)
+                    self._touched.add(uid)
+            done = [c.id for uid, good in zip(uids, ok, strict=True) if good for c in batch[uid]]
+            if done:
+                await status_changes.delete(self.db, done)
+            self.stats.rows += len(done)
         # More is waiting only if this pass made progress: a pass where every write failed
         # (the API server is down) waits for the poll interval, not loops at once.
         return len(rows) >= s.status.batch_size and any(results)

@@ -9,9 +9,20 @@ import sys
 import uuid
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
-from cronwell.fleet_forecast import forecast_pools
-from cronwell.forecast import plan_replicas
+from cronwell import jobs
+from cronwell.fleet_forecast import Forecaster, forecast_pools
+from cronwell.forecast import (
+    DEFAULT_SLO_SECONDS,
+    HISTORY_RUNS,
+    ForecastJob,
+    concurrency_timeline,
+    demand,
+    plan_replicas,
+)
+from cronwell.store import gauges
+from cronwell.store import jobs as store_jobs
 from cronwell.store.db import Database
 from cronwell.workerpool import WorkerPoolSpec
 from tests.conftest import REPO
@@ -28,7 +39,7 @@ async def add_history(db: Database, job_id: uuid.UUID, pool: str, durations: lis
                 " finished_at) SELECT %(k)s, %(j)s, %(p)s, t, t, %(state)s, 'Skip', "
                 "'AtLeastOnce', 3, 60, t, t + make_interval(secs => %(d)s) "
                 "FROM (SELECT now() - make_interval(mins => %(i)s + 1) AS t) x",
-                {"k": f"{job_id}:h{i}", "j": job_id, "p": pool, "i": i, "d": d,
+                {"k": f"{job_id}:h{i}:{d}", "j": job_id, "p": pool, "i": i, "d": d,
                  "state": "succeeded"},
             )  # fmt: skip
 
@@ -133,3 +144,50 @@ async def test_forecast_command(db: Database, db_url: str, tmp_path: Path) -> No
 
     bad = cli("forecast", "--horizon", "soon", url=db_url)
     assert bad.returncode == 2 and "invalid duration 'soon': use e.g. 90s" in bad.stderr
+
+
+async def from_scratch(db: Database, start: Any, horizon: float) -> dict[str, Any]:
+    """The forecast as it was computed before it was incremental: every job with its spec
+    and p90 read again (ForecastJobList), every spec derived again."""
+    jobs = [
+        ForecastJob(str(r.id), r.pool, r.spec, r.p90_seconds)
+        for r in await store_jobs.forecast_list(db, pool=None, history=HISTORY_RUNS)
+    ]
+    backlog = {r.pool: r.n for r in await gauges.queue_depth(db)}
+    out = demand(jobs, start, horizon, backlog=backlog)
+    for pf in out.values():
+        concurrency_timeline(pf, DEFAULT_SLO_SECONDS)
+    return {p: (pf.counts, pf.backlog, pf.arrivals, pf.concurrency) for p, pf in out.items()}
+
+
+async def test_incremental_forecast_equals_a_forecast_from_scratch(db: Database) -> None:
+    """A Forecaster keeps each job's demand between ticks: after adds, spec changes,
+    history, suspends and deletes its forecast is the one computed from scratch."""
+    f = Forecaster()
+
+    async def check() -> None:
+        inc = await f.forecast(db, 300)
+        want = await from_scratch(db, next(iter(inc.values())).start, 300)
+        got = {p: (pf.counts, pf.backlog, pf.arrivals, pf.concurrency) for p, pf in inc.items()}
+        assert got == want
+
+    a = await make_job(db, "a", schedule="*/10 * * * * *", jitterSeconds=7)
+    await make_job(db, "b", schedule="*/10 * * * * *", jitterSeconds=7)
+    await make_job(db, "h", schedule="H/15 * * * * *", pool="other")
+    await check()
+    for i in range(5):  # same spec: one hash, one derivation
+        await make_job(db, f"same-{i}", schedule="*/30 * * * * *")
+    await make_job(db, "b", schedule="*/20 * * * * *", jitterSeconds=3)  # spec change
+    await add_history(db, a.id, "default", [4.0, 6.0])
+    await add_pending(db, a.id, "default", 3)
+    await check()
+    # only the specs and jobs with jitter or H are kept one by one
+    assert (len(f.cache.specs), len(f.cache.jobs)) == (3, 3)
+    await make_job(db, "h", schedule="H/15 * * * * *", pool="default")  # moves pool
+    await jobs.delete_job(db, namespace="default", name="same-0")
+    await jobs.set_suspended(db, namespace="default", name="same-1", suspended=True)
+    await add_history(db, a.id, "default", [30.0] * 5)  # a's p90 changes after the tick
+    await check()
+    assert (len(f.cache.specs), len(f.cache.jobs)) == (3, 3)
+    await make_job(db, "b", schedule="*/10 * * * * *", jitterSeconds=7)  # back to its first spec
+    await check()
