@@ -106,8 +106,9 @@ async def test_replace_cancels_the_active_one(db: Database) -> None:
     assert states[claimed[0].key] == "cancelled" and states[newer[0].key] == "running"
 
 
-def _cand(i: int, job: uuid.UUID, policy: str, attempt: int = 0) -> Candidate:
-    return Candidate(i, job, policy, attempt, datetime(2026, 1, 1, 0, 0, i))
+def _cand(i: int, job: uuid.UUID, policy: str, attempt: int = 0, due: bool = True) -> Candidate:
+    at = datetime(2026, 1, 1, 0, 0, i)
+    return Candidate(i, job, policy, attempt, at, at, due)
 
 
 @pytest.mark.parametrize(

@@ -242,15 +242,18 @@ class LiveView:
         self.lags: list[float] = []
 
     def __call__(self, o: Outcome) -> None:
+        """Lag is measured from the jittered instant (run_at); jitter is shown apart."""
         c = o.claimed
-        lag = (c.started_at - c.scheduled_for).total_seconds()
+        lag = o.start_lag
         self.outcomes[o.result] += 1
-        if c.attempt == 1 and c.origin == "schedule":
+        if c.attempt == 1 and c.origin == "schedule" and lag is not None:
             self.lags.append(lag)
+        jitter = (c.run_at - c.scheduled_for).total_seconds() if c.attempt == 1 else 0.0
         color = {"succeeded": "green", "retry": "yellow"}.get(o.result, "red")
         click.echo(
             f"{c.namespace}/{c.name:<24} scheduled {fmt_time(c.scheduled_for)}  "
-            f"lag {lag:7.3f}s  "
+            + (f"jitter {jitter:6.1f}s  " if jitter else "")
+            + (f"lag {lag:7.3f}s  " if lag is not None else "not started  ")
             + click.style(f"{o.result:<10}", fg=color)
             + f" attempt {c.attempt}"
             + (f"  {o.error[:80]}" if o.error else "")
