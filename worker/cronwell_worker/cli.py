@@ -59,6 +59,13 @@ _import_opt = click.option(
 @click.option("--concurrency", type=int, default=None, help="Attempts at once (default 64).")
 @click.option("--lease-seconds", type=float, default=None, help="Lease (default 60).")
 @click.option(
+    "--claim-ahead-seconds",
+    type=float,
+    default=None,
+    help="Claim occurrences due within this window and start each at its instant (default 2;"
+    " 0: claim only what is due).",
+)
+@click.option(
     "--shutdown-grace-seconds",
     type=float,
     default=None,
@@ -79,6 +86,7 @@ def worker(
     pool: str | None,
     concurrency: int | None,
     lease_seconds: float | None,
+    claim_ahead_seconds: float | None,
     shutdown_grace_seconds: float | None,
     outbox_url: str | None,
     imports: tuple[str, ...],
@@ -92,6 +100,7 @@ def worker(
         "pool": pool,
         "concurrency": concurrency,
         "lease_seconds": lease_seconds,
+        "claim_ahead_seconds": claim_ahead_seconds,
         "shutdown_grace_seconds": shutdown_grace_seconds,
     }
     settings = settings_or_fail(WorkerSettings, **opts)
