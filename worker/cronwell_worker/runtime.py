@@ -111,6 +111,11 @@ class _Running:
     abort: str | None = None
     start_lag: float | None = None
     """Set when the attempt starts: seconds from its instant (run_at) to its start."""
+    start_written: asyncio.Future[bool] | None = None
+    """Claimed ahead: whether its start was recorded (set by the next flush)."""
+    admitted: tuple[EgressPolicy, dict[str, str] | None] | Exception | None = None
+    """Claimed ahead: the pool and egress policies and Secret values, read while waiting
+    for the instant (or why not); None: read at the start."""
 
 
 class Worker:
@@ -433,10 +438,16 @@ class Worker:
         c = r.claimed
         try:
             if c.started_at is None:
+                if r.spec is not None:
+                    # What the attempt reads first is read before its instant, not at it.
+                    try:
+                        r.admitted = await self._admit(c, r.spec)
+                    except Exception as e:  # raised at the start, as if read then
+                        r.admitted = e
                 wait = c.due_monotonic - time.monotonic()
                 if wait > 0:
                     await asyncio.sleep(wait)
-                recorded = self._record_start(c)
+                recorded = r.start_written = self._record_start(c)
                 # AtMostOnce: the handler runs only once its start is durable, so a worker
                 # dying before it leaves an unstarted occurrence, not an ambiguous one.
                 if c.delivery == Delivery.AT_MOST_ONCE and not await recorded:
@@ -491,7 +502,10 @@ class Worker:
         error: targets.TargetError | None = None
         outcome = "failed"
         try:
-            policy, secrets = await self._admit(c, spec)
+            admitted = r.admitted
+            if isinstance(admitted, Exception):
+                raise admitted
+            policy, secrets = admitted or await self._admit(c, spec)
             async with asyncio.timeout(c.timeout_seconds):
                 await targets.run(
                     spec.target, ctx, self._client(spec, policy), c.timeout_seconds, secrets
@@ -562,6 +576,10 @@ class Worker:
         had an effect (`sent`): that one is dead with reason Ambiguous."""
         if e.reason in POLICY_REASONS:
             self.metrics.policy_denied.labels(self.settings.pool, e.reason).inc()
+        r = self.running.get(c.key)
+        if r is not None and r.claimed is c and r.start_written is not None:
+            # A failure is written at once, its start with the next batch: start first.
+            await asyncio.shield(r.start_written)
         at_most_once = c.delivery == Delivery.AT_MOST_ONCE
         ambiguous = at_most_once and e.sent and e.retryable
         retry_ok = e.retryable and c.attempt < c.max_attempts and not ambiguous
@@ -604,7 +622,6 @@ class Worker:
         result = {"pending": "retry", "dead": "dead", None: "stale"}[new]
         if outcome == "cancelled" and new is not None:
             result = "cancelled"
-        r = self.running.get(c.key)
         lag = r.start_lag if r is not None and r.claimed is c else None
         self._report(Outcome(c, result, error=str(e), start_lag=lag))
 
@@ -647,9 +664,11 @@ class Worker:
     async def _flush(self) -> None:
         """Write every pending start, then every pending completion, one fenced statement
         each (a start and its completion may share a flush)."""
+        # Both taken at once: every completion taken has its start (queued before its
+        # handler ran) among the starts taken or written before.
         starts, self._starts = self._starts, []
-        await self._write(starts, dispatch.record_starts, "start")
         batch, self._done = self._done, []
+        await self._write(starts, dispatch.record_starts, "start")
         await self._write(batch, dispatch.succeed, "completion")
 
     async def _write(
