@@ -13,9 +13,10 @@ Claim ahead: occurrences due within `claim_ahead_seconds` are claimed before the
 (each holds a slot while it waits, so at most `concurrency` wait) and started at it by a
 local monotonic timer aligned to the database clock at the claim. The wait is part of the
 attempt's lease (heartbeats renew it; the watchdog fences it). The start is recorded in the
-database, batched like completions; under AtMostOnce the handler runs only after its start
-is written, so a worker that dies before then leaves an occurrence the reaper gives back as
-never started (not an ambiguous attempt). Stopping gives back the ones not started yet.
+database, batched like completions, before the handler runs: a worker that dies before then
+leaves an occurrence the reaper gives back as never started (not an attempt, so never an
+ambiguous AtMostOnce one), and every fence a target sees belongs to a recorded attempt.
+Stopping gives back the ones not started yet.
 """
 
 from __future__ import annotations
@@ -111,8 +112,6 @@ class _Running:
     abort: str | None = None
     start_lag: float | None = None
     """Set when the attempt starts: seconds from its instant (run_at) to its start."""
-    start_written: asyncio.Future[bool] | None = None
-    """Claimed ahead: whether its start was recorded (set by the next flush)."""
     admitted: tuple[EgressPolicy, dict[str, str] | None] | Exception | None = None
     """Claimed ahead: the pool and egress policies and Secret values, read while waiting
     for the instant (or why not); None: read at the start."""
@@ -447,10 +446,10 @@ class Worker:
                 wait = c.due_monotonic - time.monotonic()
                 if wait > 0:
                     await asyncio.sleep(wait)
-                recorded = r.start_written = self._record_start(c)
-                # AtMostOnce: the handler runs only once its start is durable, so a worker
-                # dying before it leaves an unstarted occurrence, not an ambiguous one.
-                if c.delivery == Delivery.AT_MOST_ONCE and not await recorded:
+                # The handler runs only once its start is durable: started_at NULL means it
+                # never ran, so the reaper can give it back unconsumed (never Ambiguous), and
+                # every fence a target saw belongs to a recorded attempt.
+                if not await self._record_start(c):
                     self._report(Outcome(c, "lease_lost", error="start not recorded"))
                     return False
         except asyncio.CancelledError:
@@ -577,9 +576,6 @@ class Worker:
         if e.reason in POLICY_REASONS:
             self.metrics.policy_denied.labels(self.settings.pool, e.reason).inc()
         r = self.running.get(c.key)
-        if r is not None and r.claimed is c and r.start_written is not None:
-            # A failure is written at once, its start with the next batch: start first.
-            await asyncio.shield(r.start_written)
         at_most_once = c.delivery == Delivery.AT_MOST_ONCE
         ambiguous = at_most_once and e.sent and e.retryable
         retry_ok = e.retryable and c.attempt < c.max_attempts and not ambiguous
