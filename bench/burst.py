@@ -3,8 +3,10 @@
 - materialise: N jobs due in the same second; one scheduler owning all partitions turns
   them into occurrences. Time, occurrences/s, database round trips and CPU per occurrence.
 - burst: the same N occurrences due at one instant T, executed by worker *processes*
-  with a no-op handler. Start lag (actual start - nominal T) p50/p95/p99/max from the
-  database's clock, and the time until all succeeded.
+  with a no-op handler. Start lag (actual start - nominal T) p50/p95/p99/max twice: from
+  cronwell's own columns (started_at, the database's clock) and from the start each
+  handler wrote itself (`handler_start_lag_*`, aligned to the database clock), and the
+  time until all succeeded.
 """
 
 from __future__ import annotations
@@ -13,13 +15,22 @@ import asyncio
 import contextlib
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 import psutil
 
-from bench.common import lag_stats, seed, succeeded_lags, worker_argv, worker_env
+from bench.common import (
+    handler_lags,
+    lag_stats,
+    seed,
+    succeeded_lags,
+    wall_clock_offset,
+    worker_argv,
+    worker_env,
+)
 from cronwell.scheduler import Scheduler
 from cronwell.settings import SchedulerSettings
 from cronwell.store import Database, claims, partitions
@@ -103,7 +114,8 @@ async def burst(
     """Materialise n occurrences due at T = now + lead, then let worker processes run them.
     With `profile`, py-spy samples every worker process (raw collapsed stacks there)."""
     await prepare_burst(db, n, lead)
-    env = worker_env(url)
+    starts_dir = Path(tempfile.mkdtemp(prefix="cronwell-bench-starts-"))
+    env = worker_env(url) | {"CRONWELL_BENCH_STARTS": str(starts_dir)}
     procs = [
         subprocess.Popen(  # noqa: ASYNC220 - started once, before timing
             worker_argv(concurrency, "cronwell_bench_noop"),
@@ -175,6 +187,8 @@ async def burst(
         successes = (await cur.fetchone() or {"n": 0})["n"]
     if done_after is None:
         return {"occurrences": n, "succeeded": 0}
+    offset = await wall_clock_offset(db)
+    at_handler = handler_lags(starts_dir, offset)
     return {
         "occurrences": n,
         "succeeded": len(lags),
@@ -182,6 +196,9 @@ async def burst(
         "workers": workers,
         "concurrency_per_worker": concurrency,
         **lag_stats(lags),  # sorts `lags` in place (the CDF below reads them sorted)
+        "handler_starts": len(at_handler),
+        **lag_stats(at_handler, "handler_start_lag"),
+        "db_minus_wall_clock_s": round(offset, 4),
         "all_succeeded_after_s": round(done_after, 3),
         "worker_cpu_ms_per_occurrence": round(1000 * worker_cpu / n, 3),
         "postgres_cpu_ms_per_occurrence": round(1000 * pg_cpu / n, 3),

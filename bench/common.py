@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 from cronwell import jobs
 from cronwell.embedded import EmbeddedPostgres
 from cronwell.models import ScheduledJobSpec
-from cronwell.store import Database, claims, materialise
+from cronwell.store import Database, claims, clock, materialise
 from cronwell.store.db import Conn
 
 T = TypeVar("T")
@@ -26,10 +26,25 @@ ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results"
 
 NOOP_MODULE = """
+import atexit, os, time
 import cronwell
+
+# With CRONWELL_BENCH_STARTS set, the handler writes its own start (wall clock) and its
+# nominal instant: the lag measured where it happens, not by cronwell's columns. Kept in
+# memory and written at exit (a write per call would be the bench's own overhead).
+_DIR = os.environ.get("CRONWELL_BENCH_STARTS")
+_starts = []
+
+@atexit.register
+def _write():
+    if _DIR and _starts:
+        with open(os.path.join(_DIR, f"{os.getpid()}.txt"), "a") as f:
+            f.write("".join(_starts))
 
 @cronwell.handler("bench.noop")
 async def noop(ctx):
+    if _DIR:
+        _starts.append(f"{time.time()!r} {ctx.scheduled_for.timestamp()!r}\\n")
     return None
 """
 
@@ -95,6 +110,26 @@ def worker_env(
         "CRONWELL_LOG_LEVEL": "WARNING",
         "CRONWELL_CLAIM_BATCH_SIZE": "500",
     }
+
+
+async def wall_clock_offset(db: Database) -> float:
+    """The database clock minus this machine's wall clock, in seconds (read between two
+    local readings: error at most half a round trip)."""
+    t0 = time.time()
+    db_now = await clock.now(db)
+    t1 = time.time()
+    return db_now.timestamp() - (t0 + t1) / 2
+
+
+def handler_lags(starts_dir: Path, offset: float) -> list[float]:
+    """Start lags the handlers wrote themselves (bench.noop with CRONWELL_BENCH_STARTS):
+    their start on the database's clock minus the nominal instant, in seconds."""
+    lags: list[float] = []
+    for f in starts_dir.glob("*.txt"):
+        for line in f.read_text().splitlines():
+            started, nominal = line.split()
+            lags.append(float(started) + offset - float(nominal))
+    return lags
 
 
 def lag_stats(lags: list[float], prefix: str = "start_lag") -> dict[str, Any]:

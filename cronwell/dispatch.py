@@ -1,11 +1,19 @@
 """Claiming, heartbeating and completing occurrences: the fenced state machine that workers
 drive and the reaper repairs. Overlap policies are decided here, at claim time, under the
 job's row lock (so one job's claims and completions are serialised, never its neighbours').
+
+Claim ahead: a claim may take occurrences due within the next few seconds; the worker
+starts each at its instant (`Claimed.due_monotonic`, its local timer aligned to the
+database clock at the claim) and records the start. Overlap must be decided at the instant,
+so an occurrence of a serialised job is claimed ahead only when nothing of its job is active
+or due before it: claimed, it is itself the job's active occurrence, so nothing of the job
+can start before it. Otherwise it stays pending and is decided when it is due.
 """
 
 from __future__ import annotations
 
 import json
+import time
 import uuid
 from collections import defaultdict
 from collections.abc import Container, Sequence
@@ -32,14 +40,43 @@ class Claimed(Started):
     """The spec document to run, fetched when the claimer did not know `spec_hash`; None
     when it did (it runs the spec it parsed under that hash)."""
 
+    due_monotonic: float = 0.0
+    """`run_at` on this process's monotonic clock: the local instant the claim returned
+    plus (run_at - the database clock at the claim statement). Never early (the database
+    read its clock before the claim returned); late by at most the claim's last round trip."""
+
     @property
     def key(self) -> str:
         return self.idempotency_key
 
 
-def claimed_from_row(r: Started, spec: dict[str, Any] | None = None) -> Claimed:
-    """A Claimed from a started occurrence (and the spec fetched for it, if any)."""
-    return Claimed(**{f.name: getattr(r, f.name) for f in fields(Started)}, spec=spec)
+def claimed_from_row(
+    r: Started, spec: dict[str, Any] | None = None, received: float | None = None
+) -> Claimed:
+    """A Claimed from a claimed occurrence (and the spec fetched for it, if any); `received`:
+    the monotonic instant the claim statement returned (default: now)."""
+    at = time.monotonic() if received is None else received
+    due = at + (r.run_at - r.db_now).total_seconds()
+    return Claimed(
+        **{f.name: getattr(r, f.name) for f in fields(Started)}, spec=spec, due_monotonic=due
+    )
+
+
+def plan_ahead(ahead: list[Candidate], due: list[Candidate], active: list[Active]) -> list[int]:
+    """Which candidates not yet due to claim ahead: every one of a job that allows overlap;
+    of a serialised job, only its earliest, and only when nothing of the job is active or
+    due (the others stay pending: their overlap is decided at their instant)."""
+    cand_ids = {c.id for c in ahead} | {c.id for c in due}
+    busy = {a.job_id for a in active if a.id not in cand_ids}
+    busy |= {c.job_id for c in due if c.overlap in SERIAL}
+    run: list[int] = []
+    for c in sorted(ahead, key=lambda c: (c.run_at, c.id)):
+        if c.overlap not in SERIAL:
+            run.append(c.id)
+        elif c.job_id not in busy:
+            run.append(c.id)
+            busy.add(c.job_id)
+    return run
 
 
 def decide_overlap(
@@ -110,13 +147,18 @@ async def claim(
     limit: int,
     lease_seconds: float,
     known_specs: Container[str] = frozenset(),
+    ahead_seconds: float = 0.0,
 ) -> list[Claimed]:
-    """Claim up to `limit` due occurrences of `pool`: one transaction, a few round trips.
+    """Claim up to `limit` occurrences of `pool` due now or within `ahead_seconds` (see the
+    module's docstring): one transaction, a few round trips. Overlap is decided for the due
+    ones; one not due is claimed or left as `plan_ahead` says.
 
     Specs are fetched only for hashes not in `known_specs` (one job per hash): in a burst of
     jobs sharing a spec, one spec is read and parsed, not one per occurrence."""
     async with db.transaction() as conn:
-        cands = await claims.candidates(db, pool=pool, limit=limit, conn=conn)
+        cands = await claims.candidates(
+            db, pool=pool, limit=limit, ahead_seconds=ahead_seconds, conn=conn
+        )
         if not cands:
             return []
         serial_jobs = sorted({c.job_id for c in cands if c.overlap in SERIAL})
@@ -124,7 +166,9 @@ async def claim(
         if serial_jobs:
             await claims.lock_jobs(db, serial_jobs, conn=conn)
             active = await claims.active(db, serial_jobs, conn=conn)
-        run, settle = decide_overlap(cands, active)
+        due = [c for c in cands if c.due]
+        run, settle = decide_overlap(due, active)
+        run += plan_ahead([c for c in cands if not c.due], due, active)
         if settle:
             await claims.settle(db, settle, conn=conn)
         if not run:
@@ -132,11 +176,16 @@ async def claim(
         started = await claims.start(
             db, run, worker_id=worker_id, lease_seconds=lease_seconds, conn=conn
         )
-        return await attach_specs(db, conn, started, known_specs)
+        received = time.monotonic()
+        return await attach_specs(db, conn, started, known_specs, received)
 
 
 async def attach_specs(
-    db: Database, conn: Conn, rows: Sequence[Started], known: Container[str]
+    db: Database,
+    conn: Conn,
+    rows: Sequence[Started],
+    known: Container[str],
+    received: float | None = None,
 ) -> list[Claimed]:
     """Claimed occurrences, each with the spec document it runs unless its hash is known.
 
@@ -167,12 +216,12 @@ async def attach_specs(
     for r in rows:
         h = r.spec_hash
         if h and h in known:
-            out.append(claimed_from_row(r))
+            out.append(claimed_from_row(r, None, received))
         elif h and h in by_hash:
-            out.append(claimed_from_row(r, by_hash[h]))
+            out.append(claimed_from_row(r, by_hash[h], received))
         else:
             now_hash, doc = by_job[r.job_id]
-            out.append(replace(claimed_from_row(r, doc), spec_hash=now_hash))
+            out.append(replace(claimed_from_row(r, doc, received), spec_hash=now_hash))
     return out
 
 
@@ -254,6 +303,14 @@ async def heartbeat(
     if not running:
         return set()
     return await attempts.heartbeat(db, running, worker_id=worker_id, lease_seconds=lease_seconds)
+
+
+async def record_starts(db: Database, started: list[tuple[str, int]]) -> set[str]:
+    """Record the actual start of attempts claimed ahead (key, fence); returns the keys
+    still held (one missing lost its lease: it must not start)."""
+    if not started:
+        return set()
+    return await attempts.record_starts(db, started)
 
 
 async def release(db: Database, claimed: list[tuple[str, int]]) -> set[str]:

@@ -74,7 +74,7 @@ class Metrics:
         # worker
         self.start_lag = Histogram(
             "cronwell_start_lag_seconds",
-            "Actual start minus nominal time, first attempts.",
+            "Actual start minus the (jittered) instant, run_at, first attempts.",
             ["pool"],
             buckets=_LAG_BUCKETS,
             registry=r,

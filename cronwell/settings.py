@@ -97,6 +97,14 @@ class WorkerSettings(_Settings):
         60.0, gt=0, description="Occurrence lease; heartbeats renew it every third of it."
     )
     claim_batch_size: int = Field(256, ge=1, description="Most occurrences per claim query.")
+    claim_ahead_seconds: float = Field(
+        2.0,
+        ge=0,
+        description="Claim occurrences due within this many seconds and start each at its "
+        "instant (a local timer aligned to the database clock): the claim's round trips "
+        "happen before the instant. Bounded by concurrency (a claimed occurrence holds a "
+        "slot while it waits); 0 claims only what is due.",
+    )
     poll_seconds: float = Field(
         5.0, gt=0, description="Polling fallback when LISTEN/NOTIFY is silent."
     )

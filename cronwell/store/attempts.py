@@ -64,6 +64,13 @@ async def heartbeat(
     return {r.idempotency_key for r in rows}
 
 
+async def record_starts(db: Database, started: Sequence[tuple[str, int]]) -> set[str]:
+    """Record the actual start of (key, fence) claimed ahead; returns the keys still held
+    (one missing lost its lease and must not start)."""
+    rows = await db.rows(Keyed, "OccurrenceStartBatch", _keys(started))
+    return {r.idempotency_key for r in rows}
+
+
 async def succeed(
     db: Database, done: Sequence[tuple[str, int]], *, conn: Conn | None = None
 ) -> list[Succeeded]:
@@ -107,6 +114,6 @@ async def release(db: Database, claimed: Sequence[tuple[str, int]]) -> set[str]:
 
 
 async def reap_leases(db: Database, *, limit: int, conn: Conn | None = None) -> list[Reaped]:
-    """Up to `limit` expired leases: pending again (AtLeastOnce) or dead (AtMostOnce,
-    attempts exhausted; a death counts toward suspendAfterFailures)."""
+    """Up to `limit` expired leases: pending again (never started, or AtLeastOnce) or dead
+    (AtMostOnce, attempts exhausted; a death counts toward suspendAfterFailures)."""
     return await db.rows(Reaped, "LeaseReap", {"limit": limit}, conn)

@@ -10,6 +10,15 @@ WHERE o.idempotency_key = t.k AND o.fence = t.f AND o.state = 'running'
   AND o.worker_id = %(worker_id)s
 RETURNING o.idempotency_key;
 
+-- name: OccurrenceStartBatch
+-- Records the actual start of attempts claimed ahead of their instant (fenced: a key
+-- missing from the result lost its lease and must not start).
+UPDATE cronwell_occurrences o SET started_at = now()
+FROM unnest(%(keys)s::text[], %(fences)s::bigint[]) AS t(k, f)
+WHERE o.idempotency_key = t.k AND o.fence = t.f AND o.state = 'running'
+  AND o.started_at IS NULL
+RETURNING o.idempotency_key;
+
 -- name: OccurrenceSucceedBatch
 -- Fenced completion: only the current holder (key + fence, still running) can succeed.
 WITH done AS (
@@ -59,33 +68,43 @@ jobs AS (
 SELECT idempotency_key, job_id, overlap, state FROM failed;
 
 -- name: OccurrenceRelease
--- Gives back claimed-but-unstarted occurrences (graceful shutdown): pending again,
--- attempt not consumed.
+-- Gives back claimed-but-unstarted occurrences (graceful shutdown): pending again at their
+-- instant (one claimed ahead is not due yet), attempt not consumed.
 UPDATE cronwell_occurrences o
 SET state = 'pending', attempt = o.attempt - 1, worker_id = NULL, lease_expires_at = NULL,
-    run_at = now()
+    run_at = greatest(o.run_at, now()), started_at = NULL, claimed_at = NULL
 FROM unnest(%(keys)s::text[], %(fences)s::bigint[]) AS t(k, f)
 WHERE o.idempotency_key = t.k AND o.fence = t.f AND o.state = 'running'
 RETURNING o.idempotency_key;
 
 -- name: LeaseReap
--- Expired leases: the attempt's outcome is unknown. AtLeastOnce re-runs it under the same
--- key (pending); AtMostOnce never does (dead, Ambiguous); exhausted attempts are dead.
+-- Expired leases. One never started (claimed ahead, its worker died or stopped before the
+-- instant) never ran: pending again at its instant, attempt not consumed, no attempt row,
+-- not a failure, and not ambiguous under AtMostOnce. One that started has an unknown
+-- outcome: AtLeastOnce re-runs it under the same key (pending); AtMostOnce never does
+-- (dead, Ambiguous); exhausted attempts are dead.
 WITH expired AS (
     SELECT id FROM cronwell_occurrences
     WHERE state = 'running' AND lease_expires_at < now()
     ORDER BY lease_expires_at LIMIT %(limit)s FOR UPDATE SKIP LOCKED),
 reaped AS (
     UPDATE cronwell_occurrences o
-    SET state = CASE WHEN o.delivery = 'AtMostOnce' OR o.attempt >= o.max_attempts
+    SET state = CASE WHEN o.started_at IS NULL THEN 'pending'
+                     WHEN o.delivery = 'AtMostOnce' OR o.attempt >= o.max_attempts
                      THEN 'dead' ELSE 'pending' END,
-        reason = CASE WHEN o.delivery = 'AtMostOnce' THEN 'Ambiguous'
+        reason = CASE WHEN o.started_at IS NULL THEN 'NotStarted'
+                      WHEN o.delivery = 'AtMostOnce' THEN 'Ambiguous'
                       WHEN o.attempt >= o.max_attempts THEN 'AttemptsExhausted'
                       ELSE 'LeaseExpired' END,
-        finished_at = CASE WHEN o.delivery = 'AtMostOnce' OR o.attempt >= o.max_attempts
+        finished_at = CASE WHEN o.started_at IS NULL THEN NULL
+                           WHEN o.delivery = 'AtMostOnce' OR o.attempt >= o.max_attempts
                            THEN now() END,
-        last_error = 'lease expired on worker ' || coalesce(o.worker_id, '?'),
-        run_at = now(), lease_expires_at = NULL
+        attempt = CASE WHEN o.started_at IS NULL THEN o.attempt - 1 ELSE o.attempt END,
+        last_error = CASE WHEN o.started_at IS NULL
+                          THEN 'claimed ahead by worker ' || coalesce(o.worker_id, '?')
+                               || ', which never started it (lease expired)'
+                          ELSE 'lease expired on worker ' || coalesce(o.worker_id, '?') END,
+        run_at = greatest(o.run_at, now()), lease_expires_at = NULL, claimed_at = NULL
     FROM expired e WHERE o.id = e.id
     RETURNING o.id, o.idempotency_key, o.job_id, o.attempt, o.fence, o.worker_id,
               o.started_at, o.state, o.reason, o.pool, o.overlap, o.run_at),
@@ -94,7 +113,7 @@ att AS (
                                    outcome, error, started_at)
     SELECT id, idempotency_key, attempt, fence, worker_id, 'lease_expired', 'lease expired',
            started_at
-    FROM reaped),
+    FROM reaped WHERE started_at IS NOT NULL),
 -- A death by lease expiry is a death like any other: it counts toward suspendAfterFailures.
 jobs AS (
     UPDATE cronwell_jobs j

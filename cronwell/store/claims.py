@@ -14,13 +14,17 @@ from cronwell.store.db import Conn, Database
 
 @dataclass(frozen=True, slots=True)
 class Candidate:
-    """A due pending occurrence, locked for this claim."""
+    """A pending occurrence due now or within the claim-ahead window, locked for this
+    claim."""
 
     id: int
     job_id: uuid.UUID
     overlap: str
     attempt: int
     scheduled_for: datetime
+    run_at: datetime
+    due: bool
+    """Its instant has come (False: it is claimable only ahead of its instant)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,20 +39,23 @@ class Active:
 
 @dataclass(frozen=True, slots=True)
 class Started:
-    """An occurrence the claim started: its new fence and lease, and its job's spec hash."""
+    """An occurrence the claim took: its new fence and lease, and its job's spec hash."""
 
     id: int
     idempotency_key: str
     job_id: uuid.UUID
     scheduled_for: datetime
     run_at: datetime
-    started_at: datetime
+    started_at: datetime | None
+    """None: claimed ahead of its instant (run_at), not started yet."""
     attempt: int
     fence: int
     delivery: str
     max_attempts: int
     timeout_seconds: int
     origin: str
+    db_now: datetime
+    """The database clock when the claim statement ran (the worker's timer aligns to it)."""
     namespace: str
     name: str
     spec_hash: str
@@ -86,11 +93,15 @@ class NextDue:
 
 
 async def candidates(
-    db: Database, *, pool: str, limit: int, conn: Conn | None = None
+    db: Database, *, pool: str, limit: int, ahead_seconds: float = 0.0, conn: Conn | None = None
 ) -> list[Candidate]:
-    """Due pending occurrences of `pool`, oldest first, locked against other claimers."""
+    """Pending occurrences of `pool` due within `ahead_seconds`, oldest first, locked
+    against other claimers."""
     return await db.rows(
-        Candidate, "OccurrenceClaimCandidates", {"pool": pool, "limit": limit}, conn
+        Candidate,
+        "OccurrenceClaimCandidates",
+        {"pool": pool, "limit": limit, "ahead": ahead_seconds},
+        conn,
     )
 
 
@@ -131,7 +142,8 @@ async def start(
     lease_seconds: float,
     conn: Conn | None = None,
 ) -> list[Started]:
-    """Start these occurrences for `worker_id`: a new fence each, attempt + 1, a lease."""
+    """Claim these occurrences for `worker_id`: a new fence each, attempt + 1, a lease;
+    those already due start now, the others when the worker records their start."""
     return await db.rows(
         Started,
         "OccurrenceClaimBatch",

@@ -2,10 +2,12 @@
 -- specs by hash, waiting promotion and the due notification (cronwell/dispatch.py).
 
 -- name: OccurrenceClaimCandidates
--- Due pending occurrences of a pool, oldest first, locked against other workers.
-SELECT id, job_id, overlap, attempt, scheduled_for
+-- Pending occurrences of a pool due now or within the next `ahead` seconds (claim ahead),
+-- oldest first, locked against other workers; `due`: its instant has come.
+SELECT id, job_id, overlap, attempt, scheduled_for, run_at, run_at <= now() AS due
 FROM cronwell_occurrences
-WHERE pool = %(pool)s AND state = 'pending' AND run_at <= now()
+WHERE pool = %(pool)s AND state = 'pending'
+  AND run_at <= now() + make_interval(secs => %(ahead)s)
 ORDER BY run_at
 LIMIT %(limit)s
 FOR UPDATE SKIP LOCKED;
@@ -32,18 +34,23 @@ FROM unnest(%(ids)s::bigint[], %(states)s::text[], %(reasons)s::text[]) AS t(id,
 WHERE o.id = t.id;
 
 -- name: OccurrenceClaimBatch
--- Starts the chosen occurrences: lease, a new fence token each, attempt + 1. Returns the
+-- Claims the chosen occurrences: lease, a new fence token each, attempt + 1. One already
+-- due starts now (started_at); one claimed ahead of its instant has no started_at until
+-- the worker records its start (OccurrenceStartBatch). db_now is the database clock at this
+-- statement: the worker aligns its local timer to it. Returns the
 -- job's spec hash, not its spec (workers cache parsed specs by hash, JobSpecBatch fetches
 -- unknown ones); the job is read by primary key per row (LIMIT 1 keeps the planner from a
 -- hash join that scanned every job for each batch).
 WITH started AS (
     UPDATE cronwell_occurrences o
     SET state = 'running', attempt = o.attempt + 1, fence = nextval('cronwell_fence'),
-        worker_id = %(worker_id)s, started_at = now(), reason = NULL,
+        worker_id = %(worker_id)s, claimed_at = now(), reason = NULL,
+        started_at = CASE WHEN o.run_at <= now() THEN now() END,
         lease_expires_at = now() + make_interval(secs => %(lease)s)
     WHERE o.id = ANY(%(ids)s::bigint[])
     RETURNING o.id, o.idempotency_key, o.job_id, o.scheduled_for, o.run_at, o.started_at,
-              o.attempt, o.fence, o.delivery, o.max_attempts, o.timeout_seconds, o.origin)
+              o.attempt, o.fence, o.delivery, o.max_attempts, o.timeout_seconds, o.origin,
+              clock_timestamp() AS db_now)
 SELECT s.*, j.namespace, j.name, j.spec_hash
 FROM started s
 CROSS JOIN LATERAL (SELECT namespace, name, spec_hash FROM cronwell_jobs

@@ -1,4 +1,5 @@
-"""Overlap (concurrencyPolicy) decided at claim time under the job's row lock."""
+"""Overlap (concurrencyPolicy) decided at claim time under the job's row lock; for an
+occurrence claimed ahead of its instant, at its instant."""
 
 from __future__ import annotations
 
@@ -9,12 +10,13 @@ from datetime import datetime
 import pytest
 
 from cronwell import dispatch
-from cronwell.dispatch import Active, Candidate, decide_overlap
+from cronwell.dispatch import Active, Candidate, decide_overlap, plan_ahead
 from cronwell.scheduler import Scheduler
 from cronwell.store.db import Database
 from tests.helpers.store import fail_dead
 
 from .helpers import make_job, occurrences, scheduler, set_cursor
+from .worker_helpers import FAR_FUTURE, due_in, state_is, trigger
 
 
 async def _due(db: Database, policy: str, seconds_back: int = 4) -> Scheduler:
@@ -106,8 +108,9 @@ async def test_replace_cancels_the_active_one(db: Database) -> None:
     assert states[claimed[0].key] == "cancelled" and states[newer[0].key] == "running"
 
 
-def _cand(i: int, job: uuid.UUID, policy: str, attempt: int = 0) -> Candidate:
-    return Candidate(i, job, policy, attempt, datetime(2026, 1, 1, 0, 0, i))
+def _cand(i: int, job: uuid.UUID, policy: str, attempt: int = 0, due: bool = True) -> Candidate:
+    at = datetime(2026, 1, 1, 0, 0, i)
+    return Candidate(i, job, policy, attempt, at, at, due)
 
 
 @pytest.mark.parametrize(
@@ -145,3 +148,47 @@ def test_decide_overlap_jobs_are_independent() -> None:
         [_cand(1, a, "Skip"), _cand(2, b, "Skip")], [Active(9, a, "running", "k")]
     )
     assert run == [2]
+
+
+def test_plan_ahead_claims_a_serialised_job_only_when_nothing_of_it_is_active_or_due() -> None:
+    idle, busy, due_job, allow = (uuid.uuid4() for _ in range(4))
+    ahead = [
+        _cand(1, idle, "Skip", due=False),
+        _cand(2, idle, "Skip", due=False),  # the job's second: decided at its instant
+        _cand(3, busy, "Replace", due=False),
+        _cand(4, due_job, "BufferAll", due=False),
+        _cand(5, allow, "Allow", due=False),
+        _cand(6, allow, "Allow", due=False),
+    ]
+    due = [_cand(7, due_job, "BufferAll")]
+    assert plan_ahead(ahead, due, [Active(9, busy, "running", "k")]) == [1, 5, 6]
+
+
+async def _claim_ahead(db: Database) -> list[dispatch.Claimed]:
+    return await dispatch.claim(
+        db, pool="default", worker_id="w", limit=100, lease_seconds=30, ahead_seconds=60
+    )
+
+
+async def test_overlap_of_an_occurrence_claimed_ahead_is_decided_at_its_instant(
+    db: Database,
+) -> None:
+    """Skip: while A runs, B (due later) is neither claimed ahead nor skipped; A done, B is
+    claimed ahead; C, due while B runs, is skipped at its instant, not before."""
+    await make_job(db, "ov", schedule=FAR_FUTURE, concurrencyPolicy="Skip")
+    a_key = await trigger(db, "ov")
+    (a,) = await _claim(db)
+    b_key = await trigger(db, "ov")
+    await due_in(db, b_key, 30.0)
+    assert await _claim_ahead(db) == []
+    assert await state_is(db, b_key, "pending")
+    assert await dispatch.succeed(db, [(a.key, a.fence)]) == {a_key}
+    (b,) = await _claim_ahead(db)
+    assert (b.key, b.started_at) == (b_key, None)
+    c_key = await trigger(db, "ov")
+    await due_in(db, c_key, 40.0)
+    assert await _claim_ahead(db) == []  # B is the job's active occurrence now
+    assert await state_is(db, c_key, "pending")
+    await due_in(db, c_key, 0.0)
+    assert await _claim_ahead(db) == []
+    assert await state_is(db, c_key, "skipped")

@@ -112,7 +112,9 @@ async def test_hot_queries_are_index_range_scans(db: Database) -> None:
         {"holder": "h", "partition": 3, "epoch": 1, "horizon": 30, "limit": 1000},
     )
     assert "cronwell_jobs_due" in due, due
-    claim = await _plan(db, "OccurrenceClaimCandidates", {"pool": "default", "limit": 100})
+    claim = await _plan(
+        db, "OccurrenceClaimCandidates", {"pool": "default", "limit": 100, "ahead": 2.0}
+    )
     assert "cronwell_occurrences_claim" in claim, claim
     reap = await _plan(db, "LeaseReap", {"limit": 100})
     assert "cronwell_occurrences_lease" in reap, reap

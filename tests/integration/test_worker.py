@@ -32,6 +32,7 @@ from .worker_helpers import (
     EFFECTS_DDL,
     FAR_FUTURE,
     attempts,
+    due_in,
     handler_job,
     http_server,
     marks_of,
@@ -593,6 +594,91 @@ async def test_stop_releases_claimed_but_unstarted_occurrences(db: Database, db_
     assert (o["state"], o["attempt"], o["worker_id"]) == ("pending", 0, None)
     assert o["fence"] is not None  # it was claimed...
     assert not marks_of(None, "start", key)  # ...and never started
+    assert await attempts(db, key) == []
+
+
+# -- claim ahead ----------------------------------------------------------------------------
+
+
+async def _occ(db: Database, key: str) -> dict[str, Any]:
+    (row,) = await sql(
+        db,
+        "SELECT state, reason, attempt, worker_id, run_at, claimed_at, started_at"
+        " FROM cronwell_occurrences WHERE idempotency_key = %s",
+        key,
+    )
+    return row
+
+
+async def test_an_occurrence_claimed_ahead_starts_at_its_instant_not_before(
+    db: Database, db_url: str
+) -> None:
+    """Claimed before its instant, started at it (the handler's own first mark against the
+    earliest local instant the database clock can read run_at), and under AtMostOnce its
+    start was recorded before the handler ran."""
+    await handler_job(db, "ahead", "t-clock", delivery="AtMostOnce")
+    key = await trigger(db, "ahead")
+    run_at, earliest = await due_in(db, key, 3.0)
+    async with running_worker(db_url, claim_ahead_seconds=10.0) as w:
+        await wait_for(lambda: state_is(db, key, "succeeded"))
+        out = await w.outcome(key)
+    assert out.result == "succeeded"
+    (start,) = marks_of(None, "start", key)
+    (row,) = marks_of(None, "row", key)
+    assert start["t"] >= earliest, f"started {earliest - start['t']:.3f}s before its instant"
+    assert out.start_lag is not None and out.start_lag >= 0
+    assert row["started_at"] is not None, "AtMostOnce ran before its start was recorded"
+    o = await _occ(db, key)
+    assert o["claimed_at"] < run_at <= o["started_at"], o
+    assert [(a["attempt"], a["outcome"]) for a in await attempts(db, key)] == [(1, "succeeded")]
+
+
+async def test_claimed_ahead_never_started_is_given_back_not_ambiguous(
+    db: Database, db_url: str
+) -> None:
+    """An AtMostOnce occurrence claimed ahead by a worker that vanished before its instant
+    never ran: the reaper gives it back at its instant, attempt unconsumed, no attempt row,
+    not Ambiguous; then it runs once."""
+    await handler_job(db, "amo-ahead", "t-clock", delivery="AtMostOnce")
+    key = await trigger(db, "amo-ahead")
+    run_at, _ = await due_in(db, key, 30.0)
+    claim = {"pool": "default", "worker_id": "gone", "limit": 5, "lease_seconds": 60}
+    assert await dispatch.claim(db, **claim) == []  # not due, and no claim ahead asked
+    (c,) = await dispatch.claim(db, **claim, ahead_seconds=60)
+    assert (c.key, c.started_at, c.attempt) == (key, None, 1)
+    await sql(
+        db,
+        "UPDATE cronwell_occurrences SET lease_expires_at = now() - interval '1 second' "
+        "WHERE idempotency_key = %s",
+        key,
+    )
+    reaped = await maintenance.reap(db, limit=10)
+    assert [(r.state, r.reason) for r in reaped] == [("pending", "NotStarted")]
+    o = await _occ(db, key)
+    assert (o["state"], o["attempt"], o["run_at"], o["claimed_at"]) == ("pending", 0, run_at, None)
+    assert await attempts(db, key) == []
+    await due_in(db, key, 0.5)
+    async with running_worker(db_url) as w:
+        await wait_for(lambda: state_is(db, key, "succeeded"))
+        assert w.results(key) == ["succeeded"]
+    assert [(a["attempt"], a["outcome"]) for a in await attempts(db, key)] == [(1, "succeeded")]
+    assert len(marks_of(None, "start", key)) == 1
+
+
+async def test_stop_gives_back_occurrences_claimed_ahead_at_their_instant(
+    db: Database, db_url: str
+) -> None:
+    await handler_job(db, "ahead-stop", "t-clock")
+    key = await trigger(db, "ahead-stop")
+    run_at, _ = await due_in(db, key, 30.0)
+    async with running_worker(db_url, claim_ahead_seconds=60.0) as w:
+        await wait_for(lambda: state_is(db, key, "running"))
+        w.worker.stop()
+        await asyncio.wait_for(asyncio.shield(w.task), 10)
+        assert w.results(key) == ["released"]
+    o = await _occ(db, key)
+    assert (o["state"], o["attempt"], o["worker_id"], o["run_at"]) == ("pending", 0, None, run_at)
+    assert o["started_at"] is None and not marks_of(None, "start", key)
     assert await attempts(db, key) == []
 
 

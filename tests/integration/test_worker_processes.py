@@ -26,10 +26,12 @@ from .worker_helpers import (
     EFFECTS_DDL,
     HANDLERS_MODULE,
     attempts,
+    due_in,
     handler_job,
     http_server,
     marks_of,
     occurrence,
+    read_marks,
     state_is,
     trigger,
     worker_env,
@@ -122,6 +124,61 @@ async def test_kill_minus_nine_mid_job_another_worker_takes_over(
     # The taker deregistered on SIGTERM; the killed worker's row is just silent.
     procs = await sql(db, "SELECT pid FROM cronwell_processes WHERE role = 'worker'")
     assert procs == [{"pid": a.pid}]
+
+
+async def test_kill_minus_nine_holding_occurrences_claimed_ahead_they_run_once(
+    db: Database, db_url: str, tmp_path: Path
+) -> None:
+    """Worker A claims occurrences ahead of their instant and is killed (-9) before it: the
+    reaper gives them back as never started (even AtMostOnce: not Ambiguous), at their
+    instant, attempt unconsumed; worker B runs each once, not before its instant."""
+    await sql(db, EFFECTS_DDL)
+    await handler_job(db, "least", "t-sleepy-effect")
+    await handler_job(db, "most", "t-sleepy-effect", delivery="AtMostOnce")
+    keys = [await trigger(db, "least"), await trigger(db, "most")]
+    instants = {k: (await due_in(db, k, 12.0))[0] for k in keys}
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    a = _worker(db_url, marks, tmp_path / "a.log", "--claim-ahead-seconds", "30")
+    b: subprocess.Popen[bytes] | None = None
+    reaped: dict[str, Any] = {}
+    try:
+
+        async def held() -> bool:
+            rows = await sql(
+                db,
+                "SELECT 1 FROM cronwell_occurrences WHERE idempotency_key = ANY(%s)"
+                " AND state = 'running' AND started_at IS NULL",
+                keys,
+            )
+            return len(rows) == 2
+
+        await wait_for(held, 20, "worker A to claim both ahead of their instant")
+        os.kill(a.pid, signal.SIGKILL)
+        a.wait()
+        b = _worker(db_url, marks, tmp_path / "b.log")
+
+        async def requeued() -> bool:
+            for r in await maintenance.reap(db, limit=100):
+                reaped[r.idempotency_key] = r
+            return reaped.keys() >= set(keys)
+
+        await wait_for(requeued, 15, "the reaper to requeue both")
+        for k in keys:
+            await wait_for(lambda k=k: state_is(db, k, "succeeded"), 30, f"{k} to succeed")
+    finally:
+        stop(a)
+        rc = stop(b) if b is not None else None
+    assert rc == 0, _log(tmp_path / "b.log")
+    assert {(r.state, r.reason) for r in reaped.values()} == {("pending", "NotStarted")}
+    for k in keys:
+        assert [(x["attempt"], x["outcome"]) for x in await attempts(db, k)] == [(1, "succeeded")]
+        o = await occurrence(db, k)
+        assert o["started_at"] >= instants[k], "started before its instant"
+        print(f"{k}: started {(o['started_at'] - instants[k]).total_seconds():.3f}s after it")
+    effects = await sql(db, "SELECT key, pid FROM test_effects ORDER BY key")
+    assert effects == [{"key": k, "pid": b.pid if b else None} for k in sorted(keys)]
+    assert not [m for m in read_marks(marks) if m["pid"] == a.pid], "A ran something"
 
 
 async def test_sigstop_past_the_lease_then_sigcont_late_writes_are_rejected(

@@ -17,6 +17,7 @@ import threading
 import time
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import asdict, dataclass, field
+from datetime import datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, TypeVar
@@ -36,7 +37,7 @@ from cronwell.store.db import Database
 from cronwell_worker.runtime import Outcome, Worker
 from tests.helpers.wait import wait_for
 
-from .helpers import make_job
+from .helpers import make_job, sql
 
 REPO = Path(__file__).resolve().parents[2]
 HANDLERS_MODULE = "tests.integration.worker_helpers"
@@ -373,6 +374,38 @@ async def fail_while(ctx: Context) -> None:
     CONTROL[f"calls:{ctx.name}"] = CONTROL.get(f"calls:{ctx.name}", 0) + 1
     if CONTROL.get(ctx.name, True):
         raise RuntimeError(f"{ctx.name} is failing on purpose (attempt {ctx.attempt})")
+
+
+@cronwell.handler("t-clock")
+async def clock(ctx: Context) -> None:
+    """Marks its start first thing (the mark's `t` is this process's monotonic clock), then
+    what the database says of its occurrence at that moment (`started_at` recorded yet?)."""
+    mark("start", ctx)
+    assert ctx.db is not None
+    async with await psycopg.AsyncConnection.connect(ctx.db.url, autocommit=True) as conn:
+        cur = await conn.execute(
+            "SELECT started_at FROM cronwell_occurrences WHERE idempotency_key = %s", (ctx.key,)
+        )
+        row = await cur.fetchone()
+    assert row is not None
+    mark("row", ctx, started_at=row[0].isoformat() if row[0] is not None else None)
+
+
+async def due_in(db: Database, key: str, seconds: float) -> tuple[datetime, float]:
+    """Move a pending occurrence's instant (run_at) to `seconds` from now. Returns the new
+    instant and the earliest local monotonic instant at which the database clock can read
+    it (the clock was read after the local clock was: a start before this is early)."""
+    sent = time.monotonic()
+    rows = await sql(
+        db,
+        "UPDATE cronwell_occurrences SET run_at = clock_timestamp() + make_interval(secs => %s)"
+        " WHERE idempotency_key = %s AND state = 'pending'"
+        " RETURNING run_at, clock_timestamp() AS db_now",
+        seconds,
+        key,
+    )
+    (row,) = rows
+    return row["run_at"], sent + (row["run_at"] - row["db_now"]).total_seconds()
 
 
 @cronwell.handler("t-wait-event")

@@ -59,6 +59,13 @@ _import_opt = click.option(
 @click.option("--concurrency", type=int, default=None, help="Attempts at once (default 64).")
 @click.option("--lease-seconds", type=float, default=None, help="Lease (default 60).")
 @click.option(
+    "--claim-ahead-seconds",
+    type=float,
+    default=None,
+    help="Claim occurrences due within this window and start each at its instant (default 2;"
+    " 0: claim only what is due).",
+)
+@click.option(
     "--shutdown-grace-seconds",
     type=float,
     default=None,
@@ -79,6 +86,7 @@ def worker(
     pool: str | None,
     concurrency: int | None,
     lease_seconds: float | None,
+    claim_ahead_seconds: float | None,
     shutdown_grace_seconds: float | None,
     outbox_url: str | None,
     imports: tuple[str, ...],
@@ -92,6 +100,7 @@ def worker(
         "pool": pool,
         "concurrency": concurrency,
         "lease_seconds": lease_seconds,
+        "claim_ahead_seconds": claim_ahead_seconds,
         "shutdown_grace_seconds": shutdown_grace_seconds,
     }
     settings = settings_or_fail(WorkerSettings, **opts)
@@ -242,15 +251,18 @@ class LiveView:
         self.lags: list[float] = []
 
     def __call__(self, o: Outcome) -> None:
+        """Lag is measured from the jittered instant (run_at); jitter is shown apart."""
         c = o.claimed
-        lag = (c.started_at - c.scheduled_for).total_seconds()
+        lag = o.start_lag
         self.outcomes[o.result] += 1
-        if c.attempt == 1 and c.origin == "schedule":
+        if c.attempt == 1 and c.origin == "schedule" and lag is not None:
             self.lags.append(lag)
+        jitter = (c.run_at - c.scheduled_for).total_seconds() if c.attempt == 1 else 0.0
         color = {"succeeded": "green", "retry": "yellow"}.get(o.result, "red")
         click.echo(
             f"{c.namespace}/{c.name:<24} scheduled {fmt_time(c.scheduled_for)}  "
-            f"lag {lag:7.3f}s  "
+            + (f"jitter {jitter:6.1f}s  " if jitter else "")
+            + (f"lag {lag:7.3f}s  " if lag is not None else "not started  ")
             + click.style(f"{o.result:<10}", fg=color)
             + f" attempt {c.attempt}"
             + (f"  {o.error[:80]}" if o.error else "")

@@ -8,6 +8,15 @@ that cannot renew at all (database unreachable, process paused) fences itself: a
 whose lease may have run out, judged by the local monotonic clock from the moment the last
 successful renewal was *sent*, is cancelled before another worker can be handed the
 occurrence.
+
+Claim ahead: occurrences due within `claim_ahead_seconds` are claimed before their instant
+(each holds a slot while it waits, so at most `concurrency` wait) and started at it by a
+local monotonic timer aligned to the database clock at the claim. The wait is part of the
+attempt's lease (heartbeats renew it; the watchdog fences it). The start is recorded in the
+database, batched like completions, before the handler runs: a worker that dies before then
+leaves an occurrence the reaper gives back as never started (not an attempt, so never an
+ambiguous AtMostOnce one), and every fence a target sees belongs to a recorded attempt.
+Stopping gives back the ones not started yet.
 """
 
 from __future__ import annotations
@@ -18,7 +27,7 @@ import logging
 import random
 import time
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -54,6 +63,7 @@ log = logging.getLogger("cronwell.worker")
 ABORT_LEASE_LOST = "lease_lost"  # a heartbeat renewed nothing: someone else owns it now
 ABORT_SELF_FENCE = "self_fenced"  # no renewal within the lease: it may be someone else's
 ABORT_SHUTDOWN = "shutdown"  # forced shutdown (second signal, or grace period over)
+ABORT_RELEASE = "release"  # claimed ahead, not started, and the worker is stopping
 
 
 @dataclass
@@ -64,6 +74,8 @@ class Outcome:
     result: str  # succeeded | retry | dead | lease_lost | stale | cancelled | released
     error: str | None = None
     finished_monotonic: float = field(default_factory=time.monotonic)
+    start_lag: float | None = None
+    """Seconds from the (jittered) instant, run_at, to the start; None: never started."""
 
 
 def backoff_seconds(policy: RetryPolicy, attempt: int, rng: random.Random | None = None) -> float:
@@ -98,6 +110,11 @@ class _Running:
     completing: bool = False
     """The target returned; only the fenced completion is left (never aborted)."""
     abort: str | None = None
+    start_lag: float | None = None
+    """Set when the attempt starts: seconds from its instant (run_at) to its start."""
+    admitted: tuple[EgressPolicy, dict[str, str] | None] | Exception | None = None
+    """Claimed ahead: the pool and egress policies and Secret values, read while waiting
+    for the instant (or why not); None: read at the start."""
 
 
 class Worker:
@@ -135,6 +152,7 @@ class Worker:
         self._stopping = asyncio.Event()
         self._wake = asyncio.Event()
         self._done: list[tuple[str, int, asyncio.Future[bool]]] = []
+        self._starts: list[tuple[str, int, asyncio.Future[bool]]] = []
         self._flush_now = asyncio.Event()
         self._clients: dict[tuple[bool, EgressPolicy], httpx.AsyncClient] = {}
 
@@ -189,6 +207,9 @@ class Worker:
             self._abort_all("second stop signal")
         self._stopping.set()
         self._wake.set()
+        for r in list(self.running.values()):
+            if r.start_lag is None and r.claimed.started_at is None:
+                self._cancel(r, ABORT_RELEASE, "stopping before its instant")
 
     def _abort_all(self, why: str) -> None:
         for r in list(self.running.values()):
@@ -243,6 +264,7 @@ class Worker:
                         limit=want,
                         lease_seconds=s.lease_seconds,
                         known_specs=self._specs,
+                        ahead_seconds=s.claim_ahead_seconds,
                     )
                     if self._stopping.is_set():
                         # Stopped while the claim was in flight: give them back unstarted.
@@ -258,7 +280,12 @@ class Worker:
                         continue
                     due = await claims.next_due(self.db, pool=s.pool)
                     if due.next_due is not None:
-                        delay = (due.next_due - due.db_now).total_seconds()
+                        until = (due.next_due - due.db_now).total_seconds()
+                        delay = until - s.claim_ahead_seconds
+                        if delay <= 0:
+                            # Inside the window yet not claimed: held back for its overlap
+                            # decision at its instant (dispatch.plan_ahead), or just due.
+                            delay = until
                 backoff.success()
             except EXPECTED_ERRORS as e:
                 delay = backoff.failure()
@@ -325,8 +352,6 @@ class Worker:
     # -- running ----------------------------------------------------------------------
 
     def _start(self, c: Claimed, deadline: float) -> None:
-        if c.attempt == 1:
-            self._m.start_lag.observe((c.started_at - c.scheduled_for).total_seconds())
         ctx = Context.for_claim(c, self.db)
         old = self.running.get(c.key)
         if old is not None:
@@ -395,7 +420,8 @@ class Worker:
 
     async def _execute(self, r: _Running) -> None:
         try:
-            await self._attempt(r)
+            if await self._begin(r):
+                await self._attempt(r)
         finally:
             self._handler_done(r)
             # The same key may have been claimed again meanwhile (a new attempt under a
@@ -403,6 +429,39 @@ class Worker:
             if self.running.get(r.claimed.key) is r:
                 del self.running[r.claimed.key]
             self._wake.set()
+
+    async def _begin(self, r: _Running) -> bool:
+        """Wait for the attempt's instant (claimed ahead) and record its start; False when
+        it must not run (lease lost, or the worker stops: then it is given back unstarted).
+        An attempt claimed when due started at its claim."""
+        c = r.claimed
+        try:
+            if c.started_at is None:
+                if r.spec is not None:
+                    # What the attempt reads first is read before its instant, not at it.
+                    try:
+                        r.admitted = await self._admit(c, r.spec)
+                    except Exception as e:  # raised at the start, as if read then
+                        r.admitted = e
+                wait = c.due_monotonic - time.monotonic()
+                if wait > 0:
+                    await asyncio.sleep(wait)
+                # The handler runs only once its start is durable: started_at NULL means it
+                # never ran, so the reaper can give it back unconsumed (never Ambiguous), and
+                # every fence a target saw belongs to a recorded attempt.
+                if not await self._record_start(c):
+                    self._report(Outcome(c, "lease_lost", error="start not recorded"))
+                    return False
+        except asyncio.CancelledError:
+            if r.abort in (ABORT_SHUTDOWN, ABORT_RELEASE):
+                await self._release([c])
+            else:
+                self._report(Outcome(c, "lease_lost", error=r.abort))
+            return False
+        r.start_lag = time.monotonic() - c.due_monotonic
+        if c.attempt == 1:
+            self._m.start_lag.observe(r.start_lag)
+        return True
 
     def _spec(self, c: Claimed) -> ScheduledJobSpec:
         """The parsed spec, cached by spec hash (a content hash: jobs sharing a spec share
@@ -442,7 +501,10 @@ class Worker:
         error: targets.TargetError | None = None
         outcome = "failed"
         try:
-            policy, secrets = await self._admit(c, spec)
+            admitted = r.admitted
+            if isinstance(admitted, Exception):
+                raise admitted
+            policy, secrets = admitted or await self._admit(c, spec)
             async with asyncio.timeout(c.timeout_seconds):
                 await targets.run(
                     spec.target, ctx, self._client(spec, policy), c.timeout_seconds, secrets
@@ -492,7 +554,7 @@ class Worker:
             ok = True
         else:
             ok = await self._complete(c.key, c.fence)
-        self._report(Outcome(c, "succeeded" if ok else "stale"))
+        self._report(Outcome(c, "succeeded" if ok else "stale", start_lag=r.start_lag))
         if not ok:
             log.warning("completion rejected: fence is stale", extra=extra)
 
@@ -513,6 +575,7 @@ class Worker:
         had an effect (`sent`): that one is dead with reason Ambiguous."""
         if e.reason in POLICY_REASONS:
             self.metrics.policy_denied.labels(self.settings.pool, e.reason).inc()
+        r = self.running.get(c.key)
         at_most_once = c.delivery == Delivery.AT_MOST_ONCE
         ambiguous = at_most_once and e.sent and e.retryable
         retry_ok = e.retryable and c.attempt < c.max_attempts and not ambiguous
@@ -555,7 +618,8 @@ class Worker:
         result = {"pending": "retry", "dead": "dead", None: "stale"}[new]
         if outcome == "cancelled" and new is not None:
             result = "cancelled"
-        self._report(Outcome(c, result, error=str(e)))
+        lag = r.start_lag if r is not None and r.claimed is c else None
+        self._report(Outcome(c, result, error=str(e), start_lag=lag))
 
     def _report(self, outcome: Outcome) -> None:
         m = self._m
@@ -578,6 +642,14 @@ class Worker:
         self._flush_now.set()
         return await fut
 
+    def _record_start(self, c: Claimed) -> asyncio.Future[bool]:
+        """Queue the start of an attempt claimed ahead; written with the next completion
+        batch (before it). The future says whether the lease was still held."""
+        fut: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+        self._starts.append((c.key, c.fence, fut))
+        self._flush_now.set()
+        return fut
+
     async def _complete_loop(self) -> None:
         while True:
             await self._flush_now.wait()
@@ -586,20 +658,35 @@ class Worker:
             await self._flush()
 
     async def _flush(self) -> None:
-        """Write every pending completion in one fenced statement."""
+        """Write every pending start, then every pending completion, one fenced statement
+        each (a start and its completion may share a flush)."""
+        # Both taken at once: every completion taken has its start (queued before its
+        # handler ran) among the starts taken or written before.
+        starts, self._starts = self._starts, []
         batch, self._done = self._done, []
+        await self._write(starts, dispatch.record_starts, "start")
+        await self._write(batch, dispatch.succeed, "completion")
+
+    async def _write(
+        self,
+        batch: list[tuple[str, int, asyncio.Future[bool]]],
+        write: Callable[[Database, list[tuple[str, int]]], Awaitable[set[str]]],
+        what: str,
+    ) -> None:
+        """One fenced batch write, retried through database errors; each future learns
+        whether its key was still held."""
         if not batch:
             return
         backoff = Backoff(first_seconds=0.1, max_seconds=2.0)
         for _ in range(30):
             try:
-                ok = await dispatch.succeed(self.db, [(k, f) for k, f, _ in batch])
+                ok = await write(self.db, [(k, f) for k, f, _ in batch])
                 break
             except EXPECTED_ERRORS as e:
                 delay = backoff.failure()
                 log.warning(
-                    f"completion write failed; retrying in {delay:.1f}s: {e}",
-                    extra={"action": "complete_retry"},
+                    f"{what} write failed; retrying in {delay:.1f}s: {e}",
+                    extra={"action": f"{what}_retry"},
                 )
                 await asyncio.sleep(delay)
         else:
@@ -666,7 +753,9 @@ class Worker:
         if r.task is None or r.task.done() or r.abort is not None or r.completing:
             return
         log.warning(
-            "LeaseLost: aborting attempt" if why != ABORT_SHUTDOWN else "cancelling attempt",
+            "cancelling attempt"
+            if why in (ABORT_SHUTDOWN, ABORT_RELEASE)
+            else ("LeaseLost: aborting attempt"),
             extra={
                 "action": why,
                 "key": r.claimed.key,
