@@ -18,7 +18,15 @@ run them, and a watch on the CRs records when each status shows the run
 - cr_p50/p99 after T: when a CR's status shows its run, from T;
 - api requests of the status writer (patches, Events, GETs) from the burst's set-up until
   every CR shows its run, from the operator's own metrics; their mean rate from the first
-  success to the last status shown, and the peak rate between two scrapes (2 s apart).
+  success to the last status shown, and the peak rate between two scrapes (2 s apart);
+- floor_s = CRs / QPS (one patch per changed CR is the least the writer can do at that rate)
+  and over_floor_pct: how much longer than that the writer took, from the first success to
+  the last status shown;
+- failures first: `--failing` more CRs (default 10) whose target always fails (a refused
+  connection, one attempt: dead-lettered at once), due at the same T among the N successes.
+  failure_on_cr_max_s: from a failure's finished_at to its CR showing lastFailureTime, the
+  worst of them; successes_shown_before_last_failure: how many success statuses the writer
+  wrote before the last failure's (0 when every failure went first).
 
 One machine runs everything (API server, etcd, PostgreSQL, operator, workers): the API
 server's CPU is shared, so figures are upper bounds of what a real cluster would show.
@@ -53,6 +61,12 @@ from cronwell_operator.testing import OperatorProcess, sql, wait_until
 NS = "bench"
 PLURAL = "scheduledjobs"
 SPEC = {"schedule": "0 0 1 1 *", "target": {"log": {"message": "bench"}}}
+#: Always fails at once: nothing listens on port 9 (discard); one attempt, then dead-lettered.
+FAILING_SPEC = {
+    "schedule": "0 0 1 1 *",
+    "target": {"http": {"url": "http://127.0.0.1:9/fail", "connectTimeoutSeconds": 1}},
+    "retry": {"maxAttempts": 1},
+}
 
 
 def log(msg: str) -> None:
@@ -76,43 +90,52 @@ def api_requests(m: dict[str, float]) -> dict[str, float]:
     return {k: m.get(f"cronwell_operator_api_requests_total{{kind={k}}}", 0.0) for k in kinds}
 
 
-def create_crs(api: client.ApiClient, n: int, threads: int = 8) -> float:
-    """n ScheduledJobs, created in parallel; seconds taken."""
+def create_crs(api: client.ApiClient, n: int, failing: int, threads: int = 8) -> float:
+    """n succeeding ScheduledJobs (j000000...) and `failing` failing ones (f000...), created
+    in parallel; seconds taken."""
     custom = client.CustomObjectsApi(api)
+    wanted = [(f"j{i:06d}", SPEC) for i in range(n)] + [
+        (f"f{i:03d}", FAILING_SPEC) for i in range(failing)
+    ]
 
-    def one(i: int) -> None:
+    def one(item: tuple[str, dict[str, Any]]) -> None:
+        name, spec = item
         body = {
             "apiVersion": f"{GROUP}/{VERSION}",
             "kind": "ScheduledJob",
-            "metadata": {"name": f"j{i:06d}", "namespace": NS},
-            "spec": SPEC,
+            "metadata": {"name": name, "namespace": NS},
+            "spec": spec,
         }
         custom.create_namespaced_custom_object(GROUP, VERSION, NS, PLURAL, body)
 
     t0 = time.monotonic()
     with ThreadPoolExecutor(threads) as pool:
-        list(pool.map(one, range(n)))
+        list(pool.map(one, wanted))
     return time.monotonic() - t0
 
 
 class Converged:
-    """Watches the CRs; records when each one's status first shows the run at T."""
+    """Watches the CRs; records when each one's status first shows the run at T: `at` for
+    the succeeding CRs (by uid), `failed_at` for the failing ones (by name)."""
 
     def __init__(self, api: client.ApiClient, t_iso: str, n: int):
         self.custom = client.CustomObjectsApi(api)
         self.t_iso = t_iso
         self.n = n
         self.at: dict[str, float] = {}
+        self.failed_at: dict[str, float] = {}
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self._run, daemon=True)
 
-    def _shows(self, obj: dict[str, Any]) -> bool:
-        st = obj.get("status") or {}
-        return st.get("lastScheduleTime") == self.t_iso and bool(st.get("lastSuccessfulTime"))
-
     def _see(self, obj: dict[str, Any]) -> None:
-        uid = obj["metadata"]["uid"]
-        if uid not in self.at and self._shows(obj):
+        st = obj.get("status") or {}
+        if st.get("lastScheduleTime") != self.t_iso:
+            return
+        name, uid = obj["metadata"]["name"], obj["metadata"]["uid"]
+        if name.startswith("f"):
+            if name not in self.failed_at and st.get("lastFailureTime"):
+                self.failed_at[name] = time.time()
+        elif uid not in self.at and st.get("lastSuccessfulTime"):
             self.at[uid] = time.time()
 
     def start(self) -> Converged:
@@ -168,6 +191,7 @@ def one_setting(
     url: str,
     qps: float,
     n: int,
+    failing: int,
     lead: float,
     logs: Path,
     timeout: float,
@@ -197,7 +221,7 @@ def one_setting(
                 for o in ("applied", "unchanged")
             )
             backlog = m.get("cronwell_operator_status_backlog{}", -1.0)
-            return seen >= n and backlog == 0
+            return seen >= n + failing and backlog == 0
 
         wait_until(resumed, timeout, "the operator resumed every CR", interval=1, check=op._alive)
         m0 = scrape(port)
@@ -229,14 +253,32 @@ def one_setting(
                 "FROM cronwell_occurrences WHERE scheduled_for = %s AND state = 'succeeded'",
                 (t_burst,),
             )[0]
-            return r if int(r["n"]) >= n else None
+            dead = sql(
+                url,
+                "SELECT count(*) AS n FROM cronwell_occurrences "
+                "WHERE scheduled_for = %s AND state = 'dead'",
+                (t_burst,),
+            )[0]
+            return r if int(r["n"]) >= n and int(dead["n"]) >= failing else None
 
         runs: Any = wait_until(done, lead + timeout, "every run succeeded", interval=0.5)
+        failed_done = {
+            r["name"]: float(r["at"])
+            for r in sql(
+                url,
+                "SELECT j.name, extract(epoch FROM o.finished_at) AS at "
+                "FROM cronwell_occurrences o JOIN cronwell_jobs j ON j.id = o.job_id "
+                "WHERE o.scheduled_for = %s AND o.state = 'dead'",
+                (t_burst,),
+            )
+        }
+        if len(failed_done) != failing:
+            raise AssertionError(f"{len(failed_done)} of {failing} failing runs dead-lettered")
         t_last = float(runs["last"])
         log(f"qps={qps:g}: all {n} runs succeeded {t_last - t_burst.timestamp():.1f}s after T")
         peak, prev = 0.0, (time.time(), sum(api_requests(m0).values()))
         deadline = time.monotonic() + timeout
-        while len(watcher.at) < n:
+        while len(watcher.at) < n or len(watcher.failed_at) < failing:
             if time.monotonic() > deadline:
                 raise AssertionError(f"only {len(watcher.at)}/{n} statuses converged")
             op._alive()
@@ -247,6 +289,9 @@ def one_setting(
             log(f"qps={qps:g}: {len(watcher.at)}/{n} statuses show the run")
         watcher.stop.set()
         t_all = max(watcher.at.values())
+        fail_lags = sorted(watcher.failed_at[k] - v for k, v in failed_done.items())
+        last_fail_shown = max(watcher.failed_at.values(), default=0.0)
+        floor = (n + failing) / qps
         m1 = scrape(port)
         req = {k: v - api_requests(m0)[k] for k, v in api_requests(m1).items()}
         window = t_all - float(runs["first"])  # from the first success to the last status
@@ -261,6 +306,15 @@ def one_setting(
             "api_requests": {k: int(v) for k, v in req.items()},
             "api_rps_mean": round(sum(req.values()) / window, 1),
             "api_rps_peak": round(peak, 1),
+            "floor_s": round(floor, 1),
+            "writer_window_s": round(window, 1),
+            "over_floor_pct": round((window / floor - 1) * 100, 1),
+            "failing": failing,
+            "failure_on_cr_p50_s": round(fail_lags[len(fail_lags) // 2], 1) if fail_lags else None,
+            "failure_on_cr_max_s": round(fail_lags[-1], 1) if fail_lags else None,
+            "successes_shown_before_last_failure": sum(
+                t < last_fail_shown for t in watcher.at.values()
+            ),
         }
     finally:
         op.stop()
@@ -274,6 +328,7 @@ def run(
     concurrency: int = 500,
     lead: float = 20.0,
     timeout: float = 1800.0,
+    failing: int = 10,
 ) -> list[dict[str, Any]]:
     """The whole bench against the PostgreSQL database at `url` (migrated by the operator)."""
     logs = Path(tempfile.mkdtemp(prefix="cronwell-bench-status-"))
@@ -300,8 +355,8 @@ def run(
             )
             with setup:
                 setup.wait_ready(120)
-                secs = create_crs(api, n)
-                log(f"{n} CRs created in {secs:.1f}s ({n / secs:.0f}/s)")
+                secs = create_crs(api, n, failing)
+                log(f"{n + failing} CRs created in {secs:.1f}s ({(n + failing) / secs:.0f}/s)")
                 wait_until(
                     lambda: (
                         int(
@@ -312,7 +367,7 @@ def run(
                                 (NS,),
                             )[0]["n"]
                         )
-                        >= n
+                        >= n + failing
                     ),
                     timeout,
                     "every CR in the store",
@@ -339,7 +394,7 @@ def run(
                     )
                 )
             for qps in qps_list:
-                figs = one_setting(plane, api, url, qps, n, lead, logs, timeout)
+                figs = one_setting(plane, api, url, qps, n, failing, lead, logs, timeout)
                 results.append(figs)
                 print(f"status qps={qps:g}:", json.dumps(figs), flush=True)
         finally:
@@ -356,6 +411,7 @@ def main() -> None:
     ap.add_argument("--concurrency", type=int, default=500)
     ap.add_argument("--lead", type=float, default=20.0, help="T = now + lead seconds")
     ap.add_argument("--timeout", type=float, default=1800.0, help="per phase, seconds")
+    ap.add_argument("--failing", type=int, default=10, help="CRs whose run fails, among them")
     ap.add_argument("--out", type=Path, default=RESULTS / "status.json")
     args = ap.parse_args()
     server = EmbeddedPostgres(
@@ -372,6 +428,7 @@ def main() -> None:
             args.concurrency,
             args.lead,
             args.timeout,
+            args.failing,
         )
     finally:
         server.stop("fast")

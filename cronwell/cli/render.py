@@ -51,10 +51,18 @@ def render_runs(rows: Sequence[Run], *, as_json: bool = False) -> None:
     if as_json:
         json_lines(rows)
         return
-    fmt = "{:<28} {:<20} {:<10} {:<9} {:>9} {:>9} {:>4}  {}"
+    fmt = "{:<28} {:<20} {:<10} {:<9} {:>8} {:>9} {:>9} {:>4}  {}"
     click.echo(
         fmt.format(
-            "JOB", "SCHEDULED (UTC)", "STATE", "ORIGIN", "LAG", "DURATION", "TRY", "REASON/ERROR"
+            "JOB",
+            "SCHEDULED (UTC)",
+            "STATE",
+            "ORIGIN",
+            "JITTER",
+            "LAG",
+            "DURATION",
+            "TRY",
+            "REASON/ERROR",
         )
     )
     for r in rows:
@@ -64,6 +72,7 @@ def render_runs(rows: Sequence[Run], *, as_json: bool = False) -> None:
                 fmt_time(r.scheduled_for),
                 r.state,
                 r.origin,
+                fmt_secs(r.jitter_seconds) if r.jitter_seconds else "-",
                 fmt_secs(r.lag_seconds),
                 fmt_secs(r.duration_seconds),
                 r.attempt,

@@ -12,7 +12,10 @@ from cronwell.store.db import Database
 
 @dataclass(frozen=True, slots=True)
 class Run:
-    """An occurrence of a `runs` listing, with its lag and duration."""
+    """An occurrence of a `runs` listing, with its jitter, lag and duration.
+
+    Lag is measured from run_at (the jittered instant), so a job with 5 s of jitter does
+    not read as 5 s late; jitter_seconds is run_at minus the nominal instant."""
 
     namespace: str
     name: str
@@ -27,6 +30,7 @@ class Run:
     started_at: datetime | None
     finished_at: datetime | None
     last_error: str | None
+    jitter_seconds: Decimal
     lag_seconds: Decimal | None
     duration_seconds: Decimal | None
 

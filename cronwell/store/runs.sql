@@ -1,10 +1,12 @@
 -- Occurrence history as `runs` and `dlq show` read it.
 
 -- name: RunsList
--- Recent occurrences (optionally of one job) with lag and attempts, newest first.
+-- Recent occurrences (optionally of one job) with lag and attempts, newest first. Lag is
+-- measured from run_at (the jittered instant); the jitter is its own column.
 SELECT j.namespace, j.name, o.idempotency_key, o.scheduled_for, o.run_at, o.state, o.reason,
        o.origin, o.attempt, o.fence, o.started_at, o.finished_at, o.last_error,
-       extract(epoch FROM o.started_at - o.scheduled_for) AS lag_seconds,
+       extract(epoch FROM o.run_at - o.scheduled_for) AS jitter_seconds,
+       extract(epoch FROM o.started_at - o.run_at) AS lag_seconds,
        extract(epoch FROM o.finished_at - o.started_at) AS duration_seconds
 FROM cronwell_occurrences o JOIN cronwell_jobs j ON j.id = o.job_id
 WHERE (%(namespace)s::text IS NULL OR j.namespace = %(namespace)s)
@@ -18,7 +20,8 @@ LIMIT %(limit)s;
 -- RunsList shows them.
 SELECT j.namespace, j.name, o.idempotency_key, o.scheduled_for, o.run_at, o.state, o.reason,
        o.origin, o.attempt, o.fence, o.started_at, o.finished_at, o.last_error,
-       extract(epoch FROM o.started_at - o.scheduled_for) AS lag_seconds,
+       extract(epoch FROM o.run_at - o.scheduled_for) AS jitter_seconds,
+       extract(epoch FROM o.started_at - o.run_at) AS lag_seconds,
        extract(epoch FROM o.finished_at - o.started_at) AS duration_seconds
 FROM cronwell_occurrences o JOIN cronwell_jobs j ON j.id = o.job_id
 WHERE o.job_id = %(job_id)s

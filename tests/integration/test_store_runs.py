@@ -6,7 +6,7 @@ from cronwell import jobs
 from cronwell.store import runs
 from cronwell.store.db import Database
 
-from .helpers import make_job
+from .helpers import make_job, sql
 
 
 async def test_runs_are_listed_by_name_or_job_uid_and_filtered_by_state(db: Database) -> None:
@@ -24,3 +24,20 @@ async def test_runs_are_listed_by_name_or_job_uid_and_filtered_by_state(db: Data
     assert await runs.list_runs(db, namespace=None, name="listed", state="dead", limit=10) == []
     everything = await runs.list_runs(db, namespace=None, name=None, state=None, limit=10)
     assert {r.name for r in everything} >= {"listed", "other"}
+
+
+async def test_lag_is_measured_from_the_jittered_instant_and_jitter_shown_apart(
+    db: Database,
+) -> None:
+    """A job with 5 s of jitter that started 0.25 s after its jittered instant is 0.25 s late,
+    not 5.25 s: `runs` shows jitter and lag as two columns."""
+    await make_job(db, "jittered", schedule="0 0 1 1 *")
+    key, _ = await jobs.trigger_job(db, namespace="default", name="jittered")
+    await sql(
+        db,
+        "UPDATE cronwell_occurrences SET run_at = scheduled_for + interval '5 s', "
+        "started_at = scheduled_for + interval '5.25 s' WHERE idempotency_key = %s",
+        key,
+    )
+    (run,) = await runs.list_runs(db, namespace="default", name="jittered", state=None, limit=1)
+    assert (float(run.jitter_seconds), float(run.lag_seconds or -1)) == (5.0, 0.25)
