@@ -9,7 +9,9 @@ alter a job's status (see migration 0002). The writer, running only in the leade
    re-read row or a missed one cannot make the status wrong, only late;
 3. patches the status subresource only when it differs from what the CR shows (a cache of
    the last status seen or written), and posts Events for dead letters, missed runs and
-   failed attempts (one Event per reason per job per pass, with a count);
+   failed attempts (one Event per reason per job per pass, with a count); with more jobs
+   waiting than one chunk, failures go first and a job still running goes last in the
+   pass, so that a burst's CRs are patched once each (when their run has ended), not twice;
 4. deletes the rows it handled; rows of a job whose patch failed stay, and that job backs
    off (exponentially, per job): its rows are skipped by the next reads, so a job that
    keeps failing never blocks the jobs behind it, and a pass where every write failed
@@ -170,6 +172,7 @@ class StatusWriter:
         chunk = max(s.status.concurrency, int(s.status.qps * 2))
         seen = [r.id for r in rows]
         results: list[bool] = []
+        deferred: set[str] = set()
         while queue:
             if results:  # failures logged since the pass began jump the queue
                 late = await status_changes.read_failures(
@@ -187,6 +190,20 @@ class StatusWriter:
                 str(r.id): r
                 for r in await status_changes.job_status(self.db, [uuid.UUID(u) for u in uids])
             }
+            if queue:
+                # With more waiting, a job running now would need a second patch when it
+                # ends: write it once, after the rest of the pass (deferred once, not more).
+                later = {
+                    u
+                    for u in uids
+                    if u not in deferred and u not in urgent and u in facts and facts[u].active
+                }
+                if later:
+                    deferred |= later
+                    uids = [u for u in uids if u not in later]
+                    queue += sorted(later)
+                    if not uids:
+                        continue
             batch = {uid: changes.pop(uid, []) for uid in uids}
             ok = await asyncio.gather(
                 *(self._write(uid, facts.get(uid), batch[uid]) for uid in uids)

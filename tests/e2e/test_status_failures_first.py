@@ -1,5 +1,6 @@
 """Status write-back puts failures first: a dead letter logged behind a backlog of
-successes is on its CR before them, and so is one logged while a pass is writing them.
+successes is on its CR before them, and so is one logged while a pass is writing them. And
+with a backlog, a job still running is written after the finished ones (once, not twice).
 
 The writer runs in this process against the real API server and store, slowed to one
 request per 4 s (`--status-qps 0.25 --status-burst 1 --status-concurrency 1`): which CRs
@@ -43,13 +44,15 @@ def statuses(kube: Cluster, ns: str, what: str = "status") -> dict[str, Any]:
 
 
 async def finish(db: Database, job_id: str, state: str) -> None:
-    """One finished occurrence of the job (the store's triggers log the change)."""
+    """One occurrence of the job in `state`, finished unless running (the store's triggers
+    log the change)."""
     async with db.connection() as conn:
         await conn.execute(
             "INSERT INTO cronwell_occurrences (idempotency_key, job_id, pool, scheduled_for,"
             " run_at, state, overlap, delivery, max_attempts, timeout_seconds, attempt,"
             " started_at, finished_at, last_error) SELECT %(k)s, %(j)s, 'default', t, t,"
-            " %(s)s, 'Skip', 'AtLeastOnce', 1, 60, 1, t, t, %(e)s"
+            " %(s)s, 'Skip', 'AtLeastOnce', 1, 60, 1, t,"
+            " CASE WHEN %(s)s = 'running' THEN NULL ELSE t END, %(e)s"
             " FROM (SELECT now() - interval '1 minute' AS t) x",
             {"k": f"{job_id}:{uuid.uuid4()}", "j": job_id, "s": state,
              "e": "boom" if state == "dead" else None},
@@ -127,3 +130,29 @@ async def test_a_failure_logged_during_a_pass_jumps_the_queue(
     # the one written when the failure was logged, and at most the one under way then;
     # without the jump, all five others would come first
     assert len(before) <= 2, before
+
+
+async def test_with_a_backlog_a_running_job_is_written_after_the_finished_ones(
+    kube: Cluster, ns: str, store: str
+) -> None:
+    names = [f"busy-{i}" for i in range(5)]
+    async with Database(store) as db:
+        writer, uids = await setup(db, kube, ns, names)
+        # The pass writes jobs in uid order: the running one is the one it would write first.
+        running = min(names, key=lambda n: uids[n])
+        await finish(db, uids[running], "running")
+        for n in names:
+            if n != running:
+                await finish(db, uids[n], "succeeded")
+        task = asyncio.create_task(writer.pass_once())
+        order: list[str] = []  # CRs in the order their status appeared (writes are 4 s apart)
+        while len(order) < len(names):
+            done = task.done()
+            order += sorted(n for n, st in statuses(kube, ns).items() if st and n not in order)
+            if done:
+                break
+            await asyncio.sleep(0.2)
+        await task
+    assert order[-1] == running, order
+    shown = statuses(kube, ns)[running]
+    assert shown["lastScheduleTime"] and "lastSuccessfulTime" not in shown  # it shows the run
