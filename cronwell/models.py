@@ -231,16 +231,107 @@ class LogTarget(CamelModel):
     )
 
 
+#: Label and annotation keys under this prefix are the worker's (job, instant, key, fence):
+#: a jobTemplate may not set them, so no Job can pose as another occurrence's.
+RESERVED_PREFIX = "cronwell.dev/"
+
+
+class JobTemplateMetadata(CamelModel):
+    """Labels and annotations of each Job (its name is cronwell's, from the idempotency key)."""
+
+    labels: dict[str, str] = Field(default_factory=dict, description="Labels of each Job.")
+    annotations: dict[str, str] = Field(
+        default_factory=dict, description="Annotations of each Job."
+    )
+
+    @field_validator("labels", "annotations")
+    @classmethod
+    def _not_reserved(cls, v: dict[str, str]) -> dict[str, str]:
+        taken = sorted(k for k in v if k.startswith(RESERVED_PREFIX))
+        if taken:
+            raise ValueError(
+                f"{', '.join(taken)}: keys under {RESERVED_PREFIX} are set by cronwell on every "
+                "Job; remove them from the jobTemplate"
+            )
+        return v
+
+
+class JobTemplate(CamelModel):
+    """CronJob's jobTemplate: metadata (labels, annotations) and a batch/v1 JobSpec.
+
+    The JobSpec is kept whole (`x-kubernetes-preserve-unknown-fields`) and validated by the
+    API server itself when the Job is built (server-side dry-run, fieldValidation=Strict):
+    docs/design/job-target.md says why. Only the checks below run without a cluster."""
+
+    metadata: JobTemplateMetadata = Field(default_factory=JobTemplateMetadata)
+    spec: dict[str, Any] = Field(
+        description="A batch/v1 JobSpec, as in a CronJob's jobTemplate.spec (validated by the "
+        "API server: `kubectl explain job.spec`).",
+        json_schema_extra={
+            "required": ["template"],
+            "properties": {
+                "template": {
+                    "type": "object",
+                    "description": "The Pod template (`kubectl explain job.spec.template`).",
+                    "additionalProperties": True,
+                }
+            },
+        },
+    )
+
+    @field_validator("spec")
+    @classmethod
+    def _runnable(cls, v: dict[str, Any]) -> dict[str, Any]:
+        """What every Job needs, said before a cluster is involved (standalone, convert)."""
+        template = v.get("template")
+        pod = template.get("spec") if isinstance(template, dict) else None
+        if not isinstance(pod, dict):
+            raise ValueError(
+                "spec.template.spec is required: the Pod to run "
+                "(template: {spec: {containers: [{name, image}], restartPolicy: Never}})"
+            )
+        containers = pod.get("containers")
+        if (
+            not isinstance(containers, list)
+            or not containers
+            or not all(isinstance(c, dict) for c in containers)
+        ):
+            raise ValueError(
+                "spec.template.spec.containers needs at least one container: "
+                "[{name: main, image: IMAGE}]"
+            )
+        if pod.get("restartPolicy") not in ("Never", "OnFailure"):
+            raise ValueError(
+                "spec.template.spec.restartPolicy must be Never or OnFailure (a Job's Pod "
+                f"may not restart Always); got {pod.get('restartPolicy')!r}"
+            )
+        return v
+
+
+class JobTarget(CamelModel):
+    """A Kubernetes Job per occurrence, named from its idempotency key: created at most once."""
+
+    # Not released yet (issue 20): the worker does not run it on this branch.
+
+    job_template: JobTemplate = Field(
+        description="What each Job is: CronJob's jobTemplate ({metadata, spec})."
+    )
+
+
+TARGET_KINDS = ("http", "handler", "log", "job")
+_TARGETS_NEEDED = "target needs exactly one of http, handler, log or job"
+
+
 class Target(CamelModel):
-    """Exactly one of http, handler or log."""
+    """Exactly one of http, handler, log or job."""
 
     model_config = ConfigDict(
         json_schema_extra={
             "x-kubernetes-validations": [
                 {
-                    "rule": "[has(self.http), has(self.handler), has(self.log)]"
+                    "rule": "[has(self.http), has(self.handler), has(self.log), has(self.job)]"
                     ".filter(x, x).size() == 1",
-                    "message": "target needs exactly one of http, handler or log",
+                    "message": _TARGETS_NEEDED,
                 }
             ]
         }
@@ -249,20 +340,18 @@ class Target(CamelModel):
     http: HttpTarget | None = None
     handler: HandlerTarget | None = None
     log: LogTarget | None = None
+    job: JobTarget | None = None
 
     @model_validator(mode="after")
     def _exactly_one(self) -> Target:
-        given = [k for k in ("http", "handler", "log") if getattr(self, k) is not None]
+        given = [k for k in TARGET_KINDS if getattr(self, k) is not None]
         if len(given) != 1:
-            raise ValueError(
-                "target needs exactly one of http, handler or log"
-                + (f" (got {', '.join(given)})" if given else "")
-            )
+            raise ValueError(_TARGETS_NEEDED + (f" (got {', '.join(given)})" if given else ""))
         return self
 
     @property
     def kind(self) -> str:
-        return next(k for k in ("http", "handler", "log") if getattr(self, k) is not None)
+        return next(k for k in TARGET_KINDS if getattr(self, k) is not None)
 
 
 class ScheduledJobSpec(CamelModel):
@@ -297,7 +386,7 @@ class ScheduledJobSpec(CamelModel):
     dst_policy: DstPolicy = Field(default_factory=DstPolicy)
     start_at: datetime | None = Field(None, description="No occurrence before this instant.")
     end_at: datetime | None = Field(None, description="No occurrence after this instant.")
-    target: Target = Field(description="What runs: exactly one of http, handler or log.")
+    target: Target = Field(description="What runs: exactly one of http, handler, log or job.")
     pool: Annotated[
         str,
         Field(

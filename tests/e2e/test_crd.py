@@ -118,12 +118,13 @@ REJECTED = [
     ),
     pytest.param(
         'schedule: "@daily"\ntarget: {log: {}, handler: {name: x}}',
-        'spec.target: Invalid value: "object": target needs exactly one of http, handler or log',
+        'spec.target: Invalid value: "object": target needs exactly one of http, handler, log '
+        "or job",
         id="two-targets",
     ),
     pytest.param(
         'schedule: "@daily"\ntarget: {}',
-        "target needs exactly one of http, handler or log",
+        "target needs exactly one of http, handler, log or job",
         id="no-target",
     ),
     pytest.param(
