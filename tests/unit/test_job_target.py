@@ -21,7 +21,9 @@ JOB: dict[str, Any] = {
         "spec": {
             "backoffLimit": 2,
             "activeDeadlineSeconds": 600,
-            "podFailurePolicy": {"rules": [{"action": "FailJob", "onExitCodes": {"values": [42]}}]},
+            "podFailurePolicy": {
+                "rules": [{"action": "FailJob", "onExitCodes": {"operator": "In", "values": [42]}}]
+            },
             "template": {"metadata": {"labels": {"app": "hello"}}, "spec": POD},
         },
     }

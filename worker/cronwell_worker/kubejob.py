@@ -1,0 +1,371 @@
+"""The `job` target's Kubernetes side: create an occurrence's Job at most once, and learn how
+it ended from one watch per worker (per namespace) instead of a poll loop per Job.
+
+Not wired into the targets yet (issue 20, next session): `ensure_job` + `JobWatcher.wait`
+are what the target will call while the attempt's lease keeps heartbeating.
+
+The `kubernetes` client is synchronous: calls run in threads, each watch in its own thread
+that hands events to the event loop. Errors become TargetError at this boundary.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import json
+import logging
+import threading
+from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+from kubernetes import client, watch
+from kubernetes.client.exceptions import ApiException
+from urllib3.exceptions import HTTPError
+
+from cronwell import kubejob
+from cronwell.models import JobTemplate
+from cronwell_worker.targets import TargetError
+
+log = logging.getLogger("cronwell.kubejob")
+
+
+@dataclass(frozen=True)
+class JobOutcome:
+    """How a Job ended: Complete, or Failed with its condition's reason and message."""
+
+    name: str
+    succeeded: bool
+    message: str = ""
+
+
+def _error(e: Exception, what: str) -> TargetError:
+    """An API error as a TargetError. `sent=False`: nothing ran that a retry would repeat,
+    because a retry finds and adopts a Job this call may have created after all."""
+    if isinstance(e, ApiException):
+        status = e.status or 0
+        body = (e.body or b"").decode() if isinstance(e.body, bytes) else str(e.body or "")
+        detail = _api_message(body) or f"HTTP {status} {e.reason}"
+        if status == 403:
+            return TargetError(
+                f"{what}: forbidden ({detail}): the worker's service account needs create, "
+                "get, list, watch and delete on jobs in this namespace (chart value "
+                "jobTarget.namespaces)",
+                retryable=False,
+                sent=False,
+                reason="Forbidden",
+            )
+        if status in (400, 422):
+            return TargetError(
+                f"{what}: the API server refused the Job: {detail}",
+                retryable=False,
+                sent=False,
+                reason="InvalidTarget",
+            )
+        return TargetError(f"{what}: {detail}", sent=False, reason=f"HTTP{status}")
+    return TargetError(f"{what}: {type(e).__name__}: {e}", sent=False, reason="ApiUnavailable")
+
+
+def _api_message(body: str) -> str:
+    try:
+        return str(json.loads(body).get("message", ""))
+    except (ValueError, AttributeError):
+        return ""
+
+
+class JobClient:
+    """The Job calls of one worker: list, create (AlreadyExists → adopt), get, delete.
+
+    Plain JSON requests, not the client's typed methods: those validate a body against the
+    client's own copy of the Job schema before sending it, which would refuse or drop a
+    field that the cluster's Kubernetes knows and the client's does not."""
+
+    def __init__(self, api: client.ApiClient, *, threads: int = 8):
+        self.api = api
+        self._pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="kubejob")
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+    def request(  # sync: called in a thread
+        self,
+        method: str,
+        path: str,
+        query: list[tuple[str, str]] | None = None,
+        body: dict[str, Any] | None = None,
+    ) -> dict[str, Any]:
+        headers = {"Accept": "application/json"}
+        if body is not None:
+            headers["Content-Type"] = "application/json"
+        params = self.api.param_serialize(
+            method=method,
+            resource_path=path,
+            query_params=query or [],
+            header_params=headers,
+            body=body,
+            auth_settings=["BearerToken"],
+        )
+        response = self.api.call_api(*params)
+        response.read()  # type: ignore[no-untyped-call]
+        text = response.data.decode() if response.data else ""
+        if not 200 <= response.status <= 299:
+            raise ApiException(status=response.status, reason=response.reason, body=text)
+        data: dict[str, Any] = json.loads(text) if text else {}
+        return data
+
+    async def _call(
+        self,
+        what: str,
+        method: str,
+        path: str,
+        query: list[tuple[str, str]] | None = None,
+        body: dict[str, Any] | None = None,
+    ) -> dict[str, Any]:
+        loop = asyncio.get_running_loop()
+        call = functools.partial(self.request, method, path, query, body)
+        try:
+            return await loop.run_in_executor(self._pool, call)
+        except (ApiException, HTTPError, OSError) as e:
+            raise _error(e, what) from e
+
+    async def list(self, namespace: str, selector: str) -> list[dict[str, Any]]:
+        data = await self._call(
+            f"list Jobs {selector} in {namespace}",
+            "GET",
+            _jobs(namespace),
+            [("labelSelector", selector)],
+        )
+        return list(data.get("items") or [])
+
+    async def get(self, namespace: str, name: str) -> dict[str, Any]:
+        return await self._call(f"get Job {namespace}/{name}", "GET", _jobs(namespace, name))
+
+    async def create(self, job: dict[str, Any], *, dry_run: bool = False) -> bool:
+        """Create `job` (unknown fields are an error, never dropped); False when a Job of that
+        name exists already (the caller adopts). `dry_run`: the API server validates it
+        (schema, its own rules, admission) and stores nothing."""
+        meta = job["metadata"]
+        query = [("fieldValidation", "Strict")] + ([("dryRun", "All")] if dry_run else [])
+        try:
+            await self._call(
+                f"create Job {meta['namespace']}/{meta['name']}",
+                "POST",
+                _jobs(meta["namespace"]),
+                query,
+                job,
+            )
+        except TargetError as e:
+            if e.reason == "HTTP409":
+                return False
+            raise
+        return True
+
+    async def delete(self, namespace: str, name: str) -> None:
+        """Delete a Job and, before it disappears, its Pods (Replace: foreground)."""
+        try:
+            await self._call(
+                f"delete Job {namespace}/{name}",
+                "DELETE",
+                _jobs(namespace, name),
+                body={"propagationPolicy": "Foreground"},
+            )
+        except TargetError as e:
+            if e.reason != "HTTP404":
+                raise
+
+
+def _jobs(namespace: str, name: str | None = None) -> str:
+    path = f"/apis/batch/v1/namespaces/{namespace}/jobs"
+    return f"{path}/{name}" if name else path
+
+
+async def ensure_job(jobs: JobClient, template: JobTemplate, occ: kubejob.Occurrence) -> str:
+    """The name of the occurrence's Job to watch: an existing one adopted, or one created.
+
+    Workers racing for one occurrence (a stale attempt and the one that took its lease
+    over) compute the same name, and the API server lets one create through; the others
+    see AlreadyExists and adopt it, after checking that it carries this occurrence's key."""
+    while True:
+        step = kubejob.next_step(await jobs.list(occ.namespace, occ.selector()), occ)
+        if isinstance(step, kubejob.Adopt):
+            return step.name
+        manifest = kubejob.manifest(template, occ, step.job_attempt)
+        name = str(manifest["metadata"]["name"])
+        if await jobs.create(manifest):
+            log.info(
+                "created Job %s/%s",
+                occ.namespace,
+                name,
+                extra={
+                    "action": "job_created",
+                    "job": f"{occ.namespace}/{occ.scheduledjob}",
+                    "key": occ.key,
+                    "attempt": occ.attempt,
+                    "fence": occ.fence,
+                },
+            )
+            return name
+        existing = await jobs.get(occ.namespace, name)
+        if not kubejob.owned_by(existing.get("metadata") or {}, occ):
+            raise TargetError(
+                f"Job {occ.namespace}/{name} exists but is not {occ.key}'s (no matching "
+                f"{kubejob.ANNOTATION_KEY} annotation): delete or rename it",
+                retryable=False,
+                sent=False,
+                reason="JobNameTaken",
+            )
+        if kubejob.state(existing)[0] != "Failed":
+            return name
+        # It failed between our list and our create: the next one is one past it.
+
+
+class JobWatcher:
+    """One watch per namespace over the pool's Jobs (label `cronwell.dev/pool`), feeding
+    every waiter; a Job that finished before anyone waited is answered from the cache."""
+
+    def __init__(
+        self,
+        jobs: JobClient,
+        *,
+        pool: str,
+        namespaces: Iterable[str],
+        timeout_seconds: int = 60,
+    ):
+        self.jobs = jobs
+        self.batch = client.BatchV1Api(jobs.api)
+        self.selector = kubejob.pool_selector(pool)
+        self.namespaces = sorted(set(namespaces))
+        self.timeout_seconds = timeout_seconds
+        self._jobs: dict[tuple[str, str], dict[str, Any]] = {}
+        self._waiters: dict[tuple[str, str], list[asyncio.Future[JobOutcome]]] = {}
+        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._synced: dict[str, asyncio.Event] = {}
+
+    async def __aenter__(self) -> JobWatcher:
+        self._loop = asyncio.get_running_loop()
+        for ns in self.namespaces:
+            self._synced[ns] = asyncio.Event()
+            t = threading.Thread(target=self._run, args=(ns,), name=f"watch-{ns}", daemon=True)
+            t.start()
+            self._threads.append(t)
+        await asyncio.gather(*(e.wait() for e in self._synced.values()))
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        self._stop.set()
+        for t in self._threads:
+            await asyncio.to_thread(t.join, self.timeout_seconds + 5)
+        for waiters in self._waiters.values():
+            for fut in waiters:
+                fut.cancel()
+
+    async def wait(self, namespace: str, name: str) -> JobOutcome:
+        """Until the Job is Complete or Failed (or deleted: a failure)."""
+        if namespace not in self._synced:
+            raise TargetError(
+                f"namespace {namespace} is not watched by this worker (its job-target "
+                "namespaces: " + ", ".join(self.namespaces) + ")",
+                retryable=False,
+                sent=False,
+                reason="Forbidden",
+            )
+        assert self._loop is not None
+        fut: asyncio.Future[JobOutcome] = self._loop.create_future()
+        self._waiters.setdefault((namespace, name), []).append(fut)
+        self._settle(namespace, name)
+        try:
+            return await fut
+        finally:
+            waiters = self._waiters.get((namespace, name), [])
+            if fut in waiters:
+                waiters.remove(fut)
+            if not waiters:
+                self._waiters.pop((namespace, name), None)
+
+    # -- on the event loop
+
+    def _seen(self, namespace: str, job: dict[str, Any] | None, name: str) -> None:
+        if job is None:
+            self._jobs.pop((namespace, name), None)
+            self._resolve(namespace, name, JobOutcome(name, False, "Job was deleted"))
+            return
+        self._jobs[(namespace, name)] = job
+        self._settle(namespace, name)
+
+    def _settle(self, namespace: str, name: str) -> None:
+        job = self._jobs.get((namespace, name))
+        if job is None:
+            return
+        state, message = kubejob.state(job)
+        if state != "Active":
+            self._resolve(namespace, name, JobOutcome(name, state == "Complete", message))
+
+    def _resolve(self, namespace: str, name: str, outcome: JobOutcome) -> None:
+        for fut in self._waiters.get((namespace, name), []):
+            if not fut.done():
+                fut.set_result(outcome)
+
+    def _replace_all(self, namespace: str, items: list[dict[str, Any]]) -> None:
+        """After a (re)list: the cache for `namespace` is exactly `items`."""
+        names = {i["metadata"]["name"] for i in items}
+        for ns, name in list(self._jobs):
+            if ns == namespace and name not in names:
+                self._seen(ns, None, name)
+        for item in items:
+            self._seen(namespace, item, item["metadata"]["name"])
+        self._synced[namespace].set()
+
+    # -- in the watch thread
+
+    def _post(self, fn: Any, *args: Any) -> None:
+        assert self._loop is not None
+        try:
+            self._loop.call_soon_threadsafe(fn, *args)
+        except RuntimeError:  # the loop is closed: we are shutting down
+            self._stop.set()
+
+    def _run(self, namespace: str) -> None:
+        version: str | None = None
+        while not self._stop.is_set():
+            try:
+                if version is None:
+                    data = self.jobs.request(
+                        "GET", _jobs(namespace), [("labelSelector", self.selector)]
+                    )
+                    version = data["metadata"]["resourceVersion"]
+                    self._post(self._replace_all, namespace, data.get("items", []))
+                w = watch.Watch()  # type: ignore[no-untyped-call]
+                for event in w.stream(  # type: ignore[no-untyped-call]
+                    self.batch.list_namespaced_job,
+                    namespace,
+                    label_selector=self.selector,
+                    resource_version=version,
+                    timeout_seconds=self.timeout_seconds,
+                    allow_watch_bookmarks=True,
+                ):
+                    if self._stop.is_set():
+                        w.stop()  # type: ignore[no-untyped-call]
+                        break
+                    obj = event["object"]
+                    if not isinstance(obj, dict):
+                        obj = self.batch.api_client.sanitize_for_serialization(obj)
+                    version = obj["metadata"].get("resourceVersion", version)
+                    if event["type"] == "BOOKMARK":
+                        continue
+                    name = obj["metadata"]["name"]
+                    gone = event["type"] == "DELETED"
+                    self._post(self._seen, namespace, None if gone else obj, name)
+            except ApiException as e:
+                if e.status == 410:  # our resourceVersion is too old: list again
+                    version = None
+                    continue
+                log.warning("watch of Jobs in %s: HTTP %s; retrying", namespace, e.status)
+                version = None
+                self._stop.wait(1.0)
+            except (HTTPError, OSError, ValueError) as e:
+                log.warning("watch of Jobs in %s: %s; retrying", namespace, e)
+                version = None
+                self._stop.wait(1.0)
