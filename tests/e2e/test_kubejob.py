@@ -1,0 +1,219 @@
+"""The job target's Kubernetes side on a real API server: racing creators make one Job per
+occurrence, a failed Job's message reaches the attempt and its retry creates the next Job,
+one watch answers every waiter. There is no kubelet or Job controller here: the test plays
+the Job controller by patching the status subresource to Complete or Failed."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+from kubernetes import client, config
+
+from cronwell import kubejob
+from cronwell.kubejob import Occurrence
+from cronwell.models import JobTemplate
+from cronwell.testing.controlplane import Cluster
+from cronwell_worker.kubejob import JobClient, JobWatcher, ensure_job
+from cronwell_worker.targets import TargetError
+
+WORKERS = 12
+TEMPLATE = JobTemplate.model_validate(
+    {
+        "metadata": {"labels": {"team": "e2e"}},
+        "spec": {
+            "backoffLimit": 0,
+            "template": {
+                "spec": {
+                    "restartPolicy": "Never",
+                    "containers": [{"name": "main", "image": "busybox:1.28"}],
+                }
+            },
+        },
+    }
+)
+T0 = datetime(2026, 12, 1, 9, tzinfo=UTC)
+
+
+class CountingJobClient(JobClient):
+    """The real client, counting the creates the API server let through (instrumentation)."""
+
+    created = 0
+    refused = 0
+
+    async def create(self, job: dict[str, Any], *, dry_run: bool = False) -> bool:
+        made = await super().create(job, dry_run=dry_run)
+        type(self).created += made
+        type(self).refused += not made
+        return made
+
+
+@pytest.fixture
+async def workers(kube: Cluster) -> AsyncIterator[list[CountingJobClient]]:
+    """WORKERS clients with connections of their own, as separate worker processes have."""
+    CountingJobClient.created = CountingJobClient.refused = 0
+    apis = [config.new_client_from_config(config_file=str(kube.kubeconfig)) for _ in range(WORKERS)]
+    clients = [CountingJobClient(api) for api in apis]
+    yield clients
+    for c, api in zip(clients, apis, strict=True):
+        c.close()
+        api.close()
+
+
+def occurrence(namespace: str, **kw: Any) -> Occurrence:
+    uid = str(uuid.uuid4())
+    base: dict[str, Any] = {
+        "namespace": namespace,
+        "scheduledjob": "nightly",
+        "scheduledjob_uid": uid,
+        "pool": f"pool-{uid[:8]}",
+        "key": f"{uid}:{T0.isoformat()}",
+        "scheduled_for": T0,
+        "attempt": 1,
+        "fence": 1,
+    }
+    return Occurrence(**(base | kw))
+
+
+async def race(workers: list[CountingJobClient], occ: Occurrence) -> set[str]:
+    """Every worker runs ensure_job for the occurrence at once, each with its own claim
+    (attempt and fence), as a stale attempt and its successor would."""
+    claims = [
+        Occurrence(**{**occ.__dict__, "attempt": occ.attempt + i, "fence": occ.fence + i})
+        for i in range(len(workers))
+    ]
+    pairs = zip(workers, claims, strict=True)
+    names = await asyncio.gather(*(ensure_job(w, TEMPLATE, c) for w, c in pairs))
+    return set(names)
+
+
+def set_status(kube_api: Any, namespace: str, name: str, outcome: str) -> None:
+    """What the Job controller would write when the Job finishes."""
+    start = datetime.now(UTC).replace(microsecond=0) - timedelta(seconds=5)
+    now = start + timedelta(seconds=4)
+    cond = {
+        "status": "True",
+        "lastProbeTime": now.isoformat(),
+        "lastTransitionTime": now.isoformat(),
+    }
+    if outcome == "Complete":
+        status = {
+            "startTime": start.isoformat(),
+            "completionTime": now.isoformat(),
+            "succeeded": 1,
+            "conditions": [
+                {**cond, "type": "SuccessCriteriaMet", "reason": "CompletionsReached"},
+                {**cond, "type": "Complete", "reason": "CompletionsReached"},
+            ],
+        }
+    else:
+        message = "Job has reached the specified backoff limit"
+        status = {
+            "startTime": start.isoformat(),
+            "failed": 1,
+            "conditions": [
+                {**cond, "type": "FailureTarget", "reason": "BackoffLimitExceeded",
+                 "message": message},
+                {**cond, "type": "Failed", "reason": "BackoffLimitExceeded", "message": message},
+            ],
+        }  # fmt: skip
+    client.BatchV1Api(kube_api).patch_namespaced_job_status(
+        name, namespace, {"status": status}, _content_type="application/merge-patch+json"
+    )
+
+
+def jobs_of(kube_api: Any, occ: Occurrence) -> list[str]:
+    listed = client.BatchV1Api(kube_api).list_namespaced_job(
+        occ.namespace, label_selector=occ.selector()
+    )
+    return sorted(j.metadata.name for j in listed.items)
+
+
+async def test_racing_workers_create_one_job_and_retry_after_failure(
+    kube_api: Any, namespace: str, workers: list[CountingJobClient]
+) -> None:
+    occ = occurrence(namespace)
+    first = kubejob.job_name("nightly", occ.key, 1)
+
+    assert await race(workers, occ) == {first}
+    assert jobs_of(kube_api, occ) == [first]
+    assert CountingJobClient.created == 1
+    print(f"\n{WORKERS} racing workers: 1 create let through, {CountingJobClient.refused} "
+          "AlreadyExists adopted")  # fmt: skip
+
+    async with JobWatcher(
+        workers[0], pool=occ.pool, namespaces=[namespace], timeout_seconds=5
+    ) as watcher:
+        waiting = asyncio.ensure_future(watcher.wait(namespace, first))
+        await asyncio.sleep(0)
+        assert not waiting.done()
+        set_status(kube_api, namespace, first, "Failed")
+        outcome = await asyncio.wait_for(waiting, 60)
+        assert not outcome.succeeded
+        assert outcome.message == (
+            "BackoffLimitExceeded: Job has reached the specified backoff limit"
+        )
+
+        # The retry: every racer sees the failed Job and creates the second one, once.
+        second = kubejob.job_name("nightly", occ.key, 2)
+        assert second == f"{first}-2"
+        assert await race(workers, occ) == {second}
+        assert jobs_of(kube_api, occ) == [first, second]
+        assert CountingJobClient.created == 2
+
+        set_status(kube_api, namespace, second, "Complete")
+        outcome = await asyncio.wait_for(watcher.wait(namespace, second), 60)
+        assert outcome.succeeded and outcome.name == second
+        # A later waiter (a successor attempt) is answered from the watch's cache.
+        again = await asyncio.wait_for(watcher.wait(namespace, first), 60)
+        assert not again.succeeded
+
+        # A finished occurrence's Job is adopted, never re-created.
+        assert await race(workers, occ) == {second}
+        assert CountingJobClient.created == 2
+
+    job = client.BatchV1Api(kube_api).read_namespaced_job(second, namespace)
+    assert job.metadata.annotations[kubejob.ANNOTATION_KEY] == occ.key
+    assert job.metadata.labels["team"] == "e2e"
+    assert job.metadata.owner_references[0].uid == occ.scheduledjob_uid
+
+
+async def test_a_deleted_job_ends_the_wait(
+    kube: Cluster, kube_api: Any, namespace: str, workers: list[CountingJobClient]
+) -> None:
+    occ = occurrence(namespace)
+    name = await ensure_job(workers[0], TEMPLATE, occ)
+    async with JobWatcher(
+        workers[0], pool=occ.pool, namespaces=[namespace], timeout_seconds=5
+    ) as watcher:
+        waiting = asyncio.ensure_future(watcher.wait(namespace, name))
+        await asyncio.sleep(0)
+        kube.kubectl("delete", "job", name, "-n", namespace, "--cascade=background")
+        outcome = await asyncio.wait_for(waiting, 60)
+    assert outcome == type(outcome)(name, False, "Job was deleted")
+
+
+async def test_a_job_of_another_owner_with_our_name_is_never_adopted(
+    kube_api: Any, namespace: str, workers: list[CountingJobClient]
+) -> None:
+    occ = occurrence(namespace)
+    name = kubejob.job_name("nightly", occ.key, 1)
+    foreign = kubejob.manifest(TEMPLATE, occ, 1)
+    foreign["metadata"] = {"name": name, "namespace": namespace}  # none of our labels
+    assert await workers[0].create(foreign)
+    with pytest.raises(TargetError) as exc:
+        await ensure_job(workers[1], TEMPLATE, occ)
+    assert exc.value.reason == "JobNameTaken" and not exc.value.retryable
+    assert f"Job {namespace}/{name} exists but is not {occ.key}'s" in str(exc.value)
+
+
+async def test_a_namespace_the_worker_does_not_watch_is_refused(
+    namespace: str, workers: list[CountingJobClient]
+) -> None:
+    async with JobWatcher(workers[0], pool="p", namespaces=[namespace], timeout_seconds=5) as w:
+        with pytest.raises(TargetError, match="namespace elsewhere is not watched"):
+            await w.wait("elsewhere", "x")
