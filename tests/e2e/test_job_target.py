@@ -85,7 +85,8 @@ def dry_run(kube_api: Any, namespace: str, job_spec: dict[str, Any]) -> None:
     )
     jobs = JobClient(kube_api)
     try:
-        assert asyncio.run(jobs.create(kubejob.manifest(template, occ, 1), dry_run=True))
+        created = asyncio.run(jobs.create(kubejob.manifest(template, occ, 1), dry_run=True))
+        assert created is not None and created["metadata"]["name"] == "dry-jbbpl4zn6h"
     finally:
         jobs.close()
 

@@ -18,7 +18,7 @@ from cronwell import kubejob
 from cronwell.kubejob import Occurrence
 from cronwell.models import JobTemplate
 from cronwell.testing.controlplane import Cluster
-from cronwell_worker.kubejob import JobClient, JobWatcher, ensure_job
+from cronwell_worker.kubejob import JobClient, JobOutcome, JobRef, JobWatcher, ensure_job
 from cronwell_worker.targets import TargetError
 
 WORKERS = 12
@@ -45,10 +45,10 @@ class CountingJobClient(JobClient):
     created = 0
     refused = 0
 
-    async def create(self, job: dict[str, Any], *, dry_run: bool = False) -> bool:
+    async def create(self, job: dict[str, Any], *, dry_run: bool = False) -> dict[str, Any] | None:
         made = await super().create(job, dry_run=dry_run)
-        type(self).created += made
-        type(self).refused += not made
+        type(self).created += made is not None
+        type(self).refused += made is None
         return made
 
 
@@ -87,8 +87,9 @@ async def race(workers: list[CountingJobClient], occ: Occurrence) -> set[str]:
         for i in range(len(workers))
     ]
     pairs = zip(workers, claims, strict=True)
-    names = await asyncio.gather(*(ensure_job(w, TEMPLATE, c) for w, c in pairs))
-    return set(names)
+    refs = await asyncio.gather(*(ensure_job(w, TEMPLATE, c) for w, c in pairs))
+    assert len({r.uid for r in refs}) == 1
+    return {r.name for r in refs}
 
 
 def set_status(kube_api: Any, namespace: str, name: str, outcome: str) -> None:
@@ -126,6 +127,13 @@ def set_status(kube_api: Any, namespace: str, name: str, outcome: str) -> None:
     )
 
 
+def read(kube_api: Any, namespace: str, name: str) -> dict[str, Any]:
+    job: dict[str, Any] = kube_api.sanitize_for_serialization(
+        client.BatchV1Api(kube_api).read_namespaced_job(name, namespace)
+    )
+    return job
+
+
 def jobs_of(kube_api: Any, occ: Occurrence) -> list[str]:
     listed = client.BatchV1Api(kube_api).list_namespaced_job(
         occ.namespace, label_selector=occ.selector()
@@ -148,7 +156,8 @@ async def test_racing_workers_create_one_job_and_retry_after_failure(
     async with JobWatcher(
         workers[0], pool=occ.pool, namespaces=[namespace], timeout_seconds=5
     ) as watcher:
-        waiting = asyncio.ensure_future(watcher.wait(namespace, first))
+        first_ref = JobRef.of(read(kube_api, namespace, first))
+        waiting = asyncio.ensure_future(watcher.wait(first_ref))
         await asyncio.sleep(0)
         assert not waiting.done()
         set_status(kube_api, namespace, first, "Failed")
@@ -166,10 +175,12 @@ async def test_racing_workers_create_one_job_and_retry_after_failure(
         assert CountingJobClient.created == 2
 
         set_status(kube_api, namespace, second, "Complete")
-        outcome = await asyncio.wait_for(watcher.wait(namespace, second), 60)
+        outcome = await asyncio.wait_for(
+            watcher.wait(JobRef.of(read(kube_api, namespace, second))), 60
+        )
         assert outcome.succeeded and outcome.name == second
         # A later waiter (a successor attempt) is answered from the watch's cache.
-        again = await asyncio.wait_for(watcher.wait(namespace, first), 60)
+        again = await asyncio.wait_for(watcher.wait(first_ref), 60)
         assert not again.succeeded
 
         # A finished occurrence's Job is adopted, never re-created.
@@ -182,19 +193,34 @@ async def test_racing_workers_create_one_job_and_retry_after_failure(
     assert job.metadata.owner_references[0].uid == occ.scheduledjob_uid
 
 
-async def test_a_deleted_job_ends_the_wait(
+async def test_deleted_jobs_end_as_they_were_and_a_reused_name_is_a_new_job(
     kube: Cluster, kube_api: Any, namespace: str, workers: list[CountingJobClient]
 ) -> None:
     occ = occurrence(namespace)
-    name = await ensure_job(workers[0], TEMPLATE, occ)
+    ref = await ensure_job(workers[0], TEMPLATE, occ)
     async with JobWatcher(
         workers[0], pool=occ.pool, namespaces=[namespace], timeout_seconds=5
     ) as watcher:
-        waiting = asyncio.ensure_future(watcher.wait(namespace, name))
+        # Deleted while running: the attempt fails.
+        waiting = asyncio.ensure_future(watcher.wait(ref))
         await asyncio.sleep(0)
-        kube.kubectl("delete", "job", name, "-n", namespace, "--cascade=background")
+        delete = ("delete", "job", ref.name, "-n", namespace, "--cascade=background")
+        kube.kubectl(*delete)
         outcome = await asyncio.wait_for(waiting, 60)
-    assert outcome == type(outcome)(name, False, "Job was deleted")
+        assert outcome == JobOutcome(ref.name, False, "Job was deleted before it finished")
+
+        # No Job left: the next attempt creates one under the same name, a new object.
+        again = await ensure_job(workers[1], TEMPLATE, occ)
+        assert again.name == ref.name and again.uid != ref.uid
+        waiting = asyncio.ensure_future(watcher.wait(again))
+        await asyncio.sleep(0.5)
+        assert not waiting.done()  # the first object's outcome is not this one's
+        # It completes, and is deleted at once (ttlSecondsAfterFinished: 0)...
+        set_status(kube_api, namespace, again.name, "Complete")
+        kube.kubectl(*delete)
+        assert (await asyncio.wait_for(waiting, 60)).succeeded
+        # ...and a waiter that comes after both events still learns it completed.
+        assert (await asyncio.wait_for(watcher.wait(again), 60)).succeeded
 
 
 async def test_a_job_of_another_owner_with_our_name_is_never_adopted(
@@ -204,7 +230,7 @@ async def test_a_job_of_another_owner_with_our_name_is_never_adopted(
     name = kubejob.job_name("nightly", occ.key, 1)
     foreign = kubejob.manifest(TEMPLATE, occ, 1)
     foreign["metadata"] = {"name": name, "namespace": namespace}  # none of our labels
-    assert await workers[0].create(foreign)
+    assert await workers[0].create(foreign) is not None
     with pytest.raises(TargetError) as exc:
         await ensure_job(workers[1], TEMPLATE, occ)
     assert exc.value.reason == "JobNameTaken" and not exc.value.retryable
@@ -216,4 +242,4 @@ async def test_a_namespace_the_worker_does_not_watch_is_refused(
 ) -> None:
     async with JobWatcher(workers[0], pool="p", namespaces=[namespace], timeout_seconds=5) as w:
         with pytest.raises(TargetError, match="namespace elsewhere is not watched"):
-            await w.wait("elsewhere", "x")
+            await w.wait(JobRef("elsewhere", "x", "uid"))

@@ -15,6 +15,7 @@ import functools
 import json
 import logging
 import threading
+from collections import OrderedDict
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -141,14 +142,14 @@ class JobClient:
     async def get(self, namespace: str, name: str) -> dict[str, Any]:
         return await self._call(f"get Job {namespace}/{name}", "GET", _jobs(namespace, name))
 
-    async def create(self, job: dict[str, Any], *, dry_run: bool = False) -> bool:
-        """Create `job` (unknown fields are an error, never dropped); False when a Job of that
-        name exists already (the caller adopts). `dry_run`: the API server validates it
-        (schema, its own rules, admission) and stores nothing."""
+    async def create(self, job: dict[str, Any], *, dry_run: bool = False) -> dict[str, Any] | None:
+        """Create `job` (unknown fields are an error, never dropped) and return it as stored;
+        None when a Job of that name exists already (the caller adopts). `dry_run`: the API
+        server validates it (schema, its own rules, admission) and stores nothing."""
         meta = job["metadata"]
         query = [("fieldValidation", "Strict")] + ([("dryRun", "All")] if dry_run else [])
         try:
-            await self._call(
+            return await self._call(
                 f"create Job {meta['namespace']}/{meta['name']}",
                 "POST",
                 _jobs(meta["namespace"]),
@@ -157,9 +158,8 @@ class JobClient:
             )
         except TargetError as e:
             if e.reason == "HTTP409":
-                return False
+                return None
             raise
-        return True
 
     async def delete(self, namespace: str, name: str) -> None:
         """Delete a Job and, before it disappears, its Pods (Replace: foreground)."""
@@ -180,19 +180,35 @@ def _jobs(namespace: str, name: str | None = None) -> str:
     return f"{path}/{name}" if name else path
 
 
-async def ensure_job(jobs: JobClient, template: JobTemplate, occ: kubejob.Occurrence) -> str:
-    """The name of the occurrence's Job to watch: an existing one adopted, or one created.
+@dataclass(frozen=True)
+class JobRef:
+    """One Job object: a name can be reused after a deletion, a uid never."""
+
+    namespace: str
+    name: str
+    uid: str
+
+    @classmethod
+    def of(cls, job: dict[str, Any]) -> JobRef:
+        meta = job["metadata"]
+        return cls(meta["namespace"], meta["name"], meta["uid"])
+
+
+async def ensure_job(jobs: JobClient, template: JobTemplate, occ: kubejob.Occurrence) -> JobRef:
+    """The occurrence's Job to watch: an existing one adopted, or one created.
 
     Workers racing for one occurrence (a stale attempt and the one that took its lease
     over) compute the same name, and the API server lets one create through; the others
     see AlreadyExists and adopt it, after checking that it carries this occurrence's key."""
     while True:
-        step = kubejob.next_step(await jobs.list(occ.namespace, occ.selector()), occ)
+        existing = await jobs.list(occ.namespace, occ.selector())
+        step = kubejob.next_step(existing, occ)
         if isinstance(step, kubejob.Adopt):
-            return step.name
+            return next(JobRef.of(j) for j in existing if j["metadata"]["name"] == step.name)
         manifest = kubejob.manifest(template, occ, step.job_attempt)
         name = str(manifest["metadata"]["name"])
-        if await jobs.create(manifest):
+        created = await jobs.create(manifest)
+        if created is not None:
             log.info(
                 "created Job %s/%s",
                 occ.namespace,
@@ -205,9 +221,9 @@ async def ensure_job(jobs: JobClient, template: JobTemplate, occ: kubejob.Occurr
                     "fence": occ.fence,
                 },
             )
-            return name
-        existing = await jobs.get(occ.namespace, name)
-        if not kubejob.owned_by(existing.get("metadata") or {}, occ):
+            return JobRef.of(created)
+        other = await jobs.get(occ.namespace, name)
+        if not kubejob.owned_by(other.get("metadata") or {}, occ):
             raise TargetError(
                 f"Job {occ.namespace}/{name} exists but is not {occ.key}'s (no matching "
                 f"{kubejob.ANNOTATION_KEY} annotation): delete or rename it",
@@ -215,14 +231,21 @@ async def ensure_job(jobs: JobClient, template: JobTemplate, occ: kubejob.Occurr
                 sent=False,
                 reason="JobNameTaken",
             )
-        if kubejob.state(existing)[0] != "Failed":
-            return name
+        if kubejob.state(other)[0] != "Failed":
+            return JobRef.of(other)
         # It failed between our list and our create: the next one is one past it.
+
+
+MAX_ENDED = 10_000
+"""Outcomes remembered for Jobs that ended (finished or deleted), for waiters that come
+after the event (a successor attempt adopting a finished Job)."""
 
 
 class JobWatcher:
     """One watch per namespace over the pool's Jobs (label `cronwell.dev/pool`), feeding
-    every waiter; a Job that finished before anyone waited is answered from the cache."""
+    every waiter. Outcomes are kept by uid, so a Job deleted after it finished (its
+    ttlSecondsAfterFinished) still reports how it ended, and a new Job that reuses a
+    deleted one's name is never answered with the old one's outcome."""
 
     def __init__(
         self,
@@ -237,8 +260,9 @@ class JobWatcher:
         self.selector = kubejob.pool_selector(pool)
         self.namespaces = sorted(set(namespaces))
         self.timeout_seconds = timeout_seconds
-        self._jobs: dict[tuple[str, str], dict[str, Any]] = {}
-        self._waiters: dict[tuple[str, str], list[asyncio.Future[JobOutcome]]] = {}
+        self._live: dict[tuple[str, str], dict[str, Any]] = {}
+        self._ended: OrderedDict[str, JobOutcome] = OrderedDict()
+        self._waiters: dict[str, list[asyncio.Future[JobOutcome]]] = {}
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -262,60 +286,62 @@ class JobWatcher:
             for fut in waiters:
                 fut.cancel()
 
-    async def wait(self, namespace: str, name: str) -> JobOutcome:
-        """Until the Job is Complete or Failed (or deleted: a failure)."""
-        if namespace not in self._synced:
+    async def wait(self, job: JobRef) -> JobOutcome:
+        """Until the Job is Complete or Failed (deleted before it finished: a failure)."""
+        if job.namespace not in self._synced:
             raise TargetError(
-                f"namespace {namespace} is not watched by this worker (its job-target "
+                f"namespace {job.namespace} is not watched by this worker (its job-target "
                 "namespaces: " + ", ".join(self.namespaces) + ")",
                 retryable=False,
                 sent=False,
                 reason="Forbidden",
             )
+        if (ended := self._ended.get(job.uid)) is not None:
+            return ended
         assert self._loop is not None
         fut: asyncio.Future[JobOutcome] = self._loop.create_future()
-        self._waiters.setdefault((namespace, name), []).append(fut)
-        self._settle(namespace, name)
+        self._waiters.setdefault(job.uid, []).append(fut)
         try:
             return await fut
         finally:
-            waiters = self._waiters.get((namespace, name), [])
+            waiters = self._waiters.get(job.uid, [])
             if fut in waiters:
                 waiters.remove(fut)
             if not waiters:
-                self._waiters.pop((namespace, name), None)
+                self._waiters.pop(job.uid, None)
 
     # -- on the event loop
 
-    def _seen(self, namespace: str, job: dict[str, Any] | None, name: str) -> None:
-        if job is None:
-            self._jobs.pop((namespace, name), None)
-            self._resolve(namespace, name, JobOutcome(name, False, "Job was deleted"))
-            return
-        self._jobs[(namespace, name)] = job
-        self._settle(namespace, name)
-
-    def _settle(self, namespace: str, name: str) -> None:
-        job = self._jobs.get((namespace, name))
-        if job is None:
-            return
+    def _seen(self, namespace: str, job: dict[str, Any], deleted: bool) -> None:
+        meta = job["metadata"]
+        name, uid = meta["name"], meta["uid"]
         state, message = kubejob.state(job)
-        if state != "Active":
-            self._resolve(namespace, name, JobOutcome(name, state == "Complete", message))
-
-    def _resolve(self, namespace: str, name: str, outcome: JobOutcome) -> None:
-        for fut in self._waiters.get((namespace, name), []):
+        if deleted:
+            if self._live.get((namespace, name), {}).get("metadata", {}).get("uid") == uid:
+                del self._live[(namespace, name)]
+            if state == "Active":
+                state, message = "Failed", "Job was deleted before it finished"
+        else:
+            self._live[(namespace, name)] = job
+        if state == "Active" or uid in self._ended:
+            return
+        outcome = JobOutcome(name, state == "Complete", message)
+        self._ended[uid] = outcome
+        while len(self._ended) > MAX_ENDED:
+            self._ended.popitem(last=False)
+        for fut in self._waiters.get(uid, []):
             if not fut.done():
                 fut.set_result(outcome)
 
     def _replace_all(self, namespace: str, items: list[dict[str, Any]]) -> None:
-        """After a (re)list: the cache for `namespace` is exactly `items`."""
-        names = {i["metadata"]["name"] for i in items}
-        for ns, name in list(self._jobs):
-            if ns == namespace and name not in names:
-                self._seen(ns, None, name)
+        """After a (re)list: Jobs gone from the list were deleted while we were not watching
+        (they end as they were last seen)."""
+        listed = {(namespace, i["metadata"]["name"]): i for i in items}
+        for key, job in list(self._live.items()):
+            if key[0] == namespace and key not in listed:
+                self._seen(namespace, job, deleted=True)
         for item in items:
-            self._seen(namespace, item, item["metadata"]["name"])
+            self._seen(namespace, item, deleted=False)
         self._synced[namespace].set()
 
     # -- in the watch thread
@@ -336,7 +362,7 @@ class JobWatcher:
                         "GET", _jobs(namespace), [("labelSelector", self.selector)]
                     )
                     version = data["metadata"]["resourceVersion"]
-                    self._post(self._replace_all, namespace, data.get("items", []))
+                    self._post(self._replace_all, namespace, data.get("items") or [])
                 w = watch.Watch()  # type: ignore[no-untyped-call]
                 for event in w.stream(  # type: ignore[no-untyped-call]
                     self.batch.list_namespaced_job,
@@ -353,11 +379,9 @@ class JobWatcher:
                     if not isinstance(obj, dict):
                         obj = self.batch.api_client.sanitize_for_serialization(obj)
                     version = obj["metadata"].get("resourceVersion", version)
-                    if event["type"] == "BOOKMARK":
-                        continue
-                    name = obj["metadata"]["name"]
-                    gone = event["type"] == "DELETED"
-                    self._post(self._seen, namespace, None if gone else obj, name)
+                    if event["type"] in ("ADDED", "MODIFIED", "DELETED"):
+                        obj["metadata"].setdefault("namespace", namespace)
+                        self._post(self._seen, namespace, obj, event["type"] == "DELETED")
             except ApiException as e:
                 if e.status == 410:  # our resourceVersion is too old: list again
                     version = None
