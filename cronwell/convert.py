@@ -278,6 +278,13 @@ def _job_template(template: dict[str, Any], notes: list[str]) -> dict[str, Any]:
     spec = template.get("spec")
     if isinstance(spec, dict):
         spec = dict(spec)
+        if "ttlSecondsAfterFinished" in spec:
+            ttl = spec.pop("ttlSecondsAfterFinished")
+            notes.append(
+                f"spec.jobTemplate.spec.ttlSecondsAfterFinished: {ttl} not carried: cronwell "
+                "deletes finished Jobs by the history limits once their outcome is recorded "
+                "(a TTL could let a later attempt run the instant again)"
+            )
         pod_template = spec.get("template")
         if isinstance(pod_template, dict) and isinstance(pod_template.get("metadata"), dict):
             pod_meta = {

@@ -300,6 +300,13 @@ class JobTemplate(CamelModel):
                 "spec.template.spec.containers needs at least one container: "
                 "[{name: main, image: IMAGE}]"
             )
+        if "ttlSecondsAfterFinished" in v:
+            raise ValueError(
+                "spec.ttlSecondsAfterFinished: remove it; cronwell deletes finished Jobs itself "
+                "(successfulJobsHistoryLimit, failedJobsHistoryLimit) once their outcome is "
+                "recorded, while a TTL could delete a Job before that and a later attempt "
+                "would run the occurrence again"
+            )
         if pod.get("restartPolicy") not in ("Never", "OnFailure"):
             raise ValueError(
                 "spec.template.spec.restartPolicy must be Never or OnFailure (a Job's Pod "

@@ -140,6 +140,10 @@ def test_a_stream_with_a_zone_in_the_schedule_and_a_configmap() -> None:
         "annotations": {"cost-center": "42"}
     }
     assert "not carried" in only_warning(bounded.warnings, "spec.jobTemplate.metadata.name")
+    assert "ttlSecondsAfterFinished" not in spec["target"]["job"]["jobTemplate"]["spec"]
+    assert "3600 not carried: cronwell deletes finished Jobs" in only_warning(
+        bounded.warnings, "spec.jobTemplate.spec.ttlSecondsAfterFinished"
+    )
     assert bounded.document["metadata"]["labels"] == {"tier": "batch"}
 
 

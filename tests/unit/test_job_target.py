@@ -92,6 +92,10 @@ def test_metadata_is_optional() -> None:
             "metadata.name\n  Extra inputs are not permitted",
         ),
         ({"template": {"spec": POD}}, "template\n  Extra inputs are not permitted"),
+        (
+            {"jobTemplate": {"spec": {"ttlSecondsAfterFinished": 100, "template": {"spec": POD}}}},
+            "spec.ttlSecondsAfterFinished: remove it; cronwell deletes finished Jobs itself",
+        ),
     ],
 )
 def test_refusals_say_what_to_fix(change: dict[str, Any], expected: str) -> None:
