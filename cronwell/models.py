@@ -256,6 +256,14 @@ class JobTemplateMetadata(CamelModel):
         return v
 
 
+_NO_TTL = (
+    "ttlSecondsAfterFinished: remove it; cronwell deletes finished Jobs itself "
+    "(successfulJobsHistoryLimit, failedJobsHistoryLimit) once their outcome is recorded, "
+    "while a TTL could delete a Job before that and a later attempt would run the "
+    "occurrence again"
+)
+
+
 class JobTemplate(CamelModel):
     """CronJob's jobTemplate: metadata (labels, annotations) and a batch/v1 JobSpec.
 
@@ -269,12 +277,20 @@ class JobTemplate(CamelModel):
         "API server: `kubectl explain job.spec`).",
         json_schema_extra={
             "required": ["template"],
+            "x-kubernetes-validations": [
+                {"rule": "!has(self.ttlSecondsAfterFinished)", "message": _NO_TTL}
+            ],
             "properties": {
                 "template": {
                     "type": "object",
                     "description": "The Pod template (`kubectl explain job.spec.template`).",
                     "additionalProperties": True,
-                }
+                },
+                # Declared only so that the rule above can see it (CEL sees no unknown field).
+                "ttlSecondsAfterFinished": {
+                    "type": "integer",
+                    "description": "Not allowed: cronwell deletes finished Jobs itself.",
+                },
             },
         },
     )
@@ -301,12 +317,7 @@ class JobTemplate(CamelModel):
                 "[{name: main, image: IMAGE}]"
             )
         if "ttlSecondsAfterFinished" in v:
-            raise ValueError(
-                "spec.ttlSecondsAfterFinished: remove it; cronwell deletes finished Jobs itself "
-                "(successfulJobsHistoryLimit, failedJobsHistoryLimit) once their outcome is "
-                "recorded, while a TTL could delete a Job before that and a later attempt "
-                "would run the occurrence again"
-            )
+            raise ValueError(f"spec.{_NO_TTL}")
         if pod.get("restartPolicy") not in ("Never", "OnFailure"):
             raise ValueError(
                 "spec.template.spec.restartPolicy must be Never or OnFailure (a Job's Pod "

@@ -66,6 +66,16 @@ def test_the_crd_refuses_a_jobtemplate_without_a_template(kube: Cluster, ns: str
     assert "spec.target.job.jobTemplate.spec.template: Required value" in exc.value.stderr
 
 
+def test_the_crd_refuses_ttl_seconds_after_finished(kube: Cluster, ns: str) -> None:
+    with pytest.raises(KubectlError) as exc:
+        spec = JOB_SPEC | {"ttlSecondsAfterFinished": 60}
+        kube.kubectl("apply", "-n", ns, "-f", "-", input=sj("ttl", spec))
+    assert "spec.target.job.jobTemplate.spec: Invalid value" in exc.value.stderr
+    assert "ttlSecondsAfterFinished: remove it; cronwell deletes finished Jobs" in (
+        exc.value.stderr
+    )
+
+
 def dry_run(kube_api: Any, namespace: str, job_spec: dict[str, Any]) -> None:
     """The Job the worker would create for this template, validated by the API server with
     the worker's own call (dryRun=All, fieldValidation=Strict)."""
