@@ -6,9 +6,16 @@ the Job controller by patching the status subresource to Complete or Failed."""
 from __future__ import annotations
 
 import asyncio
+import json
+import random
+import signal
+import subprocess
+import sys
+import time
 import uuid
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -243,3 +250,65 @@ async def test_a_namespace_the_worker_does_not_watch_is_refused(
     async with JobWatcher(workers[0], pool="p", namespaces=[namespace], timeout_seconds=5) as w:
         with pytest.raises(TargetError, match="namespace elsewhere is not watched"):
             await w.wait(JobRef("elsewhere", "x", "uid"))
+
+
+def test_racing_worker_processes_killed_with_sigkill_leave_one_job(
+    kube: Cluster, kube_api: Any, namespace: str, tmp_path: Path
+) -> None:
+    """Racers are real processes; a seeded half of them is killed with -9 at random moments
+    around their create. Whoever survives, and whoever comes after, finds the same Job."""
+    rng = random.Random(20)
+    occ = occurrence(namespace)
+    go = tmp_path / "go"
+    procs = []
+    for i in range(WORKERS):
+        claim = {**occ.__dict__, "attempt": 1 + i, "fence": 1 + i}
+        claim["scheduled_for"] = occ.scheduled_for.isoformat()
+        procs.append(
+            subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "tests.e2e.kubejob_racer",
+                    str(kube.kubeconfig),
+                    json.dumps(claim),
+                    str(go),
+                ],
+                stdout=subprocess.PIPE,
+                text=True,
+                start_new_session=True,
+            )
+        )
+    try:
+        for p in procs:
+            assert p.stdout is not None and p.stdout.readline() == "ready\n"
+        doomed = rng.sample(procs, WORKERS // 2)
+        go.touch()
+        for p in doomed:
+            time.sleep(rng.uniform(0, 0.05))
+            p.send_signal(signal.SIGKILL)
+        results = []
+        for p in procs:
+            out, _ = p.communicate(timeout=120)
+            if p not in doomed:
+                assert p.returncode == 0
+            if p.returncode == 0:
+                results.append(json.loads(out))
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    killed = sum(p.returncode == -signal.SIGKILL for p in procs)
+    print(f"\n{WORKERS} racer processes, {killed} killed by -9, {len(results)} finished")
+    assert len({r["uid"] for r in results}) == 1
+    [job] = jobs_of(kube_api, occ)
+    assert job == kubejob.job_name("nightly", occ.key)
+    # A worker that comes later (the lease's next owner) adopts it.
+    later = subprocess.run(
+        [sys.executable, "-m", "tests.e2e.kubejob_racer", str(kube.kubeconfig),
+         json.dumps({**occ.__dict__, "attempt": 99, "fence": 99,
+                     "scheduled_for": occ.scheduled_for.isoformat()}), str(go)],
+        capture_output=True, text=True, timeout=120, check=True,
+    )  # fmt: skip
+    assert json.loads(later.stdout.splitlines()[-1])["uid"] == results[0]["uid"]
