@@ -18,8 +18,8 @@ from typing import Any
 import pydantic
 import yaml
 
+from cronwell import loader
 from cronwell.errors import SpecError
-from cronwell.loader import format_validation_error
 from cronwell.models import API_VERSION, ConcurrencyPolicy, ScheduledJob
 
 #: CronJob's concurrencyPolicy → cronwell's (Forbid skips the new run, as Skip does).
@@ -86,7 +86,13 @@ def convert_stream(text: str, source: str = "-") -> tuple[list[Converted], list[
         mark = getattr(e, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
         problem = getattr(e, "problem", None) or str(e)
-        return [], [SpecError(f"{source}: invalid YAML{where}: {problem}", source=source)]
+        return [], [_one_line(f"{source}: invalid YAML{where}: {problem}", source)]
+    except RecursionError:
+        return [], [_one_line(f"{source}: invalid YAML: nested too deeply", source)]
+    except (ValueError, TypeError, OverflowError) as e:  # a constructor: e.g. 2026-02-30
+        return [], [_one_line(f"{source}: invalid YAML value: {e} (quote it)", source)]
+    if any(loader._too_big(d) for d in docs):
+        return [], [_one_line(f"{source}: expands beyond {loader.MAX_VALUES:,} values", source)]
     done: list[Converted] = []
     errors: list[SpecError] = []
     numbered = len(docs) > 1
@@ -100,6 +106,10 @@ def convert_stream(text: str, source: str = "-") -> tuple[list[Converted], list[
             except SpecError as e:
                 errors.append(e)
     return done, errors
+
+
+def _one_line(message: str, source: str) -> SpecError:
+    return SpecError(" ".join(message.split()), source=source)
 
 
 def _items(doc: Any, where: str) -> list[tuple[str, Any]]:
@@ -151,9 +161,18 @@ def convert_cronjob(doc: Any, where: str = "-") -> Converted:
         ScheduledJob.model_validate(document)
     except pydantic.ValidationError as e:
         # Paths as the CronJob's author knows them: spec.jobTemplate, not spec.target.job.…
-        problem = format_validation_error(e).replace(_TEMPLATE_PATH, "spec.jobTemplate")
+        problem = loader.format_validation_error(e).replace(_TEMPLATE_PATH, "spec.jobTemplate")
         raise SpecError(" ".join(f"{where}: {problem}".splitlines()), source=where) from None
     return Converted(where, document, notes)
+
+
+def _strings(value: Any, what: str) -> dict[str, str]:
+    """Labels and annotations: a mapping of strings (quote numbers and booleans in YAML)."""
+    if not isinstance(value, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in value.items()
+    ):
+        raise SpecError(f'{what} must map strings to strings (quote numbers and booleans: "42")')
+    return dict(value)
 
 
 def _metadata(meta: dict[str, Any], where: str, notes: list[str]) -> dict[str, Any]:
@@ -174,10 +193,11 @@ def _metadata(meta: dict[str, Any], where: str, notes: list[str]) -> dict[str, A
         if key == "namespace":
             out["namespace"] = value
         elif key == "labels" and value:
-            out["labels"] = dict(value)
+            out["labels"] = _strings(value, f"{where}: metadata.labels")
         elif key == "annotations" and value:
-            kept = {k: v for k, v in value.items() if k != LAST_APPLIED}
-            if len(kept) < len(value):
+            given = _strings(value, f"{where}: metadata.annotations")
+            kept = {k: v for k, v in given.items() if k != LAST_APPLIED}
+            if len(kept) < len(given):
                 notes.append(
                     f"metadata.annotations: {LAST_APPLIED} left out (kubectl writes it anew)"
                 )
@@ -213,7 +233,7 @@ def _spec(src: dict[str, Any], notes: list[str]) -> dict[str, Any]:
         spec["timeZone"] = zone
 
     policy = src.get("concurrencyPolicy", CRONJOB_DEFAULTS["concurrencyPolicy"])
-    if policy not in CONCURRENCY:
+    if not isinstance(policy, str) or policy not in CONCURRENCY:
         raise SpecError(
             f"spec.concurrencyPolicy {policy!r} is not a CronJob policy (Allow, Forbid, Replace)"
         )
@@ -262,6 +282,8 @@ def _timeout(job_spec: Any, notes: list[str]) -> int:
 def _job_template(template: dict[str, Any], notes: list[str]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     meta = template.get("metadata") or {}
+    if not isinstance(meta, dict):
+        raise SpecError("spec.jobTemplate.metadata must be a mapping (labels, annotations)")
     kept = {k: meta[k] for k in ("labels", "annotations") if meta.get(k)}
     if kept:
         out["metadata"] = kept

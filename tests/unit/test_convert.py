@@ -246,3 +246,13 @@ def test_each_cronjob_policy_maps_to_cronwells() -> None:
     for theirs, ours in [("Allow", "Allow"), ("Forbid", "Skip"), ("Replace", "Replace")]:
         [c] = convert.convert_stream(yaml.safe_dump(cronjob(concurrencyPolicy=theirs)))[0]
         assert c.document["spec"]["concurrencyPolicy"] == ours
+
+
+def test_a_yaml_alias_bomb_is_refused_before_it_expands() -> None:
+    lines = ["a: &a [x, x, x, x, x, x, x, x, x, x]"]
+    lines += [
+        f"{chr(98 + i)}: &{chr(98 + i)} [{', '.join(['*' + chr(97 + i)] * 10)}]" for i in range(6)
+    ]
+    done, errors = convert.convert_stream("\n".join(lines) + "\n", "bomb.yaml")
+    assert done == []
+    assert [str(e) for e in errors] == ["bomb.yaml: expands beyond 1,000,000 values"]
