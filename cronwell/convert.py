@@ -116,6 +116,8 @@ def _items(doc: Any, where: str) -> list[tuple[str, Any]]:
     """A List's items (kubectl's `kind: List`, or `CronJobList`), else the document."""
     if isinstance(doc, dict) and str(doc.get("kind", "")).endswith("List") and "items" in doc:
         items = doc.get("items") or []
+        if not isinstance(items, list):
+            return [(f"{where}.items", items)]  # reported: not a CronJob mapping
         return [(f"{where}.items[{j}]", item) for j, item in enumerate(items)]
     return [(where, doc)]
 

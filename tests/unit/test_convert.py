@@ -207,6 +207,7 @@ def one_error(doc: Any) -> str:
         ),
         ({"apiVersion": "batch/v1", "kind": "CronJob", "spec": {}}, "CronJob without metadata"),
         (["a", "list"], "in.yaml: expected a CronJob mapping, got list"),
+        ({"kind": "List", "items": 5}, "in.yaml.items: expected a CronJob mapping, got int"),
         (
             {**cronjob(), "metadata": {"name": "x" * 62 + ".y"}},
             "cannot be made a DNS-1123 label: rename it",

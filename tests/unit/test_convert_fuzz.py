@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from cronwell import convert
 from cronwell.models import ScheduledJob
 
-FUZZ = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+FUZZ = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 scalars = st.one_of(
     st.none(), st.booleans(), st.integers(-5, 10**6), st.text(max_size=12), st.floats(0, 10)
@@ -85,8 +85,8 @@ def test_cronjob_shaped_objects(doc: dict[str, Any]) -> None:
 
 
 @FUZZ
-@given(st.lists(cronjobs, max_size=3))
-def test_lists_of_them(items: list[dict[str, Any]]) -> None:
+@given(st.lists(cronjobs | values, max_size=3) | values)
+def test_lists_of_them(items: Any) -> None:
     check(yaml.safe_dump({"apiVersion": "v1", "kind": "List", "items": items}))
 
 
