@@ -65,6 +65,11 @@ def _prefix(name: str) -> str:
     return re.sub(r"-{2,}", "-", cleaned) or "job"
 
 
+def _label_value(name: str) -> str:
+    """The ScheduledJob's name as a label value (≤ 63; valid names are already)."""
+    return _prefix(name)[:MAX_NAME].rstrip("-") or "job"
+
+
 def job_name(scheduledjob: str, key: str, job_attempt: int = 1) -> str:
     """`<scheduledjob>-<hash of key>`, then `-<n>` for the n-th Job of the key (n ≥ 2: a retry
     after a failed Job); the readable prefix is cut so the whole stays ≤ 63 characters."""
@@ -97,7 +102,7 @@ class Occurrence:
     def selector(self) -> str:
         """Label selector of every Job of this occurrence, whatever its job attempt."""
         return (
-            f"{LABEL_SCHEDULEDJOB}={_prefix(self.scheduledjob)},"
+            f"{LABEL_SCHEDULEDJOB}={_label_value(self.scheduledjob)},"
             f"{LABEL_KEY_HASH}={key_hash(self.key)}"
         )
 
@@ -109,7 +114,7 @@ def pool_selector(pool: str) -> str:
 
 def job_labels(occ: Occurrence, job_attempt: int) -> dict[str, str]:
     return {
-        LABEL_SCHEDULEDJOB: _prefix(occ.scheduledjob),
+        LABEL_SCHEDULEDJOB: _label_value(occ.scheduledjob),
         LABEL_POOL: occ.pool,
         LABEL_KEY_HASH: key_hash(occ.key),
         LABEL_SCHEDULED_FOR: label_instant(occ.scheduled_for),
@@ -154,9 +159,14 @@ def manifest(template: JobTemplate, occ: Occurrence, job_attempt: int) -> dict[s
     ]
     ours = {e["name"] for e in env}
     pod = spec["template"]["spec"]
-    for container in [*pod.get("initContainers", []), *pod["containers"]]:
-        own = [e for e in container.get("env", []) if e.get("name") not in ours]
-        container["env"] = [*own, *env]
+    for group in ("initContainers", "containers"):
+        for container in pod.get(group) or []:
+            if not isinstance(container, dict):
+                continue  # the API server names the mistake when the Job is created
+            given = container.get("env") or []
+            if isinstance(given, list):  # else left as it is, for the API server to refuse
+                own = [e for e in given if not (isinstance(e, dict) and e.get("name") in ours)]
+                container["env"] = [*own, *env]
     return {
         "apiVersion": "batch/v1",
         "kind": "Job",

@@ -255,3 +255,31 @@ def test_a_job_of_another_key_is_never_adopted() -> None:
         kubejob.next_step([other], o)
     assert not kubejob.owned_by(other["metadata"], o)
     assert kubejob.owned_by(job(o, 1)["metadata"], o)
+
+
+def test_odd_env_is_left_for_the_api_server_to_refuse() -> None:
+    template = JobTemplate.model_validate(
+        {
+            "spec": {
+                "template": {
+                    "spec": {
+                        "restartPolicy": "Never",
+                        "initContainers": "not a list",
+                        "containers": [
+                            {"name": "a", "image": "i", "env": "not a list"},
+                            {"name": "b", "image": "i", "env": ["not a mapping"]},
+                        ],
+                    }
+                }
+            }
+        }
+    )
+    pod = kubejob.manifest(template, occ(), 1)["spec"]["template"]["spec"]
+    assert pod["initContainers"] == "not a list"
+    assert pod["containers"][0]["env"] == "not a list"
+    assert pod["containers"][1]["env"][0] == "not a mapping"
+    assert [e["name"] for e in pod["containers"][1]["env"][1:]] == [
+        "CRONWELL_IDEMPOTENCY_KEY",
+        "CRONWELL_FENCE_TOKEN",
+        "CRONWELL_SCHEDULED_FOR",
+    ]
