@@ -25,7 +25,14 @@ from cronwell import kubejob
 from cronwell.kubejob import Occurrence
 from cronwell.models import JobTemplate
 from cronwell.testing.controlplane import Cluster
-from cronwell_worker.kubejob import JobClient, JobOutcome, JobRef, JobWatcher, ensure_job
+from cronwell_worker.kubejob import (
+    JobClient,
+    JobOutcome,
+    JobRef,
+    JobWatcher,
+    ensure_job,
+    run_job,
+)
 from cronwell_worker.targets import TargetError
 
 WORKERS = 12
@@ -312,3 +319,66 @@ def test_racing_worker_processes_killed_with_sigkill_leave_one_job(
         capture_output=True, text=True, timeout=120, check=True,
     )  # fmt: skip
     assert json.loads(later.stdout.splitlines()[-1])["uid"] == results[0]["uid"]
+
+
+class SignallingWatcher(JobWatcher):
+    """The real watcher, telling the test when an attempt waits (instrumentation)."""
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self.waiting: asyncio.Queue[JobRef] = asyncio.Queue()
+
+    async def wait(self, job: JobRef) -> JobOutcome:
+        self.waiting.put_nowait(job)
+        return await super().wait(job)
+
+
+async def test_run_job_outcomes_timeout_and_cancellation(
+    kube_api: Any, namespace: str, workers: list[CountingJobClient]
+) -> None:
+    """Each occurrence's Job is made first by another worker (ensure_job), so run_job
+    adopts it, as an attempt after a lease takeover does."""
+    pool = occurrence(namespace).pool
+    jobs = workers[0]
+    w = SignallingWatcher(jobs, pool=pool, namespaces=[namespace], timeout_seconds=5)
+
+    async def adopt(timeout: float = 60) -> tuple[JobRef, asyncio.Future[JobOutcome]]:
+        occ = occurrence(namespace, pool=pool)
+        ref = await ensure_job(workers[1], TEMPLATE, occ)
+        running = asyncio.ensure_future(run_job(jobs, w, TEMPLATE, occ, timeout))
+        assert await asyncio.wait_for(w.waiting.get(), 60) == ref  # adopted, waiting
+        return ref, running
+
+    async with w:
+        # Complete: returns.
+        ref, running = await adopt()
+        set_status(kube_api, namespace, ref.name, "Complete")
+        assert await asyncio.wait_for(running, 60) == JobOutcome(ref.name, True)
+
+        # Failed: a retryable TargetError with the Job's reason and message.
+        ref, running = await adopt()
+        set_status(kube_api, namespace, ref.name, "Failed")
+        with pytest.raises(TargetError) as exc:
+            await asyncio.wait_for(running, 60)
+        assert exc.value.reason == "JobFailed" and exc.value.retryable and exc.value.sent
+        assert str(exc.value) == (
+            f"Job {namespace}/{ref.name} failed: BackoffLimitExceeded: Job has reached the "
+            "specified backoff limit"
+        )
+
+        # Cancelled (lease lost): the Job stays for the next owner to adopt.
+        ref, running = await adopt()
+        running.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await running
+        assert read(kube_api, namespace, ref.name)["metadata"].get("deletionTimestamp") is None
+
+        # Past its timeout: the attempt deletes its Job (foreground) and fails.
+        ref, running = await adopt(timeout=0.5)
+        with pytest.raises(TargetError) as exc:
+            await asyncio.wait_for(running, 60)
+        assert exc.value.reason == "Timeout"
+        assert f"Job {namespace}/{ref.name} ran past timeoutSeconds (0.5s)" in str(exc.value)
+        # No garbage collector here: the foreground deletion stays pending, visibly.
+        meta = read(kube_api, namespace, ref.name)["metadata"]
+        assert meta["deletionTimestamp"] and "foregroundDeletion" in meta["finalizers"]

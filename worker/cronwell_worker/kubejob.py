@@ -236,6 +236,38 @@ async def ensure_job(jobs: JobClient, template: JobTemplate, occ: kubejob.Occurr
         # It failed between our list and our create: the next one is one past it.
 
 
+async def run_job(
+    jobs: JobClient,
+    watcher: JobWatcher,
+    template: JobTemplate,
+    occ: kubejob.Occurrence,
+    timeout_seconds: float,
+) -> JobOutcome:
+    """One attempt of a `job` target: the occurrence's Job, created or adopted, until it
+    ends. Complete returns; Failed raises a retryable TargetError carrying the Job's reason
+    and message (`sent=True`: a retry is a new Job, so AtMostOnce dead-letters instead).
+
+    Past `timeout_seconds` the attempt, still holding its lease, deletes the Job (foreground:
+    its Pods first) so that a retry does not adopt a Job that overran. A cancellation (the
+    lease was lost, the worker stops) leaves the Job alone: the next owner adopts it."""
+    ref = await ensure_job(jobs, template, occ)
+    try:
+        async with asyncio.timeout(timeout_seconds):
+            outcome = await watcher.wait(ref)
+    except TimeoutError:
+        await jobs.delete(ref.namespace, ref.name)
+        raise TargetError(
+            f"Job {ref.namespace}/{ref.name} ran past timeoutSeconds ({timeout_seconds:g}s): "
+            "deleted",
+            reason="Timeout",
+        ) from None
+    if not outcome.succeeded:
+        raise TargetError(
+            f"Job {ref.namespace}/{ref.name} failed: {outcome.message}", reason="JobFailed"
+        )
+    return outcome
+
+
 MAX_ENDED = 10_000
 """Outcomes remembered for Jobs that ended (finished or deleted), for waiters that come
 after the event (a successor attempt adopting a finished Job)."""
