@@ -286,8 +286,10 @@ class JobWatcher:
         pool: str,
         namespaces: Iterable[str],
         timeout_seconds: int = 60,
+        max_ended: int = MAX_ENDED,
     ):
         self.jobs = jobs
+        self.max_ended = max_ended
         self.batch = client.BatchV1Api(jobs.api)
         self.selector = kubejob.pool_selector(pool)
         self.namespaces = sorted(set(namespaces))
@@ -359,7 +361,7 @@ class JobWatcher:
             return
         outcome = JobOutcome(name, state == "Complete", message)
         self._ended[uid] = outcome
-        while len(self._ended) > MAX_ENDED:
+        while len(self._ended) > self.max_ended:
             self._ended.popitem(last=False)
         for fut in self._waiters.get(uid, []):
             if not fut.done():
