@@ -42,7 +42,9 @@ async def test_a_relist_ends_jobs_deleted_while_not_watching(watcher: JobWatcher
     assert await watcher.wait(JobRef(NS, "b", "u2")) == JobOutcome("b", True, "")
     # The watch broke; "a" was deleted meanwhile: the re-list no longer has it.
     watcher._replace_all(NS, [job("b", "u2", "Complete")])
-    assert await asyncio.wait_for(waiting, 10) == JobOutcome("a", False, "Job was deleted before it finished")
+    assert await asyncio.wait_for(waiting, 10) == JobOutcome(
+        "a", False, "Job was deleted before it finished"
+    )
 
 
 async def test_outcomes_are_by_uid(watcher: JobWatcher) -> None:
