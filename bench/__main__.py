@@ -15,7 +15,7 @@ import argparse
 import asyncio
 import json
 import os
-import tempfile
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -34,9 +34,8 @@ from bench import (
     status,
     sustained,
 )
-from bench.common import RESULTS, db_url, worker_env
+from bench.common import RESULTS, BenchError, bench_server, db_url, worker_env
 from cronwell import jobs
-from cronwell.embedded import EmbeddedPostgres
 from cronwell.models import ScheduledJobSpec
 from cronwell.store import Database, migrate
 
@@ -177,10 +176,23 @@ async def main() -> None:
     unknown = only - set(SECTIONS)
     if unknown:
         ap.error(f"unknown sections: {', '.join(sorted(unknown))}")
-    server = EmbeddedPostgres(
-        Path(tempfile.mkdtemp(prefix="cronwell-bench-")),
-        settings={"max_connections": "300", "shared_buffers": "512MB"},
-    )
+    full = args.retention_full
+    growth_sizes = [int(x) for x in args.growth_sizes.split(",") if x]
+    retention_jobs = 10_000 if full else args.retention_jobs
+    try:  # sizes a section cannot measure: say so before PostgreSQL starts
+        if "growth" in only:
+            growth.check(growth_sizes)
+        if "retention" in only:
+            retention.check(retention_jobs)
+        if "prescale" in only:
+            prescale.check(args.prescale_max_workers)
+        if "sustained" in only:
+            sustained.check(args.sustained_seconds, args.sustained_warmup)
+        if "profile" in only and not burst.PY_SPY.exists():
+            raise BenchError(f"profile needs py-spy ({burst.PY_SPY}): pip install -e '.[bench]'")
+    except BenchError as e:
+        ap.exit(2, f"{ap.prog}: error: {e}\n")  # one line, no usage block
+    server = bench_server()
     url = server.start()
     results: dict[str, Any] = {"machine": {"cpus": os.cpu_count()}}
     lags: dict[str, list[float]] = {}
@@ -250,10 +262,11 @@ async def main() -> None:
                         {"schedule": "* * * * *", "target": {"handler": {"name": "bench.noop"}}}
                     )
                 )
-                sizes = [int(x) for x in args.growth_sizes.split(",") if x]
                 done(
                     "growth",
-                    await growth.growth(db, spec, sizes, args.growth_history, args.growth_reps),
+                    await growth.growth(
+                        db, spec, growth_sizes, args.growth_history, args.growth_reps
+                    ),
                 )
             if "profile" in only:
                 pdir = args.out / "profile"
@@ -307,7 +320,6 @@ async def main() -> None:
                 def doc(spec: dict[str, Any]) -> dict[str, Any]:
                     return jobs.spec_document(ScheduledJobSpec.model_validate(spec))
 
-                full = args.retention_full
                 done(
                     "retention",
                     await retention.retention(
@@ -323,7 +335,7 @@ async def main() -> None:
                         doc({"runAt": "2020-01-01T00:00:00Z", "target": {"log": {}}}),
                         days=30 if full else args.retention_days,
                         per_day=1_000_000 if full else args.retention_per_day,
-                        n_jobs=10_000 if full else args.retention_jobs,
+                        n_jobs=retention_jobs,
                     ),
                 )
     finally:
@@ -344,4 +356,7 @@ async def main() -> None:
 
 
 if __name__ == "__main__":
-    asyncio.run(main())
+    try:
+        asyncio.run(main())
+    except BenchError as e:  # found mid-run (the server is stopped by then)
+        sys.exit(f"error: {e}")

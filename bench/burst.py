@@ -22,7 +22,10 @@ import psutil
 from bench.common import lag_stats, seed, succeeded_lags, worker_env
 from cronwell.scheduler import Scheduler
 from cronwell.settings import SchedulerSettings
-from cronwell.store import Database
+from cronwell.store import Database, claims, partitions
+
+PY_SPY = Path(sys.executable).parent / "py-spy"
+"""The sampler of the `profile` section (the `bench` extra installs it)."""
 
 
 def _cpu(pid: int) -> float:
@@ -51,7 +54,7 @@ async def materialise(db: Database, n: int) -> dict[str, Any]:
         db, n, "date_trunc('second', now()) + interval '10 seconds'", {"log": {"message": "x"}}
     )
     s = Scheduler(db, SchedulerSettings(partitions=16, horizon_seconds=30))
-    await db.execute("PartitionEnsure", {"partitions": 16})
+    await partitions.ensure_leases(db, partitions=16)
     await s.balance()
     keep = asyncio.create_task(_keep_leases(s))
     st0, tx0 = db.statements, db.transactions
@@ -80,7 +83,7 @@ async def prepare_burst(db: Database, n: int, lead: float) -> None:
         {"handler": {"name": "bench.noop"}},
     )
     s = Scheduler(db, SchedulerSettings(partitions=16, horizon_seconds=lead + 5))
-    await db.execute("PartitionEnsure", {"partitions": 16})
+    await partitions.ensure_leases(db, partitions=16)
     await s.balance()
     keep = asyncio.create_task(_keep_leases(s))
     await s.materialise_until_idle()
@@ -121,9 +124,9 @@ async def burst(
     spies: list[subprocess.Popen[bytes]] = []
     pg_cpu0 = _postgres_cpu()
     try:
-        row = await db.fetchone("OccurrenceNextDue", {"pool": "default"})
-        assert row is not None and row["next_due"] is not None
-        due_in = (row["next_due"] - row["db_now"]).total_seconds()
+        nd = await claims.next_due(db, pool="default")
+        assert nd.next_due is not None, "the burst's occurrences are not pending"
+        due_in = (nd.next_due - nd.db_now).total_seconds()
         if due_in < 1:
             print(f"warning: materialisation left only {due_in:.2f}s before T", file=sys.stderr)
         if profile is not None:
@@ -133,7 +136,7 @@ async def burst(
             spies = [
                 subprocess.Popen(  # noqa: ASYNC220
                     [
-                        str(Path(sys.executable).parent / "py-spy"),
+                        str(PY_SPY),
                         "record",
                         "--format",
                         "raw",

@@ -1,5 +1,5 @@
 """Helpers shared by the benchmark sections (benchmark-only code): the seeding of due jobs,
-the worker environment, process stopping and start-lag figures."""
+the worker environment, process stopping, start-lag figures and the timed claim."""
 
 from __future__ import annotations
 
@@ -8,13 +8,18 @@ import os
 import statistics
 import subprocess
 import tempfile
-from collections.abc import Sequence
+import time
+from collections.abc import Awaitable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from cronwell import jobs
+from cronwell.embedded import EmbeddedPostgres
 from cronwell.models import ScheduledJobSpec
-from cronwell.store import Database
+from cronwell.store import Database, claims, materialise
+from cronwell.store.db import Conn
+
+T = TypeVar("T")
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results"
@@ -26,6 +31,27 @@ import cronwell
 async def noop(ctx):
     return None
 """
+
+
+def bench_server() -> EmbeddedPostgres:
+    """The benchmarks' own PostgreSQL (a temporary directory, room for many workers)."""
+    return EmbeddedPostgres(
+        Path(tempfile.mkdtemp(prefix="cronwell-bench-")),
+        settings={"max_connections": "300", "shared_buffers": "512MB"},
+    )
+
+
+async def timed_due_scan(db: Database, conn: Conn, holder: str) -> tuple[float, list[Any]]:
+    """The scheduler's due scan of partition 0 (up to 500 jobs, 30 s ahead), in ms."""
+    return await timed(
+        materialise.claim_due(
+            db, holder=holder, partition=0, epoch=1, horizon_seconds=30, limit=500, conn=conn
+        )
+    )
+
+
+class BenchError(Exception):
+    """A size or setting the section cannot measure: one line for the user, no traceback."""
 
 
 async def seed(
@@ -109,3 +135,38 @@ async def succeeded_lags(conn: Any) -> tuple[list[float], float | None]:
     rows = await cur.fetchall()
     done = max((float(r["done_after"]) for r in rows), default=None)
     return [float(r["lag"]) for r in rows], done
+
+
+async def timed(aw: Awaitable[T]) -> tuple[float, T]:
+    """Milliseconds `aw` took, and its result."""
+    t0 = time.perf_counter()
+    out = await aw
+    return 1000 * (time.perf_counter() - t0), out
+
+
+async def timed_claim(
+    db: Database, conn: Conn, limit: int = 500
+) -> tuple[dict[str, float], list[claims.Started]]:
+    """What dispatch.claim sends for Skip jobs, through the store's functions, on `conn`:
+    candidates, job row locks, active occurrences, the claim. Milliseconds of each step
+    (`claim.<step>`) and of all four (`claim`), and the started occurrences."""
+    t0 = time.perf_counter()
+    cands = await claims.candidates(db, pool="default", limit=limit, conn=conn)
+    t1 = time.perf_counter()
+    ids = sorted({c.job_id for c in cands})
+    await claims.lock_jobs(db, ids, conn=conn)
+    t2 = time.perf_counter()
+    await claims.active(db, ids, conn=conn)
+    t3 = time.perf_counter()
+    started = await claims.start(
+        db, [c.id for c in cands], worker_id="w", lease_seconds=60, conn=conn
+    )
+    t4 = time.perf_counter()
+    steps = {
+        "claim": t4 - t0,
+        "claim.candidates": t1 - t0,
+        "claim.job_lock": t2 - t1,
+        "claim.active": t3 - t2,
+        "claim.claim_batch": t4 - t3,
+    }
+    return {k: 1000 * v for k, v in steps.items()}, started

@@ -3,13 +3,13 @@
 For each size S: S jobs (bulk INSERT via generate_series, 16 partitions, 1,000 due per
 partition, the rest due in the future) and an occurrence history of H succeeded
 occurrences per job (plus their attempts), and 1,000 pending occurrences due now. Then,
-timed through cronwell's own named queries (store/queries.sql), each inside a transaction
+timed through the store's own functions (cronwell/store/), each inside a transaction
 that is rolled back so every repetition sees the same data, median of R runs:
 
-- due_scan: JobDueClaim, one partition, LIMIT 500 (the scheduler's scan)
-- claim:    OccurrenceClaimCandidates LIMIT 500 + JobLockBatch + JobActiveOccurrences +
-            OccurrenceClaimBatch (what dispatch.claim sends for Skip jobs)
-- complete: OccurrenceSucceedBatch of those 500 (fenced, with attempts INSERT)
+- due_scan: materialise.claim_due, one partition, LIMIT 500 (the scheduler's scan)
+- claim:    claims.candidates LIMIT 500 + lock_jobs + active + start (what
+            dispatch.claim sends for Skip jobs), each step also on its own (claim.<step>)
+- complete: attempts.succeed of those 500 (fenced, with attempts INSERT)
 """
 
 from __future__ import annotations
@@ -19,16 +19,15 @@ import statistics
 import time
 from typing import Any
 
+from bench.common import BenchError, timed, timed_claim, timed_due_scan
+from cronwell.store import Database, attempts, partitions
+
 HOLDER = "bench-growth"
+MIN_JOBS = 8_000
+"""Fewer jobs leave partition 0 under the 500 due jobs the due scan times (16 partitions)."""
 
 
-async def _timed(db: Any, conn: Any, name: str, params: dict[str, Any]) -> tuple[float, Any]:
-    t0 = time.perf_counter()
-    rows = await db.fetch(name, params, conn=conn)
-    return 1000 * (time.perf_counter() - t0), rows
-
-
-async def grow(db: Any, spec: dict[str, Any], size: int, history: int) -> float:
+async def grow(db: Database, spec: dict[str, Any], size: int, history: int) -> float:
     """Seed one size; returns seconds spent seeding."""
     t0 = time.perf_counter()
     async with db.connection() as conn:
@@ -76,62 +75,41 @@ async def grow(db: Any, spec: dict[str, Any], size: int, history: int) -> float:
     return time.perf_counter() - t0
 
 
-async def measure(db: Any, reps: int) -> dict[str, float]:
+async def measure(db: Database, reps: int) -> dict[str, float]:
     times: dict[str, list[float]] = {"due_scan": [], "claim": [], "complete": []}
     for _ in range(reps):
         async with db.connection() as conn, conn.transaction(force_rollback=True):
-            ms, rows = await _timed(
-                db,
-                conn,
-                "JobDueClaim",
-                {"partition": 0, "holder": HOLDER, "epoch": 1, "horizon": 30, "limit": 500},
-            )
-            assert len(rows) == 500, len(rows)
+            ms, due = await timed_due_scan(db, conn, HOLDER)
+            assert len(due) == 500, len(due)
             times["due_scan"].append(ms)
         async with db.connection() as conn, conn.transaction(force_rollback=True):
-            t0 = time.perf_counter()
-            cands = await db.fetch(
-                "OccurrenceClaimCandidates", {"pool": "default", "limit": 500}, conn=conn
-            )
-            t1 = time.perf_counter()
-            ids = sorted({r["job_id"] for r in cands})
-            await db.fetch("JobLockBatch", {"ids": ids}, conn=conn)
-            t2 = time.perf_counter()
-            await db.fetch("JobActiveOccurrences", {"ids": ids}, conn=conn)
-            t3 = time.perf_counter()
-            claimed = await db.fetch(
-                "OccurrenceClaimBatch",
-                {"ids": [r["id"] for r in cands], "worker_id": "w", "lease": 60},
-                conn=conn,
-            )
-            t4 = time.perf_counter()
-            times["claim"].append(1000 * (t4 - t0))
-            for step, a, b in (
-                ("claim.candidates", t0, t1),
-                ("claim.job_lock", t1, t2),
-                ("claim.active", t2, t3),
-                ("claim.claim_batch", t3, t4),
-            ):
-                times.setdefault(step, []).append(1000 * (b - a))
+            steps, claimed = await timed_claim(db, conn)
+            for step, ms in steps.items():
+                times.setdefault(step, []).append(ms)
             assert len(claimed) == 500, len(claimed)
-            ms, done = await _timed(
-                db,
-                conn,
-                "OccurrenceSucceedBatch",
-                {
-                    "keys": [r["idempotency_key"] for r in claimed],
-                    "fences": [r["fence"] for r in claimed],
-                },
+            ms, done = await timed(
+                attempts.succeed(db, [(s.idempotency_key, s.fence) for s in claimed], conn=conn)
             )
             assert len(done) == 500, len(done)
             times["complete"].append(ms)
     return {f"{k}_ms": round(statistics.median(v), 2) for k, v in times.items()}
 
 
+def check(sizes: list[int]) -> None:
+    """Sizes the section can measure (raises BenchError before anything is seeded)."""
+    small = [s for s in sizes if s < MIN_JOBS]
+    if small:
+        raise BenchError(
+            f"growth needs at least {MIN_JOBS:,} jobs per size (500 due in one of 16"
+            f" partitions), got {small}: raise --growth-sizes"
+        )
+
+
 async def growth(
-    db: Any, spec: dict[str, Any], sizes: list[int], history: int, reps: int
+    db: Database, spec: dict[str, Any], sizes: list[int], history: int, reps: int
 ) -> dict[str, Any]:
-    await db.execute("PartitionEnsure", {"partitions": 16})
+    check(sizes)
+    await partitions.ensure_leases(db, partitions=16)
     out: dict[str, Any] = {"batch": 500, "history_per_job": history, "repetitions": reps}
     for size in sizes:
         seeded = await grow(db, spec, size, history)

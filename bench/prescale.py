@@ -27,18 +27,26 @@ import json
 import math
 import subprocess
 import sys
-import tempfile
 import time
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from bench.common import RESULTS, lag_stats, seed, stop_all, succeeded_lags, worker_env
-from cronwell.embedded import EmbeddedPostgres
-from cronwell.forecast import forecast_pools, plan_replicas, upcoming_burst
+from bench.common import (
+    RESULTS,
+    BenchError,
+    bench_server,
+    lag_stats,
+    seed,
+    stop_all,
+    succeeded_lags,
+    worker_env,
+)
+from cronwell.fleet_forecast import forecast_pools
+from cronwell.forecast import plan_replicas, upcoming_burst
 from cronwell.scheduler import Scheduler
 from cronwell.settings import SchedulerSettings
-from cronwell.store import Database, clock, migrate
+from cronwell.store import Database, clock, migrate, partitions
 from cronwell.workerpool import WorkerPoolSpec
 
 SLEEP_MODULE = """
@@ -71,10 +79,26 @@ async def _seed_burst(db: Database, n: int, lead: float, duration: float) -> dat
 
 async def _materialise(db: Database, lead: float) -> None:
     s = Scheduler(db, SchedulerSettings(partitions=16, horizon_seconds=lead + 5))
-    await db.execute("PartitionEnsure", {"partitions": 16})
+    await partitions.ensure_leases(db, partitions=16)
     await s.balance()
     await s.materialise_until_idle()
     await s.resign()
+
+
+def _one_worker(spec: WorkerPoolSpec) -> int:
+    """About the most occurrences at one instant one worker starts within the SLO (each
+    slot starts one every handler duration)."""
+    per_slot = math.floor(spec.start_slo_seconds / spec.default_duration_seconds) + 1
+    return spec.concurrency_per_replica * per_slot
+
+
+def check(max_workers: int) -> None:
+    """Settings the section can compare (raises BenchError before anything is seeded)."""
+    if max_workers < 2:
+        raise BenchError(
+            "prescale compares 1 worker with more: the maximum workers (--prescale-max-workers;"
+            f" --max-workers alone) must be at least 2, got {max_workers}"
+        )
 
 
 async def plan(db: Database, spec: WorkerPoolSpec, horizon: float) -> dict[str, Any]:
@@ -83,8 +107,13 @@ async def plan(db: Database, spec: WorkerPoolSpec, horizon: float) -> dict[str, 
     pf = forecasts["default"]
     p = plan_replicas(pf, spec, pf.start)
     burst = upcoming_burst(pf, p, spec)
-    assert burst is not None, "the forecast does not see the seeded burst"
     conc = max(pf.concurrency)
+    if burst is None:  # the plan never rises above minReplicas: nothing to pre-scale
+        raise BenchError(
+            f"prescale: the forecast plans 1 worker for this burst (needs concurrency {conc},"
+            f" {spec.concurrency_per_replica} per worker), so there is nothing to pre-scale:"
+            f" make the burst (--prescale-n; --n alone) larger than about {_one_worker(spec)}"
+        )
     return {
         "forecast_burst_size": burst.size,
         "forecast_concurrency": conc,
@@ -205,10 +234,11 @@ async def main() -> None:
     ap.add_argument("--lead", type=float, default=40.0, help="burst T = now + lead seconds")
     ap.add_argument("--out", type=Path, default=RESULTS)
     args = ap.parse_args()
-    server = EmbeddedPostgres(
-        Path(tempfile.mkdtemp(prefix="cronwell-bench-")),
-        settings={"max_connections": "300", "shared_buffers": "512MB"},
-    )
+    try:
+        check(args.max_workers)
+    except BenchError as e:
+        ap.exit(2, f"{ap.prog}: error: {e}\n")  # one line, no usage block
+    server = bench_server()
     url = server.start()
     try:
         async with Database(url, max_size=4) as db:
@@ -226,4 +256,7 @@ async def main() -> None:
 
 
 if __name__ == "__main__":
-    asyncio.run(main())
+    try:
+        asyncio.run(main())
+    except BenchError as e:
+        sys.exit(f"error: {e}")

@@ -41,6 +41,12 @@ def _module(path: str) -> str:
     return path
 
 
+def _entry(path: str) -> bool:
+    """A command-line frame (cronwell/cli/, cronwell_worker/cli.py): it holds every sample
+    under it, so its inclusive share says nothing."""
+    return "/cli/" in path or path.endswith("cli.py")
+
+
 def analyse(files: list[Path], top: int = 15) -> dict[str, Any]:
     total = idle = 0
     self_mod: Counter[str] = Counter()
@@ -64,7 +70,7 @@ def analyse(files: list[Path], top: int = 15) -> dict[str, Any]:
             self_mod[_module(leaf_p) if leaf_f.strip() else "<no python frame>"] += count
             seen: set[str] = set()
             for f, p in frames:
-                if "cronwell" in p and f != "<module>" and "cli.py" not in p:
+                if "cronwell" in p and f != "<module>" and not _entry(p):
                     key = f"{_module(p)}:{f}"
                     if key not in seen:
                         seen.add(key)

@@ -7,13 +7,13 @@ the operator's change log). Each day also creates and deletes `per_day / 100` on
 jobs with one run each (what the store-wide retention removes). After each day the pruner
 of cronwell/maintenance.py runs with the jobs' history limits (100 succeeded, the default;
 10 of each other final state, so that the dead runs reach their limit within the simulated
-days) and a 7-day retention whose clock is the simulated day's. Then, timed through
-cronwell's named queries in rolled-back transactions (median of `reps`):
+days) and a 7-day retention whose clock is the simulated day's. Then, timed through the
+store's functions (cronwell/store/) in rolled-back transactions (median of `reps`):
 
-- due_scan:     JobDueClaim, one partition, LIMIT 500 (the scheduler's scan)
-- claim:        OccurrenceClaimCandidates + JobLockBatch + JobActiveOccurrences +
-                OccurrenceClaimBatch of 500 pending occurrences (dispatch.claim)
-- status_batch: JobStatusBatch of 500 jobs (the operator's status writer)
+- due_scan:     materialise.claim_due, one partition, LIMIT 500 (the scheduler's scan)
+- claim:        claims.candidates + lock_jobs + active + start of 500 pending
+                occurrences (dispatch.claim)
+- status_batch: status_changes.job_status of 500 jobs (the operator's status writer)
 
 plus the rows and on-disk size of occurrences + attempts and the prune pass's time, and
 the same figures measured while that prune pass runs (`while_pruning`). Flat figures
@@ -26,21 +26,20 @@ import asyncio
 import json
 import statistics
 import time
+import uuid
 from typing import Any
 
+from bench.common import BenchError, timed, timed_claim, timed_due_scan
 from cronwell.maintenance import Pruner
+from cronwell.store import Database, status_changes
 
 HOLDER = "bench-retention"
 DAY = 86400
+MIN_JOBS = 500
+"""The claim times 500 pending occurrences, one per recurring job."""
 
 
-async def _ms(coro: Any) -> tuple[float, Any]:
-    t0 = time.perf_counter()
-    out = await coro
-    return 1000 * (time.perf_counter() - t0), out
-
-
-async def _seed_jobs(db: Any, spec: dict[str, Any], n_jobs: int) -> None:
+async def _seed_jobs(db: Database, spec: dict[str, Any], n_jobs: int) -> None:
     async with db.connection() as conn:
         await conn.execute(
             "TRUNCATE cronwell_attempts, cronwell_occurrences, cronwell_status_changes,"
@@ -67,7 +66,7 @@ async def _seed_jobs(db: Any, spec: dict[str, Any], n_jobs: int) -> None:
 
 
 async def _seed_day(
-    db: Any, oneshot_spec: dict[str, Any], day: int, days: int, per_day: int, n_jobs: int
+    db: Database, oneshot_spec: dict[str, Any], day: int, days: int, per_day: int, n_jobs: int
 ) -> float:
     """One simulated day of history, `days - day` days before now; returns seconds."""
     per_job = max(1, per_day // n_jobs)
@@ -124,7 +123,7 @@ async def _seed_day(
     return time.perf_counter() - t0
 
 
-async def _sizes(db: Any) -> dict[str, Any]:
+async def _sizes(db: Database) -> dict[str, Any]:
     async with db.connection() as conn:
         cur = await conn.execute(
             "SELECT (SELECT count(*) FROM cronwell_occurrences) AS occurrences,"
@@ -134,6 +133,7 @@ async def _sizes(db: Any) -> dict[str, Any]:
             " + pg_total_relation_size('cronwell_attempts') AS bytes"
         )
         r = await cur.fetchone()
+    assert r is not None  # an aggregate: always one row
     return {
         "occurrences": r["occurrences"],
         "attempts": r["attempts"],
@@ -142,41 +142,34 @@ async def _sizes(db: Any) -> dict[str, Any]:
     }
 
 
-async def _measure(db: Any, job_ids: list[Any], reps: int) -> dict[str, float]:
+async def _measure(db: Database, job_ids: list[uuid.UUID], reps: int) -> dict[str, float]:
     times: dict[str, list[float]] = {"due_scan": [], "claim": [], "status_batch": []}
     for _ in range(reps):
         async with db.connection() as conn, conn.transaction(force_rollback=True):
-            ms, _rows = await _ms(
-                db.fetch(
-                    "JobDueClaim",
-                    {"partition": 0, "holder": HOLDER, "epoch": 1, "horizon": 30, "limit": 500},
-                    conn=conn,
-                )
-            )
+            ms, _rows = await timed_due_scan(db, conn, HOLDER)
             times["due_scan"].append(ms)
         async with db.connection() as conn, conn.transaction(force_rollback=True):
-            t0 = time.perf_counter()
-            cands = await db.fetch(
-                "OccurrenceClaimCandidates", {"pool": "default", "limit": 500}, conn=conn
-            )
-            ids = sorted({r["job_id"] for r in cands})
-            await db.fetch("JobLockBatch", {"ids": ids}, conn=conn)
-            await db.fetch("JobActiveOccurrences", {"ids": ids}, conn=conn)
-            claimed = await db.fetch(
-                "OccurrenceClaimBatch",
-                {"ids": [r["id"] for r in cands], "worker_id": "w", "lease": 60},
-                conn=conn,
-            )
+            steps, claimed = await timed_claim(db, conn)
             assert len(claimed) == 500, len(claimed)
-            times["claim"].append(1000 * (time.perf_counter() - t0))
-        ms, rows = await _ms(db.fetch("JobStatusBatch", {"ids": job_ids}))
+            times["claim"].append(steps["claim"])
+        ms, rows = await timed(status_changes.job_status(db, job_ids))
         assert len(rows) == len(job_ids)
         times["status_batch"].append(ms)
     return {f"{k}_ms": round(statistics.median(v), 2) for k, v in times.items()}
 
 
+def check(n_jobs: int) -> None:
+    """Sizes the section can measure (raises BenchError before anything is seeded)."""
+    if n_jobs < MIN_JOBS:
+        raise BenchError(
+            f"retention needs at least {MIN_JOBS} recurring jobs (the claim times"
+            f" {MIN_JOBS} pending occurrences, one per job), got {n_jobs}: raise"
+            " --retention-jobs"
+        )
+
+
 async def retention(
-    db: Any,
+    db: Database,
     spec: dict[str, Any],
     oneshot_spec: dict[str, Any],
     *,
@@ -186,6 +179,7 @@ async def retention(
     retention_days: float = 7.0,
     reps: int = 5,
 ) -> dict[str, Any]:
+    check(n_jobs)
     await _seed_jobs(db, spec, n_jobs)
     async with db.connection() as conn:
         cur = await conn.execute(

@@ -14,8 +14,17 @@ import subprocess
 import sys
 from typing import Any
 
-from bench.common import lag_stats, seed, stop_all
+from bench.common import BenchError, lag_stats, seed, stop_all
 from cronwell.store import clock
+
+
+def check(duration: float, warmup: float) -> None:
+    """Settings the section can measure (raises BenchError before anything is seeded)."""
+    if duration <= warmup:
+        raise BenchError(
+            f"sustained counts after its warm-up: --sustained-seconds ({duration:g}) must"
+            f" exceed --sustained-warmup ({warmup:g})"
+        )
 
 
 async def sustained(
@@ -27,6 +36,7 @@ async def sustained(
     duration: float,
     warmup: float,
 ) -> dict[str, Any]:
+    check(duration, warmup)
     await seed(
         db,
         n_jobs,

@@ -6,7 +6,7 @@ handler code imports (`@cronwell.handler`).
 """
 
 from cronwell.errors import CronwellError, LeaseLost, SpecError
-from cronwell.handlers import Context, handler
+from cronwell.sdk import Context, handler
 
 __version__ = "0.1.0"
 

@@ -25,6 +25,7 @@ from datetime import datetime
 from cronwell import dispatch, schedule
 from cronwell.errors import CronwellError, JobNotFound
 from cronwell.models import ConcurrencyPolicy, ScheduledJobSpec
+from cronwell.store import backfill as store_backfill
 from cronwell.store import clock
 from cronwell.store.db import Database
 
@@ -99,15 +100,15 @@ async def backfill(
         raise BackfillError("--max must be at least 1")
     result = BackfillResult(namespace, name, start, end, dry_run=dry_run)
     async with db.transaction() as conn:
-        job = await db.fetchone("BackfillJobGet", {"namespace": namespace, "name": name}, conn=conn)
+        job = await store_backfill.get_job(db, namespace=namespace, name=name, conn=conn)
         if job is None:
             raise JobNotFound(
                 f"no ScheduledJob {namespace}/{name} in the store "
                 "(check the name and -n NAMESPACE: `cronwell jobs` lists them)"
             )
-        if job["suspended"]:
+        if job.suspended:
             raise BackfillError(
-                f"{namespace}/{name} is suspended ({job['suspended_reason'] or 'spec.suspend'}): "
+                f"{namespace}/{name} is suspended ({job.suspended_reason or 'spec.suspend'}): "
                 "backfilled runs would start at once anyway; resume it first "
                 "(`cronwell resume`), then backfill"
             )
@@ -118,45 +119,39 @@ async def backfill(
                 f"{schedule.format_instant(now)}): backfill only covers past instants; "
                 "run it now with `cronwell trigger`, or let the schedule run it"
             )
-        spec = ScheduledJobSpec.model_validate(job["spec"])
-        sched = schedule.JobSchedule.from_spec(job["id"], spec)
+        spec = ScheduledJobSpec.model_validate(job.spec)
+        sched = schedule.JobSchedule.from_spec(job.id, spec)
         result.instants = window_instants(sched, start, end, max_instants)
         if not result.instants:
             return result
-        keys = [schedule.occurrence_key(job["id"], t) for t in result.instants]
-        existing = {
-            r["idempotency_key"]: r["state"]
-            for r in await db.fetch("BackfillExisting", {"keys": keys}, conn=conn)
-        }
+        keys = [schedule.occurrence_key(job.id, t) for t in result.instants]
+        existing = await store_backfill.existing_states(db, keys=keys, conn=conn)
         if dry_run:
             result.created = [k for k in keys if k not in existing]
             result.reopened = [k for k in keys if existing.get(k) == "missed"]
         else:
-            common = {
-                "job_id": job["id"],
-                "pool": spec.pool,
-                "overlap": backfill_overlap(spec.concurrency_policy),
-                "delivery": spec.delivery,
-                "max_attempts": spec.retry.max_attempts,
-                "timeout_seconds": spec.timeout_seconds,
-            }
-            result.reopened = [
-                r["idempotency_key"]
-                for r in await db.fetch("BackfillReopen", common | {"keys": keys}, conn=conn)
-            ]
+            run = store_backfill.RunSettings(
+                job_id=job.id,
+                pool=spec.pool,
+                overlap=backfill_overlap(spec.concurrency_policy),
+                delivery=spec.delivery,
+                max_attempts=spec.retry.max_attempts,
+                timeout_seconds=spec.timeout_seconds,
+            )
+            result.reopened = await store_backfill.reopen(db, run, keys=keys, conn=conn)
             missing = [(k, t) for k, t in zip(keys, result.instants, strict=True)
                        if k not in existing]  # fmt: skip
             if missing:
-                rows = await db.fetch(
-                    "BackfillInsert",
-                    common
-                    | {"keys": [k for k, _ in missing], "scheduled_for": [t for _, t in missing]},
+                result.created = await store_backfill.insert(
+                    db,
+                    run,
+                    keys=[k for k, _ in missing],
+                    scheduled_for=[t for _, t in missing],
                     conn=conn,
                 )
-                result.created = [r["idempotency_key"] for r in rows]
             if result.reopened:
-                await db.execute(
-                    "JobMissedUncount", {"id": job["id"], "n": len(result.reopened)}, conn=conn
+                await store_backfill.uncount_missed(
+                    db, job_id=job.id, n=len(result.reopened), conn=conn
                 )
             if result.created or result.reopened:
                 await dispatch.notify_due(db, conn, [(spec.pool, now)])

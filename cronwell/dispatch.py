@@ -8,81 +8,38 @@ from __future__ import annotations
 import json
 import uuid
 from collections import defaultdict
-from collections.abc import Container, Mapping, Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Container, Sequence
+from dataclasses import dataclass, fields, replace
 from datetime import datetime
 from typing import Any
 
 from cronwell.models import ConcurrencyPolicy
+from cronwell.store import attempts, claims
+from cronwell.store.claims import Active, Candidate, Started
 from cronwell.store.db import Conn, Database
 
 SERIAL = {p.value for p in ConcurrencyPolicy} - {ConcurrencyPolicy.ALLOW.value}
 BUFFERED = {ConcurrencyPolicy.BUFFER_ONE.value, ConcurrencyPolicy.BUFFER_ALL.value}
 
 
-@dataclass(frozen=True)
-class Candidate:
-    id: int
-    job_id: uuid.UUID
-    overlap: str
-    attempt: int
-    scheduled_for: datetime
+@dataclass(frozen=True, slots=True)
+class Claimed(Started):
+    """An occurrence this worker now runs, under `fence`, until `lease` runs out: the row
+    the claim started (`spec_hash`: equal hashes are equal specs, so workers cache parsed
+    specs by hash alone) and the spec document to run."""
 
-
-@dataclass(frozen=True)
-class Active:
-    id: int
-    job_id: uuid.UUID
-    state: str  # running | pending (retry backoff) | waiting
-    key: str
-
-
-@dataclass(frozen=True)
-class Claimed:
-    """An occurrence this worker now runs, under `fence`, until `lease` runs out."""
-
-    id: int
-    key: str
-    job_id: uuid.UUID
-    namespace: str
-    name: str
-    spec: dict[str, Any] | None
+    spec: dict[str, Any] | None = None
     """The spec document to run, fetched when the claimer did not know `spec_hash`; None
     when it did (it runs the spec it parsed under that hash)."""
-    scheduled_for: datetime
-    run_at: datetime
-    started_at: datetime
-    attempt: int
-    fence: int
-    delivery: str
-    max_attempts: int
-    timeout_seconds: int
-    origin: str
-    spec_hash: str = ""
-    """Content hash of `spec` (jobs.spec_hash): equal hashes are equal specs, so workers
-    cache parsed specs by hash alone; empty (hand-made rows) is never shared."""
+
+    @property
+    def key(self) -> str:
+        return self.idempotency_key
 
 
-def claimed_from_row(r: Mapping[str, Any], spec: dict[str, Any] | None = None) -> Claimed:
-    """A Claimed from an OccurrenceClaimBatch row (and the spec fetched for it, if any)."""
-    return Claimed(
-        id=r["id"],
-        key=r["idempotency_key"],
-        job_id=r["job_id"],
-        namespace=r["namespace"],
-        name=r["name"],
-        spec=spec,
-        spec_hash=r["spec_hash"],
-        scheduled_for=r["scheduled_for"],
-        run_at=r["run_at"],
-        started_at=r["started_at"],
-        attempt=r["attempt"],
-        fence=r["fence"],
-        delivery=r["delivery"],
-        max_attempts=r["max_attempts"],
-        timeout_seconds=r["timeout_seconds"],
-        origin=r["origin"],
-    )
+def claimed_from_row(r: Started, spec: dict[str, Any] | None = None) -> Claimed:
+    """A Claimed from a started occurrence (and the spec fetched for it, if any)."""
+    return Claimed(**{f.name: getattr(r, f.name) for f in fields(Started)}, spec=spec)
 
 
 def decide_overlap(
@@ -109,7 +66,7 @@ def decide_overlap(
     for job_id, cands in by_job.items():
         policy = cands[0].overlap
         others = act[job_id]
-        busy_key = next((a.key for a in others if a.state != "waiting"), None)
+        busy_key = next((a.idempotency_key for a in others if a.state != "waiting"), None)
         waiting = sum(1 for a in others if a.state == "waiting")
         # A retry of the active occurrence resumes before anything newer.
         retry = [c for c in cands if c.attempt > 0]
@@ -159,46 +116,27 @@ async def claim(
     Specs are fetched only for hashes not in `known_specs` (one job per hash): in a burst of
     jobs sharing a spec, one spec is read and parsed, not one per occurrence."""
     async with db.transaction() as conn:
-        rows = await db.fetch(
-            "OccurrenceClaimCandidates", {"pool": pool, "limit": limit}, conn=conn
-        )
-        if not rows:
+        cands = await claims.candidates(db, pool=pool, limit=limit, conn=conn)
+        if not cands:
             return []
-        cands = [
-            Candidate(r["id"], r["job_id"], r["overlap"], r["attempt"], r["scheduled_for"])
-            for r in rows
-        ]
         serial_jobs = sorted({c.job_id for c in cands if c.overlap in SERIAL})
         active: list[Active] = []
         if serial_jobs:
-            await db.fetch("JobLockBatch", {"ids": serial_jobs}, conn=conn)
-            active = [
-                Active(r["id"], r["job_id"], r["state"], r["idempotency_key"])
-                for r in await db.fetch("JobActiveOccurrences", {"ids": serial_jobs}, conn=conn)
-            ]
+            await claims.lock_jobs(db, serial_jobs, conn=conn)
+            active = await claims.active(db, serial_jobs, conn=conn)
         run, settle = decide_overlap(cands, active)
         if settle:
-            await db.execute(
-                "OccurrenceSettleBatch",
-                {
-                    "ids": [s[0] for s in settle],
-                    "states": [s[1] for s in settle],
-                    "reasons": [s[2] for s in settle],
-                },
-                conn=conn,
-            )
+            await claims.settle(db, settle, conn=conn)
         if not run:
             return []
-        claimed = await db.fetch(
-            "OccurrenceClaimBatch",
-            {"ids": run, "worker_id": worker_id, "lease": lease_seconds},
-            conn=conn,
+        started = await claims.start(
+            db, run, worker_id=worker_id, lease_seconds=lease_seconds, conn=conn
         )
-        return await attach_specs(db, conn, claimed, known_specs)
+        return await attach_specs(db, conn, started, known_specs)
 
 
 async def attach_specs(
-    db: Database, conn: Conn, rows: Sequence[Mapping[str, Any]], known: Container[str]
+    db: Database, conn: Conn, rows: Sequence[Started], known: Container[str]
 ) -> list[Claimed]:
     """Claimed occurrences, each with the spec document it runs unless its hash is known.
 
@@ -215,25 +153,25 @@ async def attach_specs(
     for round_ in range(2):
         want: dict[str, uuid.UUID] = {}  # one job per hash to fetch
         for r in rows:
-            h, job = r["spec_hash"], r["job_id"]
+            h, job = r.spec_hash, r.job_id
             if (h and h in known) or h in by_hash or job in by_job:
                 continue
             # Round 0: one job per hash. Round 1: every job not yet read (its spec changed).
             want.setdefault(h if h and round_ == 0 else str(job), job)
         if not want:
             break
-        for s in await db.fetch("JobSpecBatch", {"ids": list(want.values())}, conn=conn):
-            by_job[s["id"]] = (s["spec_hash"], s["spec"])
-            if s["spec_hash"]:
-                by_hash[s["spec_hash"]] = s["spec"]
+        for s in await claims.specs(db, list(want.values()), conn=conn):
+            by_job[s.id] = (s.spec_hash, s.spec)
+            if s.spec_hash:
+                by_hash[s.spec_hash] = s.spec
     for r in rows:
-        h = r["spec_hash"]
+        h = r.spec_hash
         if h and h in known:
             out.append(claimed_from_row(r))
         elif h and h in by_hash:
             out.append(claimed_from_row(r, by_hash[h]))
         else:
-            now_hash, doc = by_job[r["job_id"]]
+            now_hash, doc = by_job[r.job_id]
             out.append(replace(claimed_from_row(r, doc), spec_hash=now_hash))
     return out
 
@@ -243,9 +181,9 @@ async def promote_waiting(db: Database, conn: Conn, job_ids: list[uuid.UUID]) ->
     if not job_ids:
         return
     ids = sorted(set(job_ids))
-    await db.fetch("JobLockBatch", {"ids": ids}, conn=conn)
-    promoted = await db.fetch("WaitingPromote", {"ids": ids}, conn=conn)
-    await notify_due(db, conn, [(r["pool"], r["run_at"]) for r in promoted])
+    await claims.lock_jobs(db, ids, conn=conn)
+    promoted = await claims.promote_waiting(db, ids, conn=conn)
+    await notify_due(db, conn, [(r.pool, r.run_at) for r in promoted])
 
 
 async def notify_due(db: Database, conn: Conn, due: list[tuple[str, datetime]]) -> None:
@@ -256,7 +194,7 @@ async def notify_due(db: Database, conn: Conn, due: list[tuple[str, datetime]]) 
     for pool, run_at in due:
         ts = run_at.timestamp()
         earliest[pool] = min(ts, earliest.get(pool, ts))
-    await db.fetch("DueNotify", {"payload": json.dumps(earliest)}, conn=conn)
+    await claims.notify_due(db, json.dumps(earliest), conn=conn)
 
 
 async def succeed(db: Database, done: list[tuple[str, int]]) -> set[str]:
@@ -272,13 +210,9 @@ async def succeed_in(db: Database, conn: Conn, done: list[tuple[str, int]]) -> s
     """Fenced completion inside the caller's transaction (the worker's batch, or a
     handler's `ctx.transaction()`), promoting the next waiting occurrence of each buffered
     job in the same transaction: every completion path goes through here."""
-    rows = await db.fetch(
-        "OccurrenceSucceedBatch",
-        {"keys": [k for k, _ in done], "fences": [f for _, f in done]},
-        conn=conn,
-    )
-    await promote_waiting(db, conn, [r["job_id"] for r in rows if r["overlap"] in BUFFERED])
-    return {r["idempotency_key"] for r in rows}
+    rows = await attempts.succeed(db, done, conn=conn)
+    await promote_waiting(db, conn, [r.job_id for r in rows if r.overlap in BUFFERED])
+    return {r.idempotency_key for r in rows}
 
 
 async def fail(
@@ -295,24 +229,22 @@ async def fail(
     """Fenced failure: `next_state` pending (retry after the delay) or dead. Returns the new
     state, or None if the fence was stale."""
     async with db.transaction() as conn:
-        row = await db.fetchone(
-            "OccurrenceFail",
-            {
-                "key": key,
-                "fence": fence,
-                "next_state": next_state,
-                "reason": reason,
-                "error": error[:4000],
-                "delay": delay_seconds,
-                "outcome": outcome,
-            },
+        row = await attempts.fail(
+            db,
+            key=key,
+            fence=fence,
+            next_state=next_state,
+            reason=reason,
+            error=error[:4000],
+            delay_seconds=delay_seconds,
+            outcome=outcome,
             conn=conn,
         )
         if row is None:
             return None
-        if row["state"] == "dead" and row["overlap"] in BUFFERED:
-            await promote_waiting(db, conn, [row["job_id"]])
-    return str(row["state"])
+        if row.state == "dead" and row.overlap in BUFFERED:
+            await promote_waiting(db, conn, [row.job_id])
+    return row.state
 
 
 async def heartbeat(
@@ -321,23 +253,11 @@ async def heartbeat(
     """Extend all running leases in one statement; returns the keys still held."""
     if not running:
         return set()
-    rows = await db.fetch(
-        "OccurrenceHeartbeat",
-        {
-            "keys": [k for k, _ in running],
-            "fences": [f for _, f in running],
-            "lease": lease_seconds,
-            "worker_id": worker_id,
-        },
-    )
-    return {r["idempotency_key"] for r in rows}
+    return await attempts.heartbeat(db, running, worker_id=worker_id, lease_seconds=lease_seconds)
 
 
 async def release(db: Database, claimed: list[tuple[str, int]]) -> set[str]:
     """Give back claimed-but-unstarted occurrences (graceful shutdown)."""
     if not claimed:
         return set()
-    rows = await db.fetch(
-        "OccurrenceRelease", {"keys": [k for k, _ in claimed], "fences": [f for _, f in claimed]}
-    )
-    return {r["idempotency_key"] for r in rows}
+    return await attempts.release(db, claimed)

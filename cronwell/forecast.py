@@ -1,7 +1,8 @@
 """Demand forecast per worker pool, the concurrency it needs, and the replicas to plan.
 
-Pure logic except `forecast_pools`, which reads the store. The operator's WorkerPool loop
-calls `forecast_pools` then `plan_replicas` and scales the pool's Deployment ahead of bursts.
+Pure logic (no I/O): `fleet_forecast.forecast_pools` reads the store and calls it. The
+operator's WorkerPool loop calls `forecast_pools` then `plan_replicas` and scales the pool's
+Deployment ahead of bursts.
 
 The model, precisely:
 
@@ -49,12 +50,10 @@ from cronwell.cronexpr import uses_hash
 from cronwell.errors import SpecError
 from cronwell.models import ScheduledJobSpec
 from cronwell.schedule import JobSchedule, jitter_offset
-from cronwell.store import clock
 from cronwell.workerpool import WorkerPoolSpec
 
 if TYPE_CHECKING:
     from cronwell.metrics import Metrics
-    from cronwell.store.db import Database
 
 DEFAULT_SLO_SECONDS = 5.0
 """WorkerPool startSLOSeconds default."""
@@ -448,46 +447,3 @@ def export_metrics(metrics: Metrics, pf: PoolForecast, plan: ReplicaPlan) -> Non
     """Set the forecast gauges of one pool."""
     metrics.forecast_demand.labels(pf.pool).set(sum(pf.counts) + pf.backlog)
     metrics.planned_replicas.labels(pf.pool).set(plan.replicas)
-
-
-# ----------------------------------------------------------------------------- store
-
-
-async def forecast_pools(
-    db: Database,
-    horizon_seconds: float,
-    *,
-    pool: str | None = None,
-    resolution: float = 1.0,
-    pools: Mapping[str, WorkerPoolSpec] | None = None,
-    history: int = HISTORY_RUNS,
-    slo_seconds: float = DEFAULT_SLO_SECONDS,
-) -> dict[str, PoolForecast]:
-    """Forecast every pool (or `pool`) from the store, starting at the database's now
-    truncated to the second (so buckets, and burst times, fall on whole seconds and stay
-    the same from one forecast to the next): live jobs with their p90 durations, plus each
-    pool's backlog of due pending occurrences; concurrency per bucket uses each pool's SLO
-    and default duration from `pools` (WorkerPool specs); other pools use `slo_seconds` and
-    the default duration."""
-    pools = pools or {}
-    now = (await clock.now(db)).replace(microsecond=0)
-    jobs = [
-        ForecastJob(
-            str(r["id"]),
-            r["pool"],
-            r["spec"],
-            float(r["p90_seconds"]) if r["p90_seconds"] is not None else None,
-        )
-        for r in await db.fetch("ForecastJobList", {"pool": pool, "history": history})
-    ]
-    backlog = {
-        r["pool"]: int(r["n"])
-        for r in await db.fetch("QueueDepthByPool")
-        if pool is None or r["pool"] == pool
-    }
-    defaults = {p: s.default_duration_seconds for p, s in pools.items()}
-    out = demand(jobs, now, horizon_seconds, resolution, backlog=backlog, default_duration=defaults)
-    for p, pf in out.items():
-        spec = pools.get(p)
-        concurrency_timeline(pf, spec.start_slo_seconds if spec else slo_seconds)
-    return out

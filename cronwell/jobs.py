@@ -16,6 +16,8 @@ from cronwell import dispatch, schedule
 from cronwell.errors import CronwellError, JobNotFound
 from cronwell.models import ScheduledJobSpec
 from cronwell.store import clock
+from cronwell.store import jobs as store_jobs
+from cronwell.store import partitions as store_partitions
 from cronwell.store.db import Conn, Database
 
 log = logging.getLogger(__name__)
@@ -57,36 +59,34 @@ async def apply_job(
     digest = spec_hash(doc)
     async with db.transaction() as conn:
         # Two applies of one new name: the second waits here, then sees the first's row.
-        await db.execute("JobNameLock", {"namespace": namespace, "name": name}, conn=conn)
+        await store_jobs.lock_name(db, namespace=namespace, name=name, conn=conn)
         now = await clock.now(db, conn)
+        row: store_jobs.StoredJob | store_jobs.LiveJob | None
         if uid is not None:
-            row = await db.fetchone("JobGetById", {"id": uuid.UUID(str(uid))}, conn=conn)
-            if row is not None and row["deleted_at"] is not None:
-                return Applied(row["id"], namespace, name, "deleted", None)
+            row = await store_jobs.get_by_id(db, job_id=uuid.UUID(str(uid)), conn=conn)
+            if row is not None and row.deleted_at is not None:
+                return Applied(row.id, namespace, name, "deleted", None)
         else:
-            row = await db.fetchone("JobGetLive", {"namespace": namespace, "name": name}, conn=conn)
+            row = await store_jobs.get_live(db, namespace=namespace, name=name, conn=conn)
         if row is None:
-            parts = await db.fetchone("ConfigPartitionsShare", conn=conn)
-            if parts is None:
+            partitions = await store_partitions.count_shared(db, conn)
+            if partitions is None:
                 raise CronwellError("the store has no partition count: run `cronwell migrate`")
-            partitions = int(parts["partitions"])
             job_id = uuid.UUID(str(uid)) if uid is not None else uuid.uuid4()
             sched = schedule.JobSchedule.from_spec(job_id, spec)
             nxt = spec.run_at if spec.run_at is not None else sched.first_at_or_after(now)
-            await db.execute(
-                "JobInsert",
-                {
-                    "id": job_id,
-                    "namespace": namespace,
-                    "name": name,
-                    "spec": json.dumps(doc),
-                    "spec_hash": digest,
-                    "generation": generation or 1,
-                    "pool": spec.pool,
-                    "partition": schedule.partition_of(job_id, partitions),
-                    "next_run_at": nxt,
-                    "suspended": spec.suspend,
-                },
+            await store_jobs.insert(
+                db,
+                job_id=job_id,
+                namespace=namespace,
+                name=name,
+                spec=doc,
+                spec_hash=digest,
+                generation=generation or 1,
+                pool=spec.pool,
+                partition=schedule.partition_of(job_id, partitions),
+                next_run_at=nxt,
+                suspended=spec.suspend,
                 conn=conn,
             )
             log.info(
@@ -98,21 +98,19 @@ async def apply_job(
                 },
             )
             return Applied(job_id, namespace, name, "created", nxt)
-        job_id = row["id"]
-        if row["spec_hash"] == digest:
-            return Applied(job_id, namespace, name, "unchanged", row["next_run_at"])
-        nxt = await _reschedule(db, conn, job_id, spec, row["next_run_at"], now)
-        await db.execute(
-            "JobUpdate",
-            {
-                "id": job_id,
-                "spec": json.dumps(doc),
-                "spec_hash": digest,
-                "generation": generation or row["generation"] + 1,
-                "pool": spec.pool,
-                "next_run_at": nxt,
-                "suspended": spec.suspend,
-            },
+        job_id = row.id
+        if row.spec_hash == digest:
+            return Applied(job_id, namespace, name, "unchanged", row.next_run_at)
+        nxt = await _reschedule(db, conn, job_id, spec, row.next_run_at, now)
+        await store_jobs.update(
+            db,
+            job_id=job_id,
+            spec=doc,
+            spec_hash=digest,
+            generation=generation or row.generation + 1,
+            pool=spec.pool,
+            next_run_at=nxt,
+            suspended=spec.suspend,
             conn=conn,
         )
         log.info(
@@ -132,21 +130,19 @@ async def _reschedule(
 ) -> datetime | None:
     """Drop unstarted future occurrences (no fence was issued, so no effect happened) and
     restart the cursor where handling stopped, so no instant is lost or repeated."""
-    gone = await db.fetchone("JobFutureOccurrencesDelete", {"id": job_id}, conn=conn)
-    latest = (await db.fetchone("JobLatestScheduled", {"id": job_id}, conn=conn) or {}).get(
-        "latest"
-    )
+    earliest_gone = await store_jobs.delete_future_occurrences(db, job_id=job_id, conn=conn)
+    latest = await store_jobs.latest_scheduled(db, job_id=job_id, conn=conn)
     if spec.run_at is not None:
         return spec.run_at if latest is None or spec.run_at > latest else None
-    candidates = [t for t in (old_next, gone["earliest"] if gone else None) if t is not None]
+    candidates = [t for t in (old_next, earliest_gone) if t is not None]
     base = min(candidates) if candidates else now
     if latest is not None and base <= latest:
         base = latest + _EPS
     return schedule.JobSchedule.from_spec(job_id, spec).first_at_or_after(base)
 
 
-async def _find(db: Database, conn: Conn, namespace: str, name: str) -> Any:
-    row = await db.fetchone("JobGetLive", {"namespace": namespace, "name": name}, conn=conn)
+async def _find(db: Database, conn: Conn, namespace: str, name: str) -> store_jobs.LiveJob:
+    row = await store_jobs.get_live(db, namespace=namespace, name=name, conn=conn)
     if row is None:
         raise JobNotFound(
             f"no ScheduledJob {namespace}/{name} in the store "
@@ -159,14 +155,13 @@ async def delete_job(db: Database, *, namespace: str, name: str) -> uuid.UUID:
     """Tombstone a job: history is kept, unstarted occurrences are dropped."""
     async with db.transaction() as conn:
         row = await _find(db, conn, namespace, name)
-        await db.execute("JobTombstone", {"id": row["id"]}, conn=conn)
-    log.info("job deleted", extra={"action": "job_deleted", "job": str(row["id"])})
-    job_id: uuid.UUID = row["id"]
-    return job_id
+        await store_jobs.tombstone(db, job_id=row.id, conn=conn)
+    log.info("job deleted", extra={"action": "job_deleted", "job": str(row.id)})
+    return row.id
 
 
 async def delete_job_by_uid(db: Database, uid: str | uuid.UUID) -> None:
-    await db.execute("JobTombstone", {"id": uuid.UUID(str(uid))})
+    await store_jobs.tombstone(db, job_id=uuid.UUID(str(uid)))
 
 
 #: suspended_reason of jobs paused by `cronwell pause` (CamelCase like the other reasons,
@@ -186,23 +181,19 @@ class Paused:
 async def _suspended_others(
     db: Database, namespace: str | None, name: str | None
 ) -> list[tuple[str, str, str]]:
-    rows = await db.fetch("JobList", {"namespace": namespace})
+    rows = await store_jobs.list_live(db, namespace=namespace)
     return [
-        (r["namespace"], r["name"], r["suspended_reason"] or "spec.suspend")
+        (r.namespace, r.name, r.suspended_reason or "spec.suspend")
         for r in rows
-        if r["suspended"]
-        and r["suspended_reason"] != PAUSE_REASON
-        and (name is None or r["name"] == name)
+        if r.suspended and r.suspended_reason != PAUSE_REASON and (name is None or r.name == name)
     ]
 
 
 async def pause(db: Database, *, namespace: str | None, name: str | None = None) -> Paused:
     """Suspend the selected live jobs with reason Paused (the incident button). Jobs already
     suspended keep their reason, so `resume --all` does not resume them by mistake."""
-    rows = await db.fetch(
-        "JobPauseBatch", {"namespace": namespace, "name": name, "reason": PAUSE_REASON}
-    )
-    changed = [(r["namespace"], r["name"]) for r in rows]
+    rows = await store_jobs.pause(db, namespace=namespace, name=name, reason=PAUSE_REASON)
+    changed = [(r.namespace, r.name) for r in rows]
     if name is not None and not changed:
         async with db.transaction() as conn:
             await _find(db, conn, namespace or "default", name)
@@ -217,8 +208,8 @@ async def pause(db: Database, *, namespace: str | None, name: str | None = None)
 async def resume_paused(db: Database, *, namespace: str | None) -> Paused:
     """Resume the jobs `pause` suspended (in one namespace, or all); jobs suspended by their
     spec, by `cronwell suspend` or after failures stay suspended and are listed."""
-    rows = await db.fetch("JobResumePausedBatch", {"namespace": namespace, "reason": PAUSE_REASON})
-    changed = [(r["namespace"], r["name"]) for r in rows]
+    rows = await store_jobs.resume_paused(db, namespace=namespace, reason=PAUSE_REASON)
+    changed = [(r.namespace, r.name) for r in rows]
     if changed:
         log.info(
             "jobs resumed",
@@ -232,8 +223,8 @@ async def set_suspended(
 ) -> None:
     async with db.transaction() as conn:
         row = await _find(db, conn, namespace, name)
-        await db.execute(
-            "JobSuspendSet", {"id": row["id"], "suspended": suspended, "reason": reason}, conn=conn
+        await store_jobs.set_suspended(
+            db, job_id=row.id, suspended=suspended, reason=reason, conn=conn
         )
 
 
@@ -244,21 +235,19 @@ async def trigger_job(
     trigger_id = trigger_id or uuid.uuid4().hex
     async with db.transaction() as conn:
         row = await _find(db, conn, namespace, name)
-        spec = ScheduledJobSpec.model_validate(row["spec"])
-        key = schedule.trigger_key(row["id"], trigger_id)
-        created = await db.fetchone(
-            "OccurrenceTriggerInsert",
-            {
-                "key": key,
-                "job_id": row["id"],
-                "pool": spec.pool,
-                "overlap": spec.concurrency_policy,
-                "delivery": spec.delivery,
-                "max_attempts": spec.retry.max_attempts,
-                "timeout_seconds": spec.timeout_seconds,
-            },
+        spec = ScheduledJobSpec.model_validate(row.spec)
+        key = schedule.trigger_key(row.id, trigger_id)
+        created = await store_jobs.insert_trigger(
+            db,
+            key=key,
+            job_id=row.id,
+            pool=spec.pool,
+            overlap=spec.concurrency_policy,
+            delivery=spec.delivery,
+            max_attempts=spec.retry.max_attempts,
+            timeout_seconds=spec.timeout_seconds,
             conn=conn,
         )
         now = await clock.now(db, conn)
         await dispatch.notify_due(db, conn, [(spec.pool, now)])
-    return key, created is not None
+    return key, created

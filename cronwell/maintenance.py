@@ -24,13 +24,17 @@ import logging
 import os
 import socket
 import uuid
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import NoReturn
 
 from cronwell import dispatch
 from cronwell.metrics import Metrics
+from cronwell.store import attempts, claims, history
+from cronwell.store.attempts import Reaped
 from cronwell.store.db import Database
 from cronwell.store.processes import ProcessEntry
+from cronwell.supervise import repeat
 
 log = logging.getLogger(__name__)
 
@@ -60,27 +64,52 @@ def this_process(
     )
 
 
-async def reap(db: Database, *, limit: int) -> list[dict[str, Any]]:
+async def reap(db: Database, *, limit: int) -> list[Reaped]:
     """Expired leases back to pending (AtLeastOnce) or dead (AtMostOnce / exhausted; a
     death counts toward suspendAfterFailures like any other); and waiting occurrences left
     with nothing active ahead of them start."""
     async with db.transaction() as conn:
-        rows = await db.fetch("LeaseReap", {"limit": limit}, conn=conn)
-        stranded = await db.fetch("WaitingStranded", {"limit": limit}, conn=conn)
+        rows = await attempts.reap_leases(db, limit=limit, conn=conn)
+        stranded = await claims.stranded(db, limit=limit, conn=conn)
         await dispatch.promote_waiting(
             db,
             conn,
-            [
-                r["job_id"]
-                for r in rows
-                if r["state"] == "dead" and r["overlap"] in dispatch.BUFFERED
-            ]
-            + [r["job_id"] for r in stranded],
+            [r.job_id for r in rows if r.state == "dead" and r.overlap in dispatch.BUFFERED]
+            + stranded,
         )
         await dispatch.notify_due(
-            db, conn, [(r["pool"], r["run_at"]) for r in rows if r["state"] == "pending"]
+            db, conn, [(r.pool, r.run_at) for r in rows if r.state == "pending"]
         )
-    return [dict(r) for r in rows]
+    return rows
+
+
+class Reaper:
+    """Reaps expired leases and promotes stranded waiting occurrences, every tick (every
+    scheduler runs one: the statements skip rows another reaper holds)."""
+
+    def __init__(self, db: Database, *, batch_size: int, interval_seconds: float, metrics: Metrics):
+        self.db = db
+        self.batch_size = batch_size
+        self.interval_seconds = interval_seconds
+        self.metrics = metrics
+
+    async def reap_once(self) -> int:
+        """One batch; a death counts in the outcome metric like a worker's dead letter.
+        Returns the leases reaped."""
+        rows = await reap(self.db, limit=self.batch_size)
+        for r in rows:
+            self.metrics.leases_reaped.labels(r.state).inc()
+            if r.state == "dead":
+                self.metrics.outcomes.labels(r.pool, "dead").inc()
+        return len(rows)
+
+    async def run(self) -> NoReturn:
+        """Reap every `interval_seconds` until cancelled."""
+
+        async def step() -> None:
+            await self.reap_once()
+
+        await repeat("reap pass", step, interval_seconds=self.interval_seconds)
 
 
 @dataclass
@@ -120,25 +149,18 @@ class Pruner:
         res = PruneResult()
         after = _ZERO
         while True:
-            row = await self.db.fetchone(
-                "HistoryLimitPrune",
-                {"after": after, "jobs": self.batch_jobs, "limit": self.batch_rows},
+            row = await history.limit_prune(
+                self.db, after=after, jobs=self.batch_jobs, limit=self.batch_rows
             )
-            if row is None or row["last_job"] is None:
+            if row.last_job is None:
                 break
-            res.history += int(row["deleted"])
-            if int(row["deleted"]) < self.batch_rows:
-                after = row["last_job"]  # this range is within its limits: next range
-        params = {"retention": self.retention_seconds, "limit": self.batch_rows}
-        res.retention = await self._drain("HistoryRetentionPrune", params)
-        while True:
-            row = await self.db.fetchone("JobTombstonePurge", params)
-            n = int(row["n"]) if row else 0
-            res.jobs += n
-            if n < self.batch_rows:
-                break
-        res.other = await self._drain("StatusChangesPrune", params)
-        res.other += await self._drain("OutboxPublishedPrune", params)
+            res.history += row.deleted
+            if row.deleted < self.batch_rows:
+                after = row.last_job  # this range is within its limits: next range
+        res.retention = await self._drain(history.retention_prune)
+        res.jobs = await self._drain(history.tombstones_purge)
+        res.other = await self._drain(history.status_changes_prune)
+        res.other += await self._drain(history.outbox_published_prune)
         if self.metrics is not None:
             self.metrics.pruned.labels("history").inc(res.history)
             self.metrics.pruned.labels("retention").inc(res.retention)
@@ -155,10 +177,13 @@ class Pruner:
             )
         return res
 
-    async def _drain(self, query: str, params: dict[str, Any]) -> int:
+    async def _drain(self, prune: Callable[..., Awaitable[int]]) -> int:
+        """Run one of `history`'s prunes until a batch comes back short."""
         total = 0
         while True:
-            n = await self.db.execute(query, params)
+            n = await prune(
+                self.db, retention_seconds=self.retention_seconds, limit=self.batch_rows
+            )
             total += n
             if n < self.batch_rows:
                 return total

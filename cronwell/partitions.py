@@ -16,6 +16,7 @@ import uuid
 
 from cronwell.errors import CronwellError, PartitionMismatch
 from cronwell.schedule import partition_of
+from cronwell.store import partitions as store_partitions
 from cronwell.store.db import Conn, Database
 
 log = logging.getLogger(__name__)
@@ -27,10 +28,10 @@ _ZERO = uuid.UUID(int=0)
 
 async def read(db: Database, conn: Conn | None = None) -> int:
     """The store's partition count."""
-    row = await db.fetchone("ConfigPartitionsGet", conn=conn)
-    if row is None:
+    n = await store_partitions.count(db, conn)
+    if n is None:
         raise CronwellError("the store has no partition count: run `cronwell migrate`")
-    return int(row["partitions"])
+    return n
 
 
 async def check(db: Database, configured: int | None) -> int:
@@ -52,26 +53,23 @@ async def set_count(db: Database, partitions: int) -> tuple[int, int]:
         raise CronwellError(f"partitions must be between 1 and {MAX_PARTITIONS}, not {partitions}")
     moved = 0
     async with db.transaction() as conn:
-        row = await db.fetchone("ConfigPartitionsLock", conn=conn)
-        if row is None:
+        old = await store_partitions.count_locked(db, conn)
+        if old is None:
             raise CronwellError("the store has no partition count: run `cronwell migrate`")
-        old = int(row["partitions"])
         if old == partitions:
             return old, 0
-        await db.execute("ConfigPartitionsSet", {"partitions": partitions}, conn=conn)
+        await store_partitions.set_count(db, partitions=partitions, conn=conn)
         after = _ZERO
         while True:
-            page = await db.fetch("JobPartitionList", {"after": after, "limit": _PAGE}, conn=conn)
+            page = await store_partitions.job_page(db, after=after, limit=_PAGE, conn=conn)
             if not page:
                 break
-            ids = [r["id"] for r in page]
+            ids = [r.id for r in page]
             parts = [partition_of(i, partitions) for i in ids]
-            moved += await db.execute(
-                "JobPartitionSetBatch", {"ids": ids, "partitions": parts}, conn=conn
-            )
+            moved += await store_partitions.move_jobs(db, ids=ids, partitions=parts, conn=conn)
             after = ids[-1]
-        await db.execute("PartitionEnsure", {"partitions": partitions}, conn=conn)
-        await db.execute("PartitionTrim", {"partitions": partitions}, conn=conn)
+        await store_partitions.ensure_leases(db, partitions=partitions, conn=conn)
+        await store_partitions.trim_leases(db, partitions=partitions, conn=conn)
     log.warning(
         "partition count changed",
         extra={"action": "partitions_set", "old": old, "new": partitions, "moved": moved},

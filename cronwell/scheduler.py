@@ -29,7 +29,7 @@ from cronwell.metrics import Metrics
 from cronwell.models import MisfirePolicy, ScheduledJobSpec
 from cronwell.plan import plan_job
 from cronwell.settings import SchedulerSettings
-from cronwell.store import processes
+from cronwell.store import gauges, leases, materialise, processes
 from cronwell.store.db import Database
 from cronwell.store.migrate import check_schema
 from cronwell.supervise import Supervisor, repeat
@@ -96,6 +96,12 @@ class Scheduler:
             batch_rows=settings.prune_batch_rows,
             metrics=self.metrics,
         )
+        self.reaper = maintenance.Reaper(
+            db,
+            batch_size=settings.reap_batch_size,
+            interval_seconds=settings.tick_seconds,
+            metrics=self.metrics,
+        )
         self.specs = SpecCache()
         self.materialised_total = 0
         self.missed_total = 0
@@ -118,17 +124,10 @@ class Scheduler:
         s = self.settings
         self.partitions = await partitions.read(self.db)
         if self.owned:
-            parts = sorted(self.owned)
-            rows = await self.db.fetch(
-                "PartitionRenew",
-                {
-                    "holder": self.holder,
-                    "ttl": s.partition_lease_seconds,
-                    "partitions": parts,
-                    "epochs": [self.owned[p] for p in parts],
-                },
+            rows = await leases.renew(
+                self.db, holder=self.holder, owned=self.owned, ttl_seconds=s.partition_lease_seconds
             )
-            kept = {r["partition"]: r["epoch"] for r in rows}
+            kept = {r.partition: r.epoch for r in rows}
             lost = set(self.owned) - set(kept)
             if lost:
                 self.metrics.partitions_lost.inc(len(lost))
@@ -145,27 +144,25 @@ class Scheduler:
         target = math.ceil(self.partitions / max(1, live))
         if len(self.owned) > target:
             extra = sorted(self.owned)[target:]
-            await self.db.execute("PartitionRelease", {"holder": self.holder, "partitions": extra})
+            await leases.release(self.db, holder=self.holder, partitions=extra)
             for p in extra:
                 del self.owned[p]
         elif len(self.owned) < target:
-            rows = await self.db.fetch(
-                "PartitionAcquire",
-                {
-                    "holder": self.holder,
-                    "ttl": s.partition_lease_seconds,
-                    "want": target - len(self.owned),
-                },
+            rows = await leases.acquire(
+                self.db,
+                holder=self.holder,
+                want=target - len(self.owned),
+                ttl_seconds=s.partition_lease_seconds,
             )
             for r in rows:
-                self.owned[r["partition"]] = r["epoch"]
+                self.owned[r.partition] = r.epoch
             self.metrics.partition_takeovers.inc(len(rows))
             if rows:
                 log.info(
                     "partitions acquired",
                     extra={
                         "action": "partition_acquired",
-                        "partitions": sorted(r["partition"] for r in rows),
+                        "partitions": sorted(r.partition for r in rows),
                     },
                 )
                 self._wake.set()
@@ -177,18 +174,16 @@ class Scheduler:
         m.partitions_owned.set(len(self.owned))
         if 0 not in self.owned:
             return
-        for r in await self.db.fetch("QueueDepthByPool"):
-            m.queue_depth.labels(r["pool"]).set(r["n"])
-        m.behind.set((await self.db.fetchone("JobsBehindCount") or {"n": 0})["n"])
-        m.dlq_size.set((await self.db.fetchone("DeadCount") or {"n": 0})["n"])
+        for r in await gauges.queue_depth(self.db):
+            m.queue_depth.labels(r.pool).set(r.n)
+        m.behind.set(await gauges.jobs_behind(self.db))
+        m.dlq_size.set(await gauges.dead_count(self.db))
 
     async def resign(self) -> None:
         """Release every partition so the other replicas take over at once."""
         if self.owned:
             with contextlib.suppress(DatabaseError):  # best effort: leases expire anyway
-                await self.db.execute(
-                    "PartitionRelease", {"holder": self.holder, "partitions": sorted(self.owned)}
-                )
+                await leases.release(self.db, holder=self.holder, partitions=sorted(self.owned))
         with contextlib.suppress(DatabaseError):
             await processes.delete(self.db, self.holder)
         self.owned = {}
@@ -203,42 +198,24 @@ class Scheduler:
         s = self.settings
         started = time.perf_counter()
         async with self.db.transaction() as conn:
-            jobs = await self.db.fetch(
-                "JobDueClaim",
-                {
-                    "holder": self.holder,
-                    "partition": partition,
-                    "epoch": epoch,
-                    "horizon": s.horizon_seconds,
-                    "limit": s.batch_size,
-                },
+            jobs = await materialise.claim_due(
+                self.db,
+                holder=self.holder,
+                partition=partition,
+                epoch=epoch,
+                horizon_seconds=s.horizon_seconds,
+                limit=s.batch_size,
                 conn=conn,
             )
             if not jobs:
                 return 0
-            now: datetime = jobs[0]["db_now"]
-            occ: dict[str, list[Any]] = {
-                k: []
-                for k in (
-                    "keys",
-                    "job_ids",
-                    "pools",
-                    "scheduled_for",
-                    "run_at",
-                    "states",
-                    "reasons",
-                    "origins",
-                    "overlaps",
-                    "deliveries",
-                    "max_attempts",
-                    "timeouts",
-                )
-            }
-            adv: dict[str, list[Any]] = {"ids": [], "next_run_at": [], "missed": []}
+            now = jobs[0].db_now
+            occ = materialise.NewOccurrences()
+            adv = materialise.Advances()
             due: list[tuple[str, datetime]] = []
             for job in jobs:
                 try:
-                    spec, sched = self.specs.get(job["id"], job["spec_hash"], job["spec"])
+                    spec, sched = self.specs.get(job.id, job.spec_hash, job.spec)
                 except (pydantic.ValidationError, SpecError) as e:
                     # A stored spec this version refuses (written by an older version, or
                     # straight into the database): park the job until its spec changes
@@ -247,28 +224,27 @@ class Scheduler:
                         e.errors()[0]["msg"] if isinstance(e, pydantic.ValidationError) else str(e)
                     )
                     log.error(
-                        f"job {job['id']}: stored spec is invalid; parked until it changes: "
-                        f"{reason}",
-                        extra={"action": "spec_invalid", "job": str(job["id"])},
+                        f"job {job.id}: stored spec is invalid; parked until it changes: {reason}",
+                        extra={"action": "spec_invalid", "job": str(job.id)},
                     )
-                    adv["ids"].append(job["id"])
-                    adv["next_run_at"].append(None)
-                    adv["missed"].append(0)
+                    adv.ids.append(job.id)
+                    adv.next_run_at.append(None)
+                    adv.missed.append(0)
                     continue
                 deadline = timedelta(
                     seconds=spec.starting_deadline_seconds or s.misfire_threshold_seconds
                 )
                 plan = plan_job(
                     sched,
-                    job["next_run_at"],
+                    job.next_run_at,
                     now=now,
                     horizon=timedelta(seconds=s.horizon_seconds),
                     deadline=deadline,
                     policy=MisfirePolicy(spec.misfire_policy),
                     max_catchup=spec.max_catchup,
-                    resumed_at=job["resumed_at"],
+                    resumed_at=job.resumed_at,
                 )
-                jitter = schedule.jitter_offset(job["id"], spec.jitter_seconds)
+                jitter = schedule.jitter_offset(job.id, spec.jitter_seconds)
                 for t in plan.run:
                     catchup = t in plan.catchup
                     run_at = now if catchup else t + jitter
@@ -282,9 +258,9 @@ class Scheduler:
                         None,
                         "catchup" if catchup else "schedule",
                     )
-                    due.append((job["pool"], run_at))
+                    due.append((job.pool, run_at))
                 for t in plan.missed:
-                    suspended = job["resumed_at"] is not None and t < job["resumed_at"]
+                    suspended = job.resumed_at is not None and t < job.resumed_at
                     _add(
                         occ,
                         job,
@@ -298,33 +274,33 @@ class Scheduler:
                         f"(policy {spec.misfire_policy})",
                         "schedule",
                     )
-                adv["ids"].append(job["id"])
-                adv["next_run_at"].append(plan.next_run_at)
-                adv["missed"].append(len(plan.missed))
+                adv.ids.append(job.id)
+                adv.next_run_at.append(plan.next_run_at)
+                adv.missed.append(len(plan.missed))
                 if plan.missed:
                     log.warning(
                         "missed instants recorded",
                         extra={
                             "action": "misfire",
-                            "job": str(job["id"]),
+                            "job": str(job.id),
                             "missed": len(plan.missed),
                             "policy": spec.misfire_policy,
                         },
                     )
-            if occ["keys"]:
-                await self.db.execute("OccurrenceInsertBatch", occ, conn=conn)
-            await self.db.execute("JobAdvanceBatch", adv, conn=conn)
+            if occ.keys:
+                await materialise.insert_occurrences(self.db, occ, conn=conn)
+            await materialise.advance(self.db, adv, conn=conn)
             await dispatch.notify_due(self.db, conn, due)
         self.materialised_total += len(due)
-        self.missed_total += sum(adv["missed"])
+        self.missed_total += sum(adv.missed)
         m = self.metrics
         m.batch_size.observe(len(jobs))
         m.batch_seconds.observe(time.perf_counter() - started)
-        m.missed.inc(sum(adv["missed"]))
-        for origin in set(occ["origins"]):
+        m.missed.inc(sum(adv.missed))
+        for origin in set(occ.origins):
             n = sum(
                 1
-                for o, st in zip(occ["origins"], occ["states"], strict=True)
+                for o, st in zip(occ.origins, occ.states, strict=True)
                 if o == origin and st == "pending"
             )
             m.materialised.labels(origin).inc(n)
@@ -363,6 +339,7 @@ class Scheduler:
         tasks = Supervisor(f"scheduler {self.holder}")
         tasks.spawn(self._lease_loop(), "leases")
         tasks.spawn(self._work_loop(), "materialise")
+        tasks.spawn(self.reaper.run(), "reap")
         tasks.spawn(self._prune_loop(), "prune")
         try:
             await tasks.wait(self._stop.wait())
@@ -394,20 +371,9 @@ class Scheduler:
 
         await repeat("partition leases", step, interval_seconds=interval)
 
-    async def reap_once(self) -> int:
-        """Reap expired leases (cronwell.maintenance); a death counts in the outcome metric
-        like a worker's dead letter. Returns the leases reaped."""
-        rows = await maintenance.reap(self.db, limit=self.settings.reap_batch_size)
-        for r in rows:
-            self.metrics.leases_reaped.labels(r["state"]).inc()
-            if r["state"] == "dead":
-                self.metrics.outcomes.labels(r["pool"], "dead").inc()
-        return len(rows)
-
     async def _work_loop(self) -> None:
         async def step() -> float:
             await self.materialise_until_idle()
-            await self.reap_once()
             self._wake.clear()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), self.settings.tick_seconds)
@@ -424,8 +390,8 @@ class Scheduler:
 
 
 def _add(
-    occ: dict[str, list[Any]],
-    job: Any,
+    occ: materialise.NewOccurrences,
+    job: materialise.DueJob,
     spec: ScheduledJobSpec,
     t: datetime,
     run_at: datetime,
@@ -433,15 +399,15 @@ def _add(
     reason: str | None,
     origin: str,
 ) -> None:
-    occ["keys"].append(schedule.occurrence_key(job["id"], t))
-    occ["job_ids"].append(job["id"])
-    occ["pools"].append(job["pool"])
-    occ["scheduled_for"].append(t)
-    occ["run_at"].append(run_at)
-    occ["states"].append(state)
-    occ["reasons"].append(reason)
-    occ["origins"].append(origin)
-    occ["overlaps"].append(spec.concurrency_policy)
-    occ["deliveries"].append(spec.delivery)
-    occ["max_attempts"].append(spec.retry.max_attempts)
-    occ["timeouts"].append(spec.timeout_seconds)
+    occ.keys.append(schedule.occurrence_key(job.id, t))
+    occ.job_ids.append(job.id)
+    occ.pools.append(job.pool)
+    occ.scheduled_for.append(t)
+    occ.run_at.append(run_at)
+    occ.states.append(state)
+    occ.reasons.append(reason)
+    occ.origins.append(origin)
+    occ.overlaps.append(spec.concurrency_policy)
+    occ.deliveries.append(spec.delivery)
+    occ.max_attempts.append(spec.retry.max_attempts)
+    occ.timeouts.append(spec.timeout_seconds)

@@ -7,7 +7,10 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from cronwell.store.policies import PoolPolicyRow
 
 ANY = "*"
 
@@ -44,13 +47,13 @@ class PoolPolicy:
     handlers: tuple[str, ...] | None = None  # None: any handler
 
     @classmethod
-    def from_row(cls, r: Mapping[str, Any]) -> PoolPolicy:
+    def from_row(cls, r: PoolPolicyRow) -> PoolPolicy:
         return cls(
-            r["pool"],
-            r["owner_namespace"],
-            tuple(r["namespaces"] or ()),
-            r["namespace_selector"],
-            tuple(r["handlers"]) if r["handlers"] is not None else None,
+            r.pool,
+            r.owner_namespace,
+            tuple(r.namespaces or ()),
+            r.namespace_selector,
+            tuple(r.handlers) if r.handlers is not None else None,
         )
 
     def allows_namespace(self, namespace: str, labels: Mapping[str, str]) -> bool:

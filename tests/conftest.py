@@ -8,11 +8,11 @@ import os
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
-import psycopg
 import pytest
 
 from cronwell.embedded import EmbeddedPostgres
 from cronwell.store import Database, migrate
+from cronwell_operator.testing import create_database
 
 _counter = itertools.count()
 
@@ -34,27 +34,17 @@ def pg_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedPost
     server.stop("immediate")
 
 
-def _admin_url(server: EmbeddedPostgres, dbname: str = "postgres") -> str:
-    return f"postgresql://postgres@127.0.0.1:{server.port}/{dbname}"
-
-
 @pytest.fixture(scope="session")
 async def template_db(pg_server: EmbeddedPostgres) -> str:
     """A database migrated once; each test clones it (CREATE DATABASE ... TEMPLATE)."""
-    with psycopg.connect(_admin_url(pg_server), autocommit=True) as conn:
-        conn.execute("DROP DATABASE IF EXISTS cronwell_template")
-        conn.execute("CREATE DATABASE cronwell_template")
-    async with Database(_admin_url(pg_server, "cronwell_template")) as db:
+    async with Database(create_database(pg_server.port, None, "cronwell_template")) as db:
         await migrate(db)
     return "cronwell_template"
 
 
 @pytest.fixture
 def db_url(pg_server: EmbeddedPostgres, template_db: str) -> str:
-    name = f"t_{os.getpid()}_{next(_counter)}"
-    with psycopg.connect(_admin_url(pg_server), autocommit=True) as conn:
-        conn.execute(f"CREATE DATABASE {name} TEMPLATE {template_db}")  # type: ignore[arg-type]
-    return _admin_url(pg_server, name)
+    return create_database(pg_server.port, template_db, f"t_{os.getpid()}_{next(_counter)}")
 
 
 @pytest.fixture
@@ -66,10 +56,7 @@ async def db(db_url: str) -> AsyncIterator[Database]:
 @pytest.fixture
 def empty_db_url(pg_server: EmbeddedPostgres) -> str:
     """A database with no schema at all (migration tests)."""
-    name = f"e_{os.getpid()}_{next(_counter)}"
-    with psycopg.connect(_admin_url(pg_server), autocommit=True) as conn:
-        conn.execute(f"CREATE DATABASE {name}")  # type: ignore[arg-type]
-    return _admin_url(pg_server, name)
+    return create_database(pg_server.port, None, f"e_{os.getpid()}_{next(_counter)}")
 
 
 REPO = Path(__file__).resolve().parents[1]

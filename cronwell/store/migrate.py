@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import logging
 import re
+from dataclasses import dataclass
 from importlib import resources
 
 from cronwell.errors import SchemaMissing, SchemaTooNew
-from cronwell.store.db import Database
+from cronwell.store import partitions as store_partitions
+from cronwell.store.db import Conn, Database
 
 log = logging.getLogger(__name__)
 _FILE = re.compile(r"^(\d{4})_(\w+)\.sql$")
@@ -38,7 +40,7 @@ async def migrate(db: Database, *, partitions: int | None = None) -> list[int]:
     async with db.transaction() as conn:
         await db.execute("MigrationLock", conn=conn)
         await db.execute("MigrationTableCreate", conn=conn)
-        done = {r["version"] for r in await db.fetch("MigrationList", conn=conn)}
+        done = await applied_versions(db, conn)
         newest = max(done, default=0)
         if newest > SCHEMA_VERSION:
             raise SchemaTooNew(
@@ -50,13 +52,13 @@ async def migrate(db: Database, *, partitions: int | None = None) -> list[int]:
                 continue
             log.info("applying migration", extra={"action": "migrate", "version": version})
             await conn.execute(sql)
-            await db.execute("MigrationRecord", {"version": version, "name": name}, conn=conn)
+            await record(db, version=version, name=name, conn=conn)
             applied.append(version)
         p = partitions or DEFAULT_PARTITIONS
-        await db.execute("ConfigPartitionsInit", {"partitions": p}, conn=conn)
-        row = await db.fetchone("ConfigPartitionsGet", conn=conn)
-        await db.execute(
-            "PartitionEnsure", {"partitions": row["partitions"] if row else p}, conn=conn
+        await store_partitions.init_count(db, partitions=p, conn=conn)
+        stored = await store_partitions.count(db, conn)
+        await store_partitions.ensure_leases(
+            db, partitions=stored if stored is not None else p, conn=conn
         )
     return applied
 
@@ -65,12 +67,7 @@ async def check_schema(db: Database) -> None:
     """Refuse to run against a schema newer than the code, an older one, or none at all
     (read-only: a process that does not migrate must not create tables either)."""
     async with db.connection() as conn:
-        present = await db.fetchone("SchemaPresent", conn=conn)
-        done = (
-            {r["version"] for r in await db.fetch("MigrationList", conn=conn)}
-            if present and present["present"]
-            else set()
-        )
+        done = await applied_versions(db, conn) if await schema_present(db, conn) else set()
     newest = max(done, default=0)
     if newest > SCHEMA_VERSION:
         raise SchemaTooNew(
@@ -84,3 +81,26 @@ async def check_schema(db: Database) -> None:
             f"the database schema is at version {newest}, older than this cronwell "
             f"({SCHEMA_VERSION}): run `cronwell migrate` first"
         )
+
+
+@dataclass(frozen=True, slots=True)
+class AppliedMigration:
+    """A row of cronwell_migrations (only the version is read)."""
+
+    version: int
+
+
+async def applied_versions(db: Database, conn: Conn | None = None) -> set[int]:
+    """The migration versions recorded as applied."""
+    return {r.version for r in await db.rows(AppliedMigration, "MigrationList", conn=conn)}
+
+
+async def record(db: Database, *, version: int, name: str, conn: Conn | None = None) -> None:
+    """Mark migration `version` applied (in the transaction that applied it)."""
+    await db.execute("MigrationRecord", {"version": version, "name": name}, conn=conn)
+
+
+async def schema_present(db: Database, conn: Conn | None = None) -> bool:
+    """Whether the migrations table exists (read-only: checking never creates it)."""
+    present: bool = await db.scalar("SchemaPresent", conn=conn)
+    return present

@@ -33,7 +33,7 @@ import urllib.request
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
-from typing import IO
+from typing import IO, Self
 
 import yaml
 
@@ -174,12 +174,20 @@ def sweep_stale_dirs() -> None:
     belongs to a dead process. etcd preallocates its WAL, so a leak is ~100 MiB each.
     """
     for lock in Path(tempfile.gettempdir()).glob(f"{DIR_PREFIX}*/owner.lock"):
-        try:
-            with lock.open("rb") as held:
-                fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:  # held by a live owner, or already gone
-            continue
-        shutil.rmtree(lock.parent, ignore_errors=True)
+        if not owned(lock.parent):
+            shutil.rmtree(lock.parent, ignore_errors=True)
+
+
+def owned(directory: Path) -> bool:
+    """Whether a live harness owns ``directory`` (it holds the flock on owner.lock)."""
+    try:
+        with (directory / "owner.lock").open("rb") as held:
+            fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except FileNotFoundError:
+        return False
+    except OSError:
+        return True
+    return False
 
 
 # --------------------------------------------------------------------------------- PKI
@@ -328,6 +336,50 @@ class Cluster:
         return names
 
 
+class LocalCluster(Cluster):
+    """A cluster this process runs (start() and stop(); ``with`` calls them) in a temp dir
+    of its own, locked while it lives so that a sweeper leaves it alone."""
+
+    dir: Path | None
+    _lock: IO[bytes] | None
+
+    def start(self) -> None:
+        raise NotImplementedError
+
+    def stop(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self) -> Self:
+        self.start()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+    def _make_dir(self, prefix: str) -> Path:
+        """A new temp dir (for ``self.dir``), locked before it gets its final name, so a
+        sweeper never sees it unlocked."""
+        directory = Path(tempfile.mkdtemp(prefix=prefix))
+        self._lock = (directory / ".owner.lock").open("wb")
+        fcntl.flock(self._lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        (directory / ".owner.lock").rename(directory / "owner.lock")
+        return directory
+
+    def _remove_dir(self) -> None:
+        """Remove the temp dir, then let go of its lock. Idempotent."""
+        if self.dir is not None:
+            shutil.rmtree(self.dir, ignore_errors=True)
+            self.dir = None
+        if self._lock is not None:
+            self._lock.close()
+            self._lock = None
+
+
 class ExistingCluster(Cluster):
     """A cluster someone else runs (kind, a CI cluster), reached through its kubeconfig."""
 
@@ -342,7 +394,7 @@ class ExistingCluster(Cluster):
         super().__init__(kubeconfig, kubectl)
 
 
-class ControlPlane(Cluster):
+class ControlPlane(LocalCluster):
     """etcd + kube-apiserver on free 127.0.0.1 ports, with a temp dir removed on exit.
 
     Use as a context manager; both servers are stopped (SIGTERM, then SIGKILL) and the
@@ -393,18 +445,6 @@ class ControlPlane(Cluster):
 
     # -- lifecycle
 
-    def __enter__(self) -> ControlPlane:
-        self.start()
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
-
     @property
     def ca_file(self) -> Path:
         """PEM of the CA that signed the API server's serving certificate."""
@@ -429,11 +469,7 @@ class ControlPlane(Cluster):
 
     def _start(self) -> None:
         sweep_stale_dirs()
-        self.dir = Path(tempfile.mkdtemp(prefix=DIR_PREFIX))
-        # Locked before it gets its final name, so a sweeper never sees it unlocked.
-        self._lock = (self.dir / ".owner.lock").open("wb")
-        fcntl.flock(self._lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        (self.dir / ".owner.lock").rename(self.dir / "owner.lock")
+        self.dir = self._make_dir(DIR_PREFIX)
         pki = self.dir / "pki"
         generate_pki(pki, self.alt_names)
         (self.dir / "tokens.csv").write_text(
@@ -540,9 +576,4 @@ class ControlPlane(Cluster):
             for proc in self.processes.values():
                 _stop(proc, 0)
             self.processes.clear()
-            if self.dir is not None:
-                shutil.rmtree(self.dir, ignore_errors=True)
-                self.dir = None
-            if self._lock is not None:
-                self._lock.close()
-                self._lock = None
+            self._remove_dir()

@@ -45,7 +45,7 @@ import tempfile
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from types import FrameType, TracebackType
+from types import FrameType
 from typing import IO, Any
 
 import yaml
@@ -53,14 +53,15 @@ import yaml
 from cronwell.testing.controlplane import (
     ADMIN_USER,
     SERVICE_CLUSTER_IP_RANGE,
-    Cluster,
     ControlPlane,
     ControlPlaneError,
+    LocalCluster,
     _spawn,
     _stop,
     _tail,
     find_assets,
     free_port,
+    owned,
     sweep_stale_dirs,
     write_kubeconfig,
 )
@@ -204,7 +205,7 @@ def teardown(state: dict[str, Any]) -> list[str]:
                 _sysctl_path(name).write_text(value)
         except OSError as exc:
             problems.append(f"sysctl {name}: {exc}")
-    others = [d for d in _node_dirs() if str(d) != state["dir"] and _locked(d)]
+    others = [d for d in _node_dirs() if str(d) != state["dir"] and owned(d)]
     for created in state.get("created_dirs", []):
         if not others:
             with contextlib.suppress(OSError):
@@ -216,24 +217,12 @@ def _node_dirs() -> list[Path]:
     return sorted(p for p in Path(tempfile.gettempdir()).glob(f"{DIR_PREFIX}*") if p.is_dir())
 
 
-def _locked(directory: Path) -> bool:
-    """Whether a live harness owns ``directory`` (it holds the flock on owner.lock)."""
-    try:
-        with (directory / "owner.lock").open("rb") as held:
-            fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except FileNotFoundError:
-        return False
-    except OSError:
-        return True
-    return False
-
-
 def sweep(verbose: bool = False) -> int:
     """Tear down every run whose owner is gone (crashed, SIGKILLed); returns how many."""
     swept = 0
     for directory in _node_dirs():
         # No owner.lock yet: a harness is starting (it locks before renaming the file).
-        if not (directory / "owner.lock").exists() or _locked(directory):
+        if not (directory / "owner.lock").exists() or owned(directory):
             continue
         with contextlib.suppress(OSError, ValueError):
             state = json.loads((directory / "state.json").read_text())
@@ -254,7 +243,7 @@ def _free_link_index() -> int:
     raise NodeError("no free 10.213.k.0/30 link network (255 nodes running?)")
 
 
-class Node(Cluster):
+class Node(LocalCluster):
     """A one-node cluster; use as a context manager. ``start_seconds``: nothing → Ready.
 
     ``images`` are image archives (OCI or docker) imported into the node's containerd
@@ -295,18 +284,6 @@ class Node(Cluster):
 
     # -- lifecycle
 
-    def __enter__(self) -> Node:
-        self.start()
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
-
     def start(self) -> None:
         """Bring the node up and return once it is Ready; on any failure, tear down."""
         if self.dir is not None:
@@ -332,10 +309,7 @@ class Node(Cluster):
     def _start(self) -> None:
         sweep()
         started = time.monotonic()
-        self.dir = Path(tempfile.mkdtemp(prefix=DIR_PREFIX))
-        self._lock = (self.dir / ".owner.lock").open("wb")
-        fcntl.flock(self._lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        (self.dir / ".owner.lock").rename(self.dir / "owner.lock")
+        self.dir = self._make_dir(DIR_PREFIX)
         run_id = self.dir.name.removeprefix(DIR_PREFIX)
         self.state = {
             "dir": str(self.dir),
@@ -740,12 +714,7 @@ state = "{root}/state"
                 if self.plane is not None:
                     self.plane.stop()
                     self.plane = None
-                if self.dir is not None:
-                    shutil.rmtree(self.dir, ignore_errors=True)
-                    self.dir = None
-                if self._lock is not None:
-                    self._lock.close()
-                    self._lock = None
+                self._remove_dir()
                 for sig, handler in self._old_handlers.items():
                     signal.signal(sig, handler)
                 self._old_handlers.clear()
@@ -762,7 +731,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "down":
         swept = sweep(verbose=True)
         sweep_stale_dirs()  # the control planes of those runs
-        live = [d for d in _node_dirs() if _locked(d)]
+        live = [d for d in _node_dirs() if owned(d)]
         print(f"node: cleaned {swept} run(s); {len(live)} running", file=sys.stderr)
         return 0
     try:

@@ -117,7 +117,7 @@ def operator(
             given[key] = {pool: value for pool, _, value in pairs}
     if namespaces:
         given["namespaces"] = list(namespaces)
-    settings = OperatorSettings(**given)
+    settings = OperatorSettings.from_flat(given)
     for h in logging.getLogger().handlers:
         h.addFilter(_drop_kopf_extras)
     # Served by every replica, leader or standby (readiness probes may point at it).

@@ -14,6 +14,7 @@ import logging
 import uuid
 
 from cronwell import jobs
+from cronwell.store import jobs as store_jobs
 from cronwell.store.db import Database
 from cronwell_operator.kube import Kube
 
@@ -22,19 +23,19 @@ log = logging.getLogger(__name__)
 
 async def tombstone_orphans(db: Database, kube: Kube, namespaces: list[str]) -> list[uuid.UUID]:
     """Tombstone live jobs (of the served namespaces) that have no ScheduledJob CR."""
-    rows = await db.fetch("JobLiveIdsList", {"namespaces": namespaces or None})
+    rows = await store_jobs.list_live_refs(db, namespaces=namespaces)
     if not rows:
         return []
     crs = {ref.uid for ref in await kube.list_scheduledjobs(namespaces)}
-    orphans = [r for r in rows if str(r["id"]) not in crs]
+    orphans = [r for r in rows if str(r.id) not in crs]
     for r in orphans:
-        await jobs.delete_job_by_uid(db, r["id"])
+        await jobs.delete_job_by_uid(db, r.id)
         log.warning(
             "tombstoned a job whose ScheduledJob is gone",
             extra={
                 "action": "drift_tombstone",
-                "job": str(r["id"]),
-                "job_name": f"{r['namespace']}/{r['name']}",
+                "job": str(r.id),
+                "job_name": f"{r.namespace}/{r.name}",
             },
         )
     log.info(
@@ -46,4 +47,4 @@ async def tombstone_orphans(db: Database, kube: Kube, namespaces: list[str]) -> 
             "orphans": len(orphans),
         },
     )
-    return [r["id"] for r in orphans]
+    return [r.id for r in orphans]

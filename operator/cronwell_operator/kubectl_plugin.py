@@ -27,10 +27,11 @@ from cronwell import logs
 from cronwell.cli import render_dead, render_runs, run
 from cronwell.models import GROUP, VERSION
 from cronwell.schedule import trigger_key
+from cronwell.store import dead, runs
 from cronwell.store.db import Database
 from cronwell_operator.kube import PLURAL, api_client
 
-#: The annotation the operator watches (handlers.py): each new value requests one run.
+#: The annotation the operator watches (kopf_handlers.py): each new value requests one run.
 TRIGGER_ANNOTATION = f"{GROUP}/trigger"
 _SA_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
 DATABASE_HELP = (
@@ -155,11 +156,18 @@ class _Objects:
         )
 
 
-async def _store_rows(plugin: Plugin, query: str, params: dict[str, Any]) -> list[dict[str, Any]]:
-    async with Database(
-        plugin.url(), min_size=1, max_size=1, application_name="kubectl-cronwell"
-    ) as db:
-        return [dict(r) for r in await db.fetch(query, params)]
+def _store(plugin: Plugin) -> Database:
+    return Database(plugin.url(), min_size=1, max_size=1, application_name="kubectl-cronwell")
+
+
+async def _runs(plugin: Plugin, job_id: uuid.UUID, state: str | None, limit: int) -> list[runs.Run]:
+    async with _store(plugin) as db:
+        return await runs.list_for_job(db, job_id=job_id, state=state, limit=limit)
+
+
+async def _dead(plugin: Plugin, ns: str | None, name: str | None, limit: int) -> list[dead.Dead]:
+    async with _store(plugin) as db:
+        return await dead.list_dead(db, namespace=ns, name=name, limit=limit)
 
 
 namespace_option = click.option(
@@ -201,8 +209,7 @@ def runs_cmd(
     """Recent occurrences of ScheduledJob NAME (its uid's rows in the store), newest first."""
     ns = namespace or p.default_namespace()
     uid = _Objects(p).get(ns, name)["metadata"]["uid"]
-    params = {"job_id": uuid.UUID(uid), "state": state, "limit": limit}
-    render_runs(run(_store_rows(p, "RunsListForJob", params)), as_json=as_json)
+    render_runs(run(_runs(p, uuid.UUID(uid), state, limit)), as_json=as_json)
 
 
 @plugin.command("dlq")
@@ -223,8 +230,7 @@ def dlq_cmd(
     """Dead-lettered occurrences, newest first, with reason and last error. To replay or
     purge them use `cronwell dlq replay|purge` against the same database."""
     ns = None if all_namespaces else namespace or p.default_namespace()
-    params = {"namespace": ns, "name": name, "limit": limit}
-    render_dead(run(_store_rows(p, "DeadList", params)), as_json=as_json)
+    render_dead(run(_dead(p, ns, name, limit)), as_json=as_json)
 
 
 @plugin.command("trigger")

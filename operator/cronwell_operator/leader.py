@@ -45,7 +45,7 @@ class LeadershipLost(Exception):
 class LeaderElector:
     def __init__(self, kube: Kube, settings: OperatorSettings):
         self.kube = kube
-        self.s = settings
+        self.s = settings.leadership
         self.identity = settings.identity
         self.is_leader = False
         self._observed_record: tuple[str | None, str | None] | None = None

@@ -24,7 +24,7 @@ import kopf
 from cronwell.metrics import Metrics
 from cronwell.store.db import Database
 from cronwell.store.migrate import check_schema
-from cronwell_operator import drift, handlers, tenancy_sync
+from cronwell_operator import drift, kopf_handlers, tenancy_sync
 from cronwell_operator.kube import Kube
 from cronwell_operator.leader import LeaderElector, LeadershipLost
 from cronwell_operator.scaler import Scaler
@@ -91,8 +91,8 @@ class Operator:
         s = self.settings
         registry = kopf.OperatorRegistry()
         kopf_settings = kopf.OperatorSettings()
-        handlers.configure(kopf_settings, s, manage_webhook=leader)
-        ctx = handlers.Context(
+        kopf_handlers.configure(kopf_settings, s, manage_webhook=leader)
+        ctx = kopf_handlers.HandlerDeps(
             self.db,
             self.kube,
             s,
@@ -100,7 +100,7 @@ class Operator:
             metrics=self.metrics,
             secrets=self.secrets,
         )
-        handlers.register(registry, ctx, webhook_only=not leader)
+        kopf_handlers.register(registry, ctx, webhook_only=not leader)
         loop = asyncio.get_running_loop()
         stop: asyncio.Future[None] = loop.create_future()
         ready: asyncio.Future[None] = loop.create_future()
@@ -120,12 +120,12 @@ class Operator:
 
     async def _wait_listening(self, instance: _Kopf, timeout: float = 60) -> None:
         """kopf opens the webhook port only after its first API scan: wait for it."""
-        addr = self.settings.webhook_addr
+        addr = self.settings.webhook.addr
         host = "127.0.0.1" if addr in ("0.0.0.0", "") else "::1" if addr == "::" else addr
         deadline = asyncio.get_running_loop().time() + timeout
         while not instance.task.done() and not self.stop_event.is_set():
             try:
-                _, writer = await asyncio.open_connection(host, self.settings.webhook_port)
+                _, writer = await asyncio.open_connection(host, self.settings.webhook.port)
             except OSError:
                 if asyncio.get_running_loop().time() > deadline:
                     log.warning("the webhook port is still closed", extra={"action": "webhook"})
@@ -140,7 +140,7 @@ class Operator:
     async def _standby(self) -> bool:
         """Wait for the Lease (serving the webhook meanwhile); True once leading."""
         webhook: _Kopf | None = None
-        if self.settings.webhook_port is not None:
+        if self.settings.webhook.port is not None:
             webhook = self._start_kopf(leader=False)
             waiting: list[asyncio.Future[Any]] = [webhook.ready, webhook.task]
             await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
@@ -158,7 +158,7 @@ class Operator:
     async def run(self) -> None:
         s = self.settings
         await check_schema(self.db)
-        if s.leader_election and not await self._standby():
+        if s.leadership.enabled and not await self._standby():
             return
         tasks: list[asyncio.Task[None]] = []
         stopper: asyncio.Future[Any] | None = None
@@ -170,9 +170,9 @@ class Operator:
             stopper = asyncio.create_task(self.stop_event.wait(), name="stop")
             tasks.append(asyncio.create_task(self.writer.run(), name="status-writer"))
             tasks.append(asyncio.create_task(self.tenancy.run(), name="tenancy-sync"))
-            if s.prescale:
+            if s.scaling.enabled:
                 tasks.append(asyncio.create_task(self.scaler.run(), name="pre-scaler"))
-            if s.leader_election:
+            if s.leadership.enabled:
                 tasks.append(asyncio.create_task(self.elector.keep(), name="lease"))
             instance = self._start_kopf(leader=True)
             tasks.append(instance.task)

@@ -2,8 +2,9 @@
 forecast from the schedules (cronwell.forecast), instead of reacting once they are late.
 
 Each tick: list the WorkerPools of the served namespaces, forecast every pool at once from the
-store (`forecast_pools`, the database's clock), plan each pool's replicas (`plan_replicas`:
-up leadTimeSeconds before a burst, within [minReplicas, maxReplicas]), then for each pool:
+store (`fleet_forecast.forecast_pools`, the database's clock), plan each pool's replicas
+(`prescale.plan_pool`: up leadTimeSeconds before a burst, within [minReplicas, maxReplicas]),
+then for each pool:
 
 - read its Deployment's scale subresource and patch `spec.replicas` there when it differs
   (never the Deployment object itself, so GitOps tools can ignore just /spec/replicas);
@@ -18,6 +19,9 @@ up leadTimeSeconds before a burst, within [minReplicas, maxReplicas]), then for 
   pods were Ready before its burst, conditions Ready and TargetFound) only when it changes, and a
   Warning Event when the target goes missing (once per transition).
 
+The decisions without I/O (hold, lookahead, HPA arithmetic, landed-before-burst) are in
+cronwell.prescale; this module reads and writes the cluster.
+
 The loop sleeps until the next planned change (at most `scale_interval_seconds`), so a
 scale-up lands leadTimeSeconds before its burst however long the interval is.
 """
@@ -27,35 +31,40 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import math
 import time
-from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 import pydantic
 
+from cronwell.conditions import condition
 from cronwell.errors import EXPECTED_ERRORS
-from cronwell.forecast import (
-    PoolForecast,
-    export_metrics,
-    forecast_pools,
-    plan_replicas,
-    upcoming_burst,
-)
+from cronwell.fleet_forecast import forecast_pools
+from cronwell.forecast import PoolForecast, export_metrics
 from cronwell.loader import format_validation_error
 from cronwell.metrics import Metrics
+from cronwell.prescale import (
+    HPA_ANNOTATION,
+    Hold,
+    HpaChange,
+    PreScale,
+    desired_replicas,
+    hpa_change,
+    hpa_original,
+    hpa_targets,
+    plan_pool,
+)
+from cronwell.schedule import format_instant
 from cronwell.store import clock
 from cronwell.store.db import Database
 from cronwell.supervise import repeat
-from cronwell.workerpool import LastPreScale, NextBurst, PoolCondition, WorkerPoolSpec
+from cronwell.workerpool import NextBurst, PoolCondition, WorkerPoolSpec
 from cronwell.workerpool import WorkerPoolStatus as _Status
 from cronwell_operator.kube import CRef, Kube, KubeError, KubeNotFound
 from cronwell_operator.settings import OperatorSettings
-from cronwell_operator.status import condition as status_condition
-from cronwell_operator.status import same_status
+from cronwell_operator.status_build import same_status
 
 _EXPECTED: tuple[type[Exception], ...] = (*EXPECTED_ERRORS, KubeError)
 """What a pre-scale tick retries with backoff: the database or the API server unavailable,
@@ -63,193 +72,10 @@ or the API server refusing a request (RBAC, a conflicting change)."""
 
 log = logging.getLogger(__name__)
 
-HPA_ANNOTATION = "cronwell.dev/original-min-replicas"
 WAKE_MARGIN_SECONDS = 0.05
+"""Wake this long after a planned change, so the next forecast's first bucket is past it."""
 READY_POLL_SECONDS = 1.0
 """While a pre-scale's pods are not Ready yet, look this often (so readyAt is this exact)."""
-"""Wake this long after a planned change, so the next forecast's first bucket is past it."""
-
-
-# ----------------------------------------------------------------------------- pure parts
-
-
-class Hold:
-    """Replicas needed in the recent past, so that a pool scales down only once the need
-    has been gone for scaleDownDelaySeconds: each forecast starts now, so its buckets slip
-    out of it into this memory. A sliding-window maximum over (time, replicas)."""
-
-    def __init__(self) -> None:
-        self._q: deque[tuple[datetime, int]] = deque()
-
-    def push(self, t: datetime, replicas: int) -> None:
-        if self._q and t < self._q[-1][0]:
-            t = self._q[-1][0]  # times only increase
-        while self._q and self._q[-1][1] <= replicas:
-            self._q.pop()
-        self._q.append((t, replicas))
-
-    def value(self, now: datetime, delay: float) -> int:
-        """The most replicas needed in [now - delay, now] (0: none remembered)."""
-        cutoff = now - timedelta(seconds=delay)
-        while self._q and self._q[0][0] < cutoff:
-            self._q.popleft()
-        return self._q[0][1] if self._q else 0
-
-    def until(self, delay: float) -> datetime | None:
-        """When the value held now stops being held (None: nothing is)."""
-        return self._q[0][0] + timedelta(seconds=delay) if self._q else None
-
-
-def targets(hpa: Mapping[str, Any], deployment: str) -> bool:
-    """Whether an autoscaling/v2 HPA scales this Deployment."""
-    ref = (hpa.get("spec") or {}).get("scaleTargetRef") or {}
-    group = str(ref.get("apiVersion") or "apps/v1").split("/")[0]
-    return ref.get("kind") == "Deployment" and ref.get("name") == deployment and group == "apps"
-
-
-@dataclass(frozen=True)
-class HpaChange:
-    min_replicas: int
-    original: str | None
-    """Value of HPA_ANNOTATION to write (None: remove it)."""
-
-    def patch(self, resource_version: str | None) -> dict[str, Any]:
-        meta: dict[str, Any] = {"annotations": {HPA_ANNOTATION: self.original}}
-        if resource_version:
-            meta["resourceVersion"] = resource_version  # conditional: 409 if it changed
-        return {"metadata": meta, "spec": {"minReplicas": self.min_replicas}}
-
-
-def hpa_original(hpa: Mapping[str, Any]) -> int:
-    """The HPA's own minReplicas: what the annotation remembers, else what it shows."""
-    remembered = ((hpa.get("metadata") or {}).get("annotations") or {}).get(HPA_ANNOTATION)
-    if remembered is not None and str(remembered).isdigit():
-        return int(remembered)
-    return int((hpa.get("spec") or {}).get("minReplicas") or 1)
-
-
-def hpa_change(hpa: Mapping[str, Any], desired: int) -> HpaChange | None:
-    """What to patch on an HPA so that it keeps at least `desired` replicas (never above its
-    maxReplicas), or gets its original minReplicas back once `desired` no longer exceeds it;
-    None when it already is so."""
-    spec = hpa.get("spec") or {}
-    shown = int(spec.get("minReplicas") or 1)
-    remembered = ((hpa.get("metadata") or {}).get("annotations") or {}).get(HPA_ANNOTATION)
-    original = hpa_original(hpa)
-    want = min(desired, int(spec.get("maxReplicas") or desired))
-    if want > original:
-        if shown == want and remembered == str(original):
-            return None
-        return HpaChange(want, str(original))
-    if remembered is None:
-        return None  # never raised by us: the HPA is its owner's
-    return HpaChange(original, None)
-
-
-@dataclass
-class PreScale:
-    """One scale-up ahead of a burst, until its pods are Ready: the Deployment's
-    status.readyReplicas reaches the planned replicas (pods started and passing their
-    readiness probes; replicas merely set would say nothing of image pulls or warm-up)."""
-
-    time: datetime
-    replicas: int
-    burst: datetime | None
-    ready_at: datetime | None = None
-    late: bool = False
-    """Known not to have been Ready before its burst (also when it never is)."""
-    verdict: bool | None = None
-    """landedBeforeBurst as a previous leader reported it: not measured again."""
-
-    @property
-    def settled(self) -> bool:
-        return self.verdict is not None
-
-    @property
-    def waiting(self) -> bool:
-        """Still to be seen Ready, and its burst not started yet (worth looking often)."""
-        return self.ready_at is None and not self.settled and not self.late
-
-    def observe(self, ready: int | None, now: datetime) -> float | None:
-        """Record the Deployment's Ready pods now (None: unknown); the lead achieved (burst
-        - Ready, seconds, negative when late) the first time the planned replicas are Ready."""
-        if self.ready_at is not None or self.settled:
-            return None
-        if ready is not None and ready >= self.replicas:
-            self.ready_at = now
-            if self.burst is None:
-                return None
-            return (self.burst - now).total_seconds()
-        if self.burst is not None and now > self.burst:
-            self.late = True
-        return None
-
-    @property
-    def landed_before_burst(self) -> bool | None:
-        if self.verdict is not None:
-            return self.verdict
-        if self.ready_at is not None:
-            return self.burst is None or self.ready_at <= self.burst
-        return False if self.late else None
-
-    def shown(self) -> LastPreScale:
-        return LastPreScale(
-            time=_second(self.time),
-            replicas=self.replicas,
-            burst_time=self.burst,
-            ready_at=_milli(self.ready_at) if self.ready_at is not None else None,
-            landed_before_burst=self.landed_before_burst,
-        )
-
-    @classmethod
-    def from_status(cls, doc: Mapping[str, Any] | None) -> PreScale | None:
-        """The last pre-scale a previous leader reported (settled unless still unknown)."""
-        if not doc:
-            return None
-        try:
-            shown = LastPreScale.model_validate(doc)
-        except pydantic.ValidationError:
-            return None
-        return cls(
-            shown.time,
-            shown.replicas,
-            shown.burst_time,
-            ready_at=shown.ready_at,
-            verdict=shown.landed_before_burst,
-        )
-
-
-def lookahead_max(series: Sequence[int], ahead: int) -> list[int]:
-    """out[i] = max(series[i .. i + ahead]): act up to `ahead` buckets early, so a tick that
-    takes a moment still lands before the planned instant."""
-    return [max(series[i : i + ahead + 1]) for i in range(len(series))]
-
-
-def condition(
-    type_: str,
-    status: str,
-    reason: str,
-    message: str,
-    generation: int | None,
-    previous: Mapping[str, Mapping[str, Any]],
-    now: datetime,
-) -> PoolCondition:
-    """A WorkerPool condition, transition times to the second."""
-    args = (type_, status, reason, message, generation, previous, _second(now))
-    return status_condition(PoolCondition, *args)
-
-
-def _second(t: datetime) -> datetime:
-    return t.astimezone(UTC).replace(microsecond=0)
-
-
-def _milli(t: datetime) -> datetime:
-    t = t.astimezone(UTC)
-    return t.replace(microsecond=t.microsecond // 1000 * 1000)
-
-
-def _iso(t: datetime) -> str:
-    return _second(t).isoformat().replace("+00:00", "Z")
 
 
 # --------------------------------------------------------------------------------- loop
@@ -305,7 +131,7 @@ class Scaler:
         self._state: dict[str, _PoolState] = {}
         self._raised: set[tuple[str, str]] = set()  # (namespace, HPA) we raised
         self._labels: set[str] = set()
-        self._sem = asyncio.Semaphore(max(1, settings.status_concurrency))
+        self._sem = asyncio.Semaphore(max(1, settings.status.concurrency))
         self._tick_seconds = 0.0
         self._crd_missing = False
         self._ready_unknown: set[str] = set()  # pools whose Deployment could not be read
@@ -329,7 +155,7 @@ class Scaler:
         await repeat(
             "pre-scale tick",
             step,
-            interval_seconds=self.settings.scale_interval_seconds,
+            interval_seconds=self.settings.scaling.interval_seconds,
             expected=_EXPECTED,
         )
 
@@ -349,7 +175,7 @@ class Scaler:
                     extra={"action": "prescale_idle"},
                 )
             self._crd_missing = True
-            return s.scale_interval_seconds
+            return s.scaling.interval_seconds
         self._crd_missing = False
         specs: dict[str, WorkerPoolSpec] = {}
         parsed: list[tuple[dict[str, Any], WorkerPoolSpec | str]] = []
@@ -361,7 +187,7 @@ class Scaler:
                 continue
             parsed.append((obj, spec))
             specs.setdefault(obj["metadata"]["name"], spec)
-        forecasts = await forecast_pools(self.db, s.forecast_horizon_seconds, pools=specs)
+        forecasts = await forecast_pools(self.db, s.scaling.forecast_horizon_seconds, pools=specs)
         base, mono = await self._db_now()
 
         def now() -> datetime:
@@ -385,7 +211,7 @@ class Scaler:
         self._forget(
             {o["metadata"]["uid"] for o, _ in parsed}, {o["metadata"]["name"] for o, _ in parsed}
         )
-        delay = s.scale_interval_seconds
+        delay = s.scaling.interval_seconds
         t = now()
         for w in wakes:
             if w is not None:
@@ -443,31 +269,20 @@ class Scaler:
         t = now()
         planned, burst_for_scale = spec.min_replicas, None
         if pf is not None:
-            plan = plan_replicas(pf, spec, pf.start)
+            pp = plan_pool(pf, spec, self._tick_seconds)
+            plan = pp.plan
             export_metrics(self.metrics, pf, plan)
-            ahead = 1 + math.ceil(self._tick_seconds / pf.resolution)
-            series = lookahead_max(plan.series, ahead)
-            planned = series[0]
-            nxt = next((i for i in range(1, len(series)) if series[i] != series[0]), None)
-            if nxt is not None:
-                out.wake = pf.bucket_time(nxt)
-            burst = upcoming_burst(pf, plan, spec)
-            if burst is not None:
-                out.burst = NextBurst(time=burst.time, size=burst.size)
-            if planned > spec.min_replicas:
-                burst_for_scale = burst.time if burst is not None else pf.start
+            planned, burst_for_scale = pp.planned, pp.scale_for
+            if pp.change_at is not None:
+                out.wake = pp.change_at
+            if pp.burst is not None:
+                out.burst = NextBurst(time=pp.burst.time, size=pp.burst.size)
         else:
             self.metrics.forecast_demand.labels(ref.name).set(0)
             self.metrics.planned_replicas.labels(ref.name).set(spec.min_replicas)
         # What the previous forecast needed in buckets now past goes into the hold.
         if state.last is not None:
-            start0, res0, need0 = state.last
-            cut = pf.start if pf is not None else t
-            for i, n in enumerate(need0):
-                tb = start0 + timedelta(seconds=i * res0)
-                if tb >= cut:
-                    break
-                state.hold.push(tb, n)
+            state.hold.push_past(*state.last, pf.start if pf is not None else t)
         state.last = (pf.start, pf.resolution, plan.need) if pf is not None else None
 
         try:
@@ -496,8 +311,7 @@ class Scaler:
             # A new leader never scales down sooner than scaleDownDelaySeconds.
             state.hold.push(t, min(current, spec.max_replicas))
             state.seeded = True
-        desired = max(planned, state.hold.value(t, delay))
-        desired = min(spec.max_replicas, max(spec.min_replicas, desired))
+        desired = desired_replicas(planned, state.hold.value(t, delay), spec)
         until = state.hold.until(delay)
         if until is not None and desired > planned and (out.wake is None or until < out.wake):
             out.wake = until
@@ -510,7 +324,7 @@ class Scaler:
         hpa = (
             None
             if isinstance(hpa_list, KubeError)
-            else next((h for h in hpa_list or [] if targets(h, target)), None)
+            else next((h for h in hpa_list or [] if hpa_targets(h, target)), None)
         )
         if isinstance(hpa_list, KubeError) and hpa_list.status != 403:
             raise hpa_list
@@ -532,7 +346,7 @@ class Scaler:
                     "Scaled",
                     f"scaled {what} from {before} to {desired} replicas"
                     + (
-                        f" ahead of a burst at {_iso(burst_for_scale)}"
+                        f" ahead of a burst at {format_instant(burst_for_scale)}"
                         if burst_for_scale is not None and desired > before
                         else ""
                     ),
@@ -669,8 +483,8 @@ class Scaler:
     ) -> None:
         gen = obj["metadata"].get("generation")
         prev = {c.get("type"): c for c in shown.get("conditions") or []}
-        found = condition("TargetFound", *out.found, gen, prev, now)
-        ready = condition("Ready", *out.ready, gen, prev, now)
+        found = condition(PoolCondition, "TargetFound", *out.found, gen, prev, now)
+        ready = condition(PoolCondition, "Ready", *out.ready, gen, prev, now)
         status = _Status(
             observed_generation=gen,
             desired_replicas=out.desired,

@@ -1,37 +1,49 @@
 """Operator settings, from `cronwell operator` flags or CRONWELL_OPERATOR_* variables.
-Units are in the names; each default says why it is what it is."""
+
+Grouped as kopf groups its settings (leadership, status, webhook, tenancy, scaling); units
+are in the names; each default says why it is what it is. Each group reads its own
+variables: the group's env prefix plus the field name, or the field's alias where the
+historical name differs (CRONWELL_OPERATOR_LEADER_ELECTION is `leadership.enabled`). The
+variable names, and the flags (`flat_name`), are the chart's interface: they do not change
+with the grouping.
+"""
 
 from __future__ import annotations
 
 import os
 import socket
+from collections.abc import Mapping
+from typing import Any
 
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+PREFIX = "CRONWELL_OPERATOR_"
+
+
+def _config(prefix: str = "") -> SettingsConfigDict:
+    return SettingsConfigDict(
+        env_prefix=PREFIX + prefix, extra="ignore", frozen=True, populate_by_name=True
+    )
 
 
 def _default_identity() -> str:
     return os.environ.get("POD_NAME") or f"{socket.gethostname()}-{os.getpid()}"
 
 
-class OperatorSettings(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix="CRONWELL_OPERATOR_", extra="ignore", frozen=True)
+class LeadershipSettings(BaseSettings):
+    """Leader election (a coordination.k8s.io Lease), as client-go's defaults."""
 
-    namespaces: list[str] = Field(
-        default_factory=list,
-        description="Namespaces to serve; empty = the whole cluster. Drift repair only "
-        "tombstones store rows of these namespaces.",
-    )
-    # -- leader election (coordination.k8s.io Lease), as client-go's defaults
-    leader_election: bool = Field(
-        True, description="Hold a Lease so that one replica reconciles at a time."
+    model_config = _config()
+
+    enabled: bool = Field(
+        True,
+        validation_alias="cronwell_operator_leader_election",
+        description="Hold a Lease so that one replica reconciles at a time.",
     )
     lease_name: str = Field("cronwell-operator", description="Name of the Lease object.")
     lease_namespace: str = Field(
         "default", description="Namespace of the Lease (the operator's own namespace)."
-    )
-    identity: str = Field(
-        default_factory=_default_identity, description="This replica's Lease holder identity."
     )
     lease_duration_seconds: float = Field(
         15.0, gt=0, description="A standby takes over this long after the last renewal it saw."
@@ -45,40 +57,77 @@ class OperatorSettings(BaseSettings):
     retry_period_seconds: float = Field(
         2.0, gt=0, description="How often the leader renews and standbys try to acquire."
     )
-    # -- status write-back
-    status_qps: float = Field(
+
+
+class StatusSettings(BaseSettings):
+    """Status write-back (status.py): CR status and Events from the store's change log."""
+
+    model_config = _config("STATUS_")
+
+    qps: float = Field(
         20.0,
         gt=0,
         description="Status patches + Events per second, for the whole operator "
         "(controller-runtime's default QPS): a 50k burst must not flood the API server.",
     )
-    status_burst: int = Field(40, ge=1, description="Requests allowed at once above the QPS.")
-    status_batch_size: int = Field(
+    burst: int = Field(40, ge=1, description="Requests allowed at once above the QPS.")
+    batch_size: int = Field(
         2000, ge=1, description="Change-log rows read per pass (coalesced per job)."
     )
-    status_poll_seconds: float = Field(
+    poll_seconds: float = Field(
         1.0, gt=0, description="Pause between passes when the change log is empty."
     )
-    status_concurrency: int = Field(8, ge=1, description="Status requests in flight at once.")
-    # -- admission webhook
-    webhook_port: int | None = Field(
+    concurrency: int = Field(8, ge=1, description="Status requests in flight at once.")
+
+
+class WebhookSettings(BaseSettings):
+    """The validating admission webhook (webhook.py), and its rules that need the cluster
+    or the store."""
+
+    model_config = _config("WEBHOOK_")
+
+    port: int | None = Field(
         None, ge=1, le=65535, description="Serve the validating webhook on this port (HTTPS)."
     )
-    webhook_addr: str = Field("0.0.0.0", description="Listen address of the webhook server.")
-    webhook_host: str | None = Field(
+    addr: str = Field("0.0.0.0", description="Listen address of the webhook server.")
+    host: str | None = Field(
         None,
         description="Host the API server calls (a URL clientConfig). Unset with a port: "
         "the webhook is served but the cluster's configuration is not managed.",
     )
-    webhook_cert_dir: str | None = Field(
+    cert_dir: str | None = Field(
         None,
         description="tls.crt/tls.key (and ca.crt) for the webhook; missing files are "
-        "generated self-signed for webhook_host (local runs only).",
+        "generated self-signed for webhook.host (local runs only).",
     )
-    webhook_payload_max_bytes: int = Field(
+    payload_max_bytes: int = Field(
         65536, ge=1, description="Largest handler payload accepted (JSON bytes)."
     )
-    # -- admission (rules that need the cluster or the store)
+    require_known_pool: bool = Field(
+        True,
+        description="Refuse a spec.pool that is neither a WorkerPool nor in `tenancy.pools`: "
+        "nothing would ever run the job.",
+    )
+    pool_cache_seconds: float = Field(
+        5.0,
+        ge=0,
+        description="How long the WorkerPool names listed for admission are reused (one "
+        "list per few seconds keeps admission fast during a bulk apply).",
+    )
+    max_occurrences_per_hour: int = Field(
+        60_000,
+        ge=1,
+        description="Default cap on a namespace's scheduled runs per hour (the Namespace "
+        "annotation cronwell.dev/max-occurrences-per-hour overrides it): one team's typo "
+        "(every second instead of every minute) must not starve the others' workers.",
+    )
+
+
+class TenancySettings(BaseSettings):
+    """Static pools and the sync of tenancy facts into the store (tenancy_sync.py)."""
+
+    model_config = _config()
+
     pools: list[str] = Field(
         default_factory=lambda: ["default"],
         description="Static pools served by worker Deployments without a WorkerPool object "
@@ -95,41 +144,32 @@ class OperatorSettings(BaseSettings):
         description="Static pools' handlers, comma-separated per pool (a pool not listed "
         "serves any handler).",
     )
-    tenancy_sync_seconds: float = Field(
+    sync_seconds: float = Field(
         30.0,
         gt=0,
+        validation_alias="cronwell_operator_tenancy_sync_seconds",
         description="How often Namespaces, WorkerPools and Secret-backed header values are "
         "synced into the store for the workers: a rotated Secret reaches the next attempt "
         "within this. Each pass lists Namespaces and WorkerPools and GETs each distinct "
         "referenced Secret once: 30 s keeps that light with thousands of Secrets.",
     )
-    webhook_require_known_pool: bool = Field(
+
+
+class ScalingSettings(BaseSettings):
+    """Pre-scaling of WorkerPools (scaler.py, planning in cronwell.prescale)."""
+
+    model_config = _config()
+
+    enabled: bool = Field(
         True,
-        description="Refuse a spec.pool that is neither a WorkerPool nor in `pools`: nothing "
-        "would ever run the job.",
-    )
-    webhook_pool_cache_seconds: float = Field(
-        5.0,
-        ge=0,
-        description="How long the WorkerPool names listed for admission are reused (one "
-        "list per few seconds keeps admission fast during a bulk apply).",
-    )
-    webhook_max_occurrences_per_hour: int = Field(
-        60_000,
-        ge=1,
-        description="Default cap on a namespace's scheduled runs per hour (the Namespace "
-        "annotation cronwell.dev/max-occurrences-per-hour overrides it): one team's typo "
-        "(every second instead of every minute) must not starve the others' workers.",
-    )
-    # -- pre-scaling (WorkerPools: operator/cronwell_operator/scaler.py)
-    prescale: bool = Field(
-        True,
+        validation_alias="cronwell_operator_prescale",
         description="Forecast each WorkerPool's demand and scale its Deployment ahead of "
         "bursts (off: WorkerPools are left alone).",
     )
-    scale_interval_seconds: float = Field(
+    interval_seconds: float = Field(
         5.0,
         gt=0,
+        validation_alias="cronwell_operator_scale_interval_seconds",
         description="Longest pause between two forecasts (the loop also wakes at each planned "
         "change, so a scale-up lands leadTimeSeconds before its burst whatever this is); "
         "5 s keeps the store's forecast queries cheap and reacts to new schedules quickly.",
@@ -141,3 +181,68 @@ class OperatorSettings(BaseSettings):
         description="How far ahead bursts are forecast: must exceed every WorkerPool's "
         "leadTimeSeconds (15 min covers pod start-up and node provisioning).",
     )
+
+
+_GROUPS: dict[str, type[BaseSettings]] = {
+    "leadership": LeadershipSettings,
+    "status": StatusSettings,
+    "webhook": WebhookSettings,
+    "tenancy": TenancySettings,
+    "scaling": ScalingSettings,
+}
+
+
+class OperatorSettings(BaseSettings):
+    model_config = _config()
+
+    namespaces: list[str] = Field(
+        default_factory=list,
+        description="Namespaces to serve; empty = the whole cluster. Drift repair only "
+        "tombstones store rows of these namespaces.",
+    )
+    identity: str = Field(
+        default_factory=_default_identity,
+        description="This replica's identity: the Lease holder, and the reporting instance "
+        "of its Events.",
+    )
+    leadership: LeadershipSettings = Field(default_factory=LeadershipSettings)
+    status: StatusSettings = Field(default_factory=StatusSettings)
+    webhook: WebhookSettings = Field(default_factory=WebhookSettings)
+    tenancy: TenancySettings = Field(default_factory=TenancySettings)
+    scaling: ScalingSettings = Field(default_factory=ScalingSettings)
+
+    @classmethod
+    def from_flat(cls, values: Mapping[str, Any]) -> OperatorSettings:
+        """Settings from flat names (`status_qps`, `prescale`: the flags' and variables'
+        names); what is not given comes from the environment, else the defaults."""
+        where = flat_names()
+        top: dict[str, Any] = {}
+        groups: dict[str, dict[str, Any]] = {g: {} for g in _GROUPS}
+        for key, value in values.items():
+            if key in cls.model_fields and key not in _GROUPS:
+                top[key] = value
+            elif key in where:
+                group, name = where[key]
+                groups[group][name] = value
+            else:
+                raise ValueError(f"unknown operator setting {key!r}")
+        built: dict[str, Any] = {g: _GROUPS[g](**kw) for g, kw in groups.items()}
+        return cls(**top, **built)
+
+
+def flat_name(group: type[BaseSettings], field: str) -> str:
+    """A group field's flat name: its variable without CRONWELL_OPERATOR_, lower case."""
+    info = group.model_fields[field]
+    if isinstance(info.validation_alias, str):
+        return info.validation_alias.lower().removeprefix(PREFIX.lower())
+    prefix = str(group.model_config.get("env_prefix", "")).removeprefix(PREFIX)
+    return (prefix + field).lower()
+
+
+def flat_names() -> dict[str, tuple[str, str]]:
+    """Every group field by its flat name: (group, field)."""
+    return {
+        flat_name(model, field): (group, field)
+        for group, model in _GROUPS.items()
+        for field in model.model_fields
+    }

@@ -16,7 +16,6 @@ cluster).
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import uuid
 from collections.abc import Mapping
@@ -26,6 +25,7 @@ from cronwell.egress import ALLOW_ANNOTATION, DENY_ANNOTATION
 from cronwell.errors import CronwellError
 from cronwell.models import ScheduledJobSpec
 from cronwell.secretbox import SecretBox, SecretsKeyError
+from cronwell.store import job_secrets, policies
 from cronwell.store.db import Database
 from cronwell_operator.kube import Kube, KubeError, KubeNotFound
 from cronwell_operator.settings import OperatorSettings
@@ -54,7 +54,7 @@ async def resolve_secrets(
     refs = http.secret_headers if http is not None else []
     jid = uuid.UUID(str(job_id))
     if not refs:
-        await db.execute("JobSecretDelete", {"job_id": jid})
+        await job_secrets.delete(db, job_id=jid)
         return False
     if box is None:
         raise SecretUnresolved(
@@ -87,11 +87,9 @@ async def resolve_secrets(
                 f"header {h.name!r}: cannot read Secret {namespace}/{ref.name}: {e}: grant the "
                 "operator `get` on it (chart value operator.secretAccess)"
             ) from None
-    row = await db.fetchone(
-        "JobSecretUpsert",
-        {"job_id": jid, "ciphertext": box.encrypt(values), "digest": box.digest(values)},
+    return await job_secrets.upsert(
+        db, job_id=jid, ciphertext=box.encrypt(values), digest=box.digest(values)
     )
-    return row is not None
 
 
 class TenancySync:
@@ -110,7 +108,7 @@ class TenancySync:
                 )
             except Exception:
                 log.exception("tenancy sync failed", extra={"action": "tenancy_sync"})
-            await asyncio.sleep(self.settings.tenancy_sync_seconds)
+            await asyncio.sleep(self.settings.tenancy.sync_seconds)
 
     async def sync_once(self) -> None:
         await self.sync_namespaces()
@@ -123,18 +121,16 @@ class TenancySync:
         for ns in listed:
             ann: Mapping[str, str] = ns["annotations"]
             seen.add(ns["name"])
-            await self.db.execute(
-                "NamespacePolicyUpsert",
-                {
-                    "namespace": ns["name"],
-                    "labels": json.dumps(ns["labels"], sort_keys=True),
-                    "egress_allow": ann.get(ALLOW_ANNOTATION),
-                    "egress_deny": ann.get(DENY_ANNOTATION),
-                },
+            await policies.upsert_namespace(
+                self.db,
+                namespace=ns["name"],
+                labels=ns["labels"],
+                egress_allow=ann.get(ALLOW_ANNOTATION),
+                egress_deny=ann.get(DENY_ANNOTATION),
             )
-        for row in await self.db.fetch("NamespacePolicyList"):
-            if row["namespace"] not in seen:
-                await self.db.execute("NamespacePolicyDelete", {"namespace": row["namespace"]})
+        for row in await policies.list_namespaces(self.db):
+            if row.namespace not in seen:
+                await policies.delete_namespace(self.db, namespace=row.namespace)
 
     async def sync_pools(self) -> None:
         try:
@@ -147,43 +143,43 @@ class TenancySync:
             if p is None or p.owner_namespace is None:
                 continue
             seen.add((p.pool, p.owner_namespace))
-            await self.db.execute(
-                "PoolPolicyUpsert",
-                {
-                    "pool": p.pool,
-                    "owner_namespace": p.owner_namespace,
-                    "namespaces": list(p.namespaces),
-                    "namespace_selector": json.dumps(p.selector) if p.selector else None,
-                    "handlers": list(p.handlers) if p.handlers is not None else None,
-                },
+            await policies.upsert_pool(
+                self.db,
+                pool=p.pool,
+                owner_namespace=p.owner_namespace,
+                namespaces=p.namespaces,
+                namespace_selector=p.selector or None,
+                handlers=p.handlers,
             )
-        for row in await self.db.fetch("PoolPolicyListAll"):
-            if (row["pool"], row["owner_namespace"]) not in seen:
-                await self.db.execute("PoolPolicyDelete", dict(row))
+        for key in await policies.list_pool_keys(self.db):
+            if (key.pool, key.owner_namespace) not in seen:
+                await policies.delete_pool(
+                    self.db, pool=key.pool, owner_namespace=key.owner_namespace
+                )
 
     async def resolve_all(self) -> None:
         served = set(self.settings.namespaces)
         cache: dict[tuple[str, str], dict[str, str] | KubeError] = {}
-        for row in await self.db.fetch("JobSecretRefList"):
-            if served and row["namespace"] not in served:
+        for row in await job_secrets.jobs_with_refs(self.db):
+            if served and row.namespace not in served:
                 continue
             try:
-                spec = ScheduledJobSpec.model_validate(row["spec"])
+                spec = ScheduledJobSpec.model_validate(row.spec)
                 changed = await resolve_secrets(
-                    self.db, self.kube, self.box, job_id=row["id"],
-                    namespace=row["namespace"], spec=spec, cache=cache,
+                    self.db, self.kube, self.box, job_id=row.id,
+                    namespace=row.namespace, spec=spec, cache=cache,
                 )  # fmt: skip
             except (CronwellError, ValueError) as e:
                 log.warning(
                     "Secret-backed headers not resolved",
-                    extra={"action": "secret_unresolved", "job": f"{row['namespace']}/"
-                           f"{row['name']}", "error": str(e)},
+                    extra={"action": "secret_unresolved", "job": f"{row.namespace}/"
+                           f"{row.name}", "error": str(e)},
                 )  # fmt: skip
                 continue
             if changed:
                 log.info(
                     "Secret-backed headers updated",
-                    extra={"action": "secret_rotated", "job": f"{row['namespace']}/{row['name']}"},
+                    extra={"action": "secret_rotated", "job": f"{row.namespace}/{row.name}"},
                 )
 
 

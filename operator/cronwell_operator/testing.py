@@ -160,14 +160,16 @@ FAST_LEASE_ARGS = (
 )  # fmt: skip
 
 
-def create_database(server_port: int, template: str, name: str) -> str:
-    """A new database cloned from a migrated template on a local PostgreSQL; its URL."""
+def create_database(server_port: int, template: str | None, name: str) -> str:
+    """A new database on a local PostgreSQL, cloned from a migrated template (empty when
+    `template` is None); its URL."""
     import psycopg
 
     admin = f"postgresql://postgres@127.0.0.1:{server_port}/postgres"
+    clone = f" TEMPLATE {template}" if template else ""
     with psycopg.connect(admin, autocommit=True) as conn:
         conn.execute(f"DROP DATABASE IF EXISTS {name}")
-        conn.execute(f"CREATE DATABASE {name} TEMPLATE {template}")
+        conn.execute(f"CREATE DATABASE {name}{clone}")
     return f"postgresql://postgres@127.0.0.1:{server_port}/{name}"
 
 

@@ -66,6 +66,7 @@ from cronwell.loader import format_validation_error
 from cronwell.metrics import Metrics
 from cronwell.models import GROUP, ScheduledJob
 from cronwell.settings import EgressSettings
+from cronwell.store import jobs as store_jobs
 from cronwell.store.db import Database
 from cronwell_operator.kube import Kube, KubeNotFound
 from cronwell_operator.settings import OperatorSettings
@@ -116,7 +117,7 @@ def _parse(body: Mapping[str, Any], settings: OperatorSettings) -> ScheduledJob 
     handler = job.spec.target.handler
     if handler is not None:
         size = len(json.dumps(handler.payload, separators=(",", ":")).encode())
-        limit = settings.webhook_payload_max_bytes
+        limit = settings.webhook.payload_max_bytes
         if size > limit:
             return Verdict(
                 f"ScheduledJob {name}: spec.target.handler.payload: {size} bytes is over the "
@@ -273,7 +274,7 @@ class Admission:
             return found
 
     def _static(self, pool: str) -> tenancy.PoolPolicy:
-        s = self.settings
+        s = self.settings.tenancy
         return tenancy.static(pool, s.pool_namespaces.get(pool), s.pool_handlers.get(pool))
 
     async def _check_pool(
@@ -282,9 +283,9 @@ class Admission:
         """The pool exists (when `known` and required) and the namespace may use it and
         its handler."""
         pool = job.spec.pool
-        static = set(self.settings.pools)
+        static = set(self.settings.tenancy.pools)
         try:
-            pools = await self._workerpools(self.settings.webhook_pool_cache_seconds)
+            pools = await self._workerpools(self.settings.webhook.pool_cache_seconds)
             if pool not in static and (pools is None or pool not in pools):
                 pools = await self._workerpools(0)  # maybe created a moment ago: look again
         except CronwellError as e:
@@ -309,7 +310,7 @@ class Admission:
             if refusal is None:
                 return None
             return Verdict(f"ScheduledJob {job.metadata.name}: {refusal.message}", "tenancy")
-        if not (known and self.settings.webhook_require_known_pool):
+        if not (known and self.settings.webhook.require_known_pool):
             return None
         known_names = ", ".join(sorted(static | set(pools or ()))) or "none"
         return Verdict(
@@ -323,7 +324,7 @@ class Admission:
 
     async def _cap(self, namespace: str) -> tuple[int, str]:
         """The namespace's cap and a note when its annotation is not usable."""
-        default = self.settings.webhook_max_occurrences_per_hour
+        default = self.settings.webhook.max_occurrences_per_hour
         raw = ((await self.kube.namespace_meta(namespace)).get("annotations") or {}).get(
             RATE_ANNOTATION
         )
@@ -353,8 +354,8 @@ class Admission:
             return None  # never refuse a change that does not raise the job's rate
         namespace = job.metadata.namespace
         try:
-            rows = await self.db.fetch(
-                "WebhookNamespaceSchedules", {"namespace": namespace, "name": job.metadata.name}
+            rows = await store_jobs.namespace_schedules(
+                self.db, namespace=namespace, other_than=job.metadata.name
             )
             cap, note = await self._cap(namespace)
         except CronwellError as e:
@@ -366,7 +367,7 @@ class Admission:
             return None
         total = new
         for r in rows:
-            total += int(r["jobs"]) * _job_rate({"schedule": r["schedule"]})
+            total += r.jobs * _job_rate({"schedule": r.schedule})
         field = "spec.schedule" if job.spec.schedule is not None else "spec.runAt"
         if total > cap:
             return Verdict(
@@ -416,17 +417,17 @@ def self_signed_cert(directory: Path, host: str) -> tuple[Path, Path]:
 def server(cfg: OperatorSettings) -> kopf.WebhookServer:
     """kopf's HTTPS webhook server for these settings."""
     directory = (
-        Path(cfg.webhook_cert_dir)
-        if cfg.webhook_cert_dir is not None
-        else Path(tempfile.gettempdir()) / f"cronwell-webhook-{cfg.webhook_port}"
+        Path(cfg.webhook.cert_dir)
+        if cfg.webhook.cert_dir is not None
+        else Path(tempfile.gettempdir()) / f"cronwell-webhook-{cfg.webhook.port}"
     )
-    certfile, pkeyfile = self_signed_cert(directory, cfg.webhook_host or "127.0.0.1")
+    certfile, pkeyfile = self_signed_cert(directory, cfg.webhook.host or "127.0.0.1")
     ca = directory / "ca.crt"
     cafile = ca if ca.is_file() else None
     return kopf.WebhookServer(
-        addr=cfg.webhook_addr,
-        port=cfg.webhook_port,
-        host=cfg.webhook_host,
+        addr=cfg.webhook.addr,
+        port=cfg.webhook.port,
+        host=cfg.webhook.host,
         certfile=certfile,
         pkeyfile=pkeyfile,
         cafile=cafile,

@@ -10,7 +10,7 @@ import os
 import random
 
 import cronwell
-from cronwell.handlers import Context, sleep_or_cancel
+from cronwell.sdk import Context, sleep_or_cancel
 
 EFFECTS_DDL = (
     "CREATE TABLE IF NOT EXISTS chaos_effects (id bigserial PRIMARY KEY, key text NOT NULL,"

@@ -23,7 +23,7 @@ from cronwell.testing.controlplane import (
     ExistingCluster,
     find_assets,
 )
-from tests.e2e.helpers import crd_namespace, fresh_namespace, store_database
+from tests.helpers.kube import crd_namespace, fresh_namespace, store_database
 
 E2E_DIR = Path(__file__).resolve().parent
 

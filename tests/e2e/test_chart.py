@@ -20,7 +20,7 @@ import pytest
 import yaml
 
 from cronwell.testing.controlplane import Cluster
-from tests.e2e.helpers import Helm
+from tests.helpers.kube import Helm
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "cronwell"

@@ -49,7 +49,8 @@ from cronwell.testing.controlplane import (
     free_port,
 )
 from cronwell_operator.testing import OperatorProcess, create_database, sql, wait_until
-from tests.e2e.helpers import Helm
+from tests.helpers.kube import Helm
+from tests.helpers.wait import eventually
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "cronwell"
@@ -374,13 +375,6 @@ def _apply_when_admitted(
         return False
 
     wait_until(applied, 60, "the webhook admitting a valid ScheduledJob", check=operator._alive)
-
-
-def eventually(op: OperatorProcess, predicate: Any, what: str, timeout: float = 60) -> Any:
-    try:
-        return wait_until(predicate, timeout, what, check=op._alive)
-    except AssertionError as e:
-        raise AssertionError(f"{e}\n--- operator log (tail) ---\n{op.output()[-3000:]}") from None
 
 
 # --------------------------------------------------------------------------------- tests

@@ -22,11 +22,12 @@ from cronwell import dispatch
 from cronwell.store.db import Database
 from cronwell.testing.controlplane import Cluster
 from cronwell_operator.testing import (
-    FAST_LEASE_ARGS,
     OperatorProcess,
     sql,
     wait_until,
 )
+from tests.helpers.kube import running_operator
+from tests.helpers.store import fail_dead
 
 ROOT = Path(__file__).resolve().parents[2]
 VENV_BIN = Path(sys.executable).parent
@@ -37,12 +38,9 @@ def operator(
     kube: Cluster, ns: str, store: str, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[OperatorProcess]:
     log = tmp_path_factory.mktemp("operator") / "operator.log"
-    args = ["-n", ns, "--lease-name", f"op-{ns}", *FAST_LEASE_ARGS, "--status-qps", "100"]
-    op = OperatorProcess(kube.kubeconfig, store, log, identity="op-plugin", args=args)
-    op.start().wait_ready(120)
-    yield op
-    kube.kubectl("delete", "sj", "--all", "-n", ns, "--timeout=60s", check=False)
-    op.stop()
+    with running_operator(kube, ns, store, log, "--status-qps", "100", identity="op-plugin") as op:
+        yield op
+        kube.kubectl("delete", "sj", "--all", "-n", ns, "--timeout=60s", check=False)
 
 
 @pytest.fixture(scope="module")
@@ -172,15 +170,8 @@ def test_dlq_lists_dead_occurrences_of_the_namespace(
                     if c.key == key
                 ]
                 if got:
-                    state = await dispatch.fail(
-                        db,
-                        key=key,
-                        fence=got[0].fence,
-                        next_state="dead",
-                        reason="AttemptsExhausted",
-                        error="boom: the target said no",
-                        delay_seconds=0,
-                    )
+                    error = "boom: the target said no"
+                    state = await fail_dead(db, key, got[0].fence, "AttemptsExhausted", error)
                     assert state == "dead"
                     return
                 await asyncio.sleep(0.2)

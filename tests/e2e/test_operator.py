@@ -9,22 +9,18 @@ the tests here share it and use distinct job names.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import pytest
 
 from cronwell.testing.controlplane import Cluster
-from cronwell_operator.testing import (
-    FAST_LEASE_ARGS,
-    OperatorProcess,
-    sql,
-    wait_until,
-)
+from cronwell_operator.testing import OperatorProcess, sql
+from tests.helpers.kube import FAST_STATUS_ARGS, running_operator
+from tests.helpers.wait import eventually
 
 ROOT = Path(__file__).resolve().parents[2]
-T = TypeVar("T")
 
 
 @pytest.fixture(scope="module")
@@ -37,14 +33,10 @@ def operator(
     kube: Cluster, crd: None, ns: str, store: str, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[OperatorProcess]:
     log = tmp_path_factory.mktemp("operator") / "operator.log"
-    args = ["-n", ns, "--lease-name", f"op-{ns}", *FAST_LEASE_ARGS]
-    args += ["--status-qps", "100", "--status-burst", "100"]
-    op = OperatorProcess(kube.kubeconfig, store, log, identity="op-main", args=args)
-    op.start().wait_ready(120)
-    yield op
-    # Let the operator run the finalizers before it goes (else the namespace never empties).
-    kube.kubectl("delete", "sj", "--all", "-n", ns, "--timeout=60s", check=False)
-    op.stop()
+    with running_operator(kube, ns, store, log, *FAST_STATUS_ARGS, identity="op-main") as op:
+        yield op
+        # Let the operator run the finalizers before it goes (else the namespace never empties).
+        kube.kubectl("delete", "sj", "--all", "-n", ns, "--timeout=60s", check=False)
 
 
 def sj(name: str, spec: str, annotations: dict[str, str] | None = None) -> str:
@@ -68,15 +60,6 @@ def get(kube: Cluster, ns: str, name: str, *args: str) -> Any:
 def job(store: str, uid: str) -> dict[str, Any] | None:
     rows = sql(store, "SELECT * FROM cronwell_jobs WHERE id = %s", (uid,))
     return rows[0] if rows else None
-
-
-def eventually(
-    op: OperatorProcess, predicate: Callable[[], T], what: str, timeout: float = 60
-) -> T:
-    try:
-        return wait_until(predicate, timeout, what, check=op._alive)
-    except AssertionError as e:
-        raise AssertionError(f"{e}\n--- operator log (tail) ---\n{op.output()[-3000:]}") from None
 
 
 def condition(obj: Any, type_: str) -> dict[str, Any]:

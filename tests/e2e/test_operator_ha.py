@@ -6,13 +6,9 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import pytest
-
-from cronwell.embedded import EmbeddedPostgres
 from cronwell.testing.controlplane import Cluster
 from cronwell_operator.testing import (
     FAST_LEASE_ARGS,
@@ -20,22 +16,13 @@ from cronwell_operator.testing import (
     sql,
     wait_until,
 )
-from tests.e2e.helpers import crd_namespace, store_database
+from tests.helpers.kube import (  # fixtures: a namespace and a database per test
+    namespace_per_test,  # noqa: F401
+    store_per_test,  # noqa: F401
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 LEASE_SECONDS = 3.0  # FAST_LEASE_ARGS
-
-
-@pytest.fixture
-def ns(kube: Cluster, kube_api: Any, request: pytest.FixtureRequest) -> Iterator[str]:
-    """A namespace per test (the module's is shared)."""
-    yield from crd_namespace(kube, kube_api, request)
-
-
-@pytest.fixture
-def store(pg_server: EmbeddedPostgres, template_db: str, request: pytest.FixtureRequest) -> str:
-    """A database per test."""
-    return store_database(pg_server, template_db, request)
 
 
 def apply(kube: Cluster, ns: str, name: str) -> str:

@@ -16,11 +16,11 @@ from prometheus_client.parser import text_string_to_metric_families
 from cronwell.embedded import EmbeddedPostgres
 from cronwell.testing.controlplane import Cluster, KubectlError, free_port
 from cronwell_operator.testing import (
-    FAST_LEASE_ARGS,
     OperatorProcess,
     create_database,
     wait_until,
 )
+from tests.helpers.kube import operator_args
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -36,7 +36,7 @@ def operator(
     store = create_database(pg_server.port, template_db, f"om_{uuid.uuid4().hex[:8]}")
     tmp = tmp_path_factory.mktemp("opmetrics")
     port = free_port()
-    args = ["-n", ns, "--lease-name", f"op-{ns}", *FAST_LEASE_ARGS, "--metrics-port", str(port)]
+    args = operator_args(ns, "--metrics-port", str(port))
     args += ["--webhook-port", str(free_port()), "--webhook-addr", "127.0.0.1"]
     args += ["--webhook-host", "127.0.0.1", "--webhook-cert-dir", str(tmp / "certs")]
     op = OperatorProcess(kube.kubeconfig, store, tmp / "operator.log", args=args)

@@ -6,35 +6,22 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import pytest
-
-from cronwell.embedded import EmbeddedPostgres
 from cronwell.testing.controlplane import Cluster
 from cronwell_operator.testing import (
-    FAST_LEASE_ARGS,
     OperatorProcess,
     sql,
     wait_until,
 )
-from tests.e2e.helpers import crd_namespace, store_database
+from tests.helpers.kube import (  # fixtures: a namespace and a database per test
+    namespace_per_test,  # noqa: F401
+    operator_args,
+    store_per_test,  # noqa: F401
+)
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-@pytest.fixture
-def ns(kube: Cluster, kube_api: Any, request: pytest.FixtureRequest) -> Iterator[str]:
-    """A namespace per test (the module's is shared)."""
-    yield from crd_namespace(kube, kube_api, request)
-
-
-@pytest.fixture
-def store(pg_server: EmbeddedPostgres, template_db: str, request: pytest.FixtureRequest) -> str:
-    """A database per test."""
-    return store_database(pg_server, template_db, request)
 
 
 def apply(kube: Cluster, ns: str, name: str, spec: str, annotations: str = "") -> str:
@@ -70,8 +57,7 @@ def triggers(store: str, uid: str) -> int:
 def test_restart_repairs_what_drifted_while_down(
     kube: Cluster, ns: str, store: str, tmp_path: Path
 ) -> None:
-    args = ["-n", ns, "--lease-name", f"op-{ns}", *FAST_LEASE_ARGS]
-    op = OperatorProcess(kube.kubeconfig, store, tmp_path / "operator.log", args=args)
+    op = OperatorProcess(kube.kubeconfig, store, tmp_path / "operator.log", args=operator_args(ns))
     daily = 'schedule: "0 6 * * *"\ntarget: {log: {}}'
     try:
         op.start().wait_ready(120)

@@ -6,23 +6,19 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import pytest
 
 from cronwell.testing.controlplane import Cluster
-from cronwell_operator.testing import (
-    FAST_LEASE_ARGS,
-    OperatorProcess,
-    sql,
-    wait_until,
-)
-from tests import procs
+from cronwell_operator.testing import OperatorProcess, sql, wait_until
+from tests.helpers import procs
+from tests.helpers.kube import FAST_STATUS_ARGS, operator_args
+from tests.helpers.wait import eventually
 
 ROOT = Path(__file__).resolve().parents[2]
-T = TypeVar("T")
 
 
 @pytest.fixture(scope="module")
@@ -30,9 +26,9 @@ def stack(
     kube: Cluster, ns: str, store: str, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[OperatorProcess]:
     logs = tmp_path_factory.mktemp("stack")
-    args = ["-n", ns, "--lease-name", f"op-{ns}", *FAST_LEASE_ARGS]
-    args += ["--status-qps", "100", "--status-burst", "100"]
-    op = OperatorProcess(kube.kubeconfig, store, logs / "operator.log", args=args)
+    op = OperatorProcess(
+        kube.kubeconfig, store, logs / "operator.log", args=operator_args(ns, *FAST_STATUS_ARGS)
+    )
     env = {"CRONWELL_DATABASE_URL": store}
     scheduler = procs.spawn("scheduler", env=env, log=logs / "scheduler.log")
     # The failing target below is on 127.0.0.1 (denied by default): allowed explicitly, so
@@ -79,15 +75,6 @@ def events(kube: Cluster, ns: str, name: str) -> dict[str, str]:
         "-o", "json",
     ).stdout  # fmt: skip
     return {e["reason"]: e["message"] for e in json.loads(out)["items"]}
-
-
-def eventually(
-    op: OperatorProcess, predicate: Callable[[], T], what: str, timeout: float = 60
-) -> T:
-    try:
-        return wait_until(predicate, timeout, what, check=op._alive)
-    except AssertionError as e:
-        raise AssertionError(f"{e}\n--- operator log (tail) ---\n{op.output()[-3000:]}") from None
 
 
 def db_succeeded(store: str, uid: str) -> int:

@@ -24,25 +24,21 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import pytest
 from kubernetes import client
 
 from cronwell.jobs import apply_job
 from cronwell.models import ScheduledJobSpec
+from cronwell.prescale import HPA_ANNOTATION
 from cronwell.store.db import Database
 from cronwell.testing.controlplane import Cluster, free_port
-from cronwell_operator.scaler import HPA_ANNOTATION
-from cronwell_operator.testing import (
-    FAST_LEASE_ARGS,
-    OperatorProcess,
-    sql,
-    wait_until,
-)
+from cronwell_operator.testing import OperatorProcess, sql
+from tests.helpers.kube import running_operator
+from tests.helpers.wait import eventually
 
 ROOT = Path(__file__).resolve().parents[2]
-T = TypeVar("T")
 
 #: 20 occurrences at one instant, 1 s each (no history: defaultDurationSeconds), to start
 #: within 1 s: 10 slots (two waves) = 5 replicas of 2.
@@ -63,14 +59,9 @@ def operator(
     kube: Cluster, ns: str, store: str, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[OperatorProcess]:
     log = tmp_path_factory.mktemp("prescale") / "operator.log"
-    args = ["-n", ns, "--lease-name", f"op-{ns}", *FAST_LEASE_ARGS]
-    args += ["--scale-interval-seconds", "1", "--metrics-port", str(METRICS_PORT)]
-    op = OperatorProcess(kube.kubeconfig, store, log, args=args)
-    try:
-        op.start().wait_ready(120)
+    extra = ("--scale-interval-seconds", "1", "--metrics-port", str(METRICS_PORT))
+    with running_operator(kube, ns, store, log, *extra) as op:
         yield op
-    finally:
-        op.stop()
 
 
 # ------------------------------------------------------------------------------ helpers
@@ -193,13 +184,6 @@ def metric(name: str, pool: str) -> float | None:
     prefix = f'{name}{{pool="{pool}"}} '
     line = next((ln for ln in text.splitlines() if ln.startswith(prefix)), None)
     return float(line.removeprefix(prefix)) if line else None
-
-
-def eventually(op: OperatorProcess, predicate: Callable[[], T], what: str, timeout: float) -> T:
-    try:
-        return wait_until(predicate, timeout, what, check=op._alive)
-    except AssertionError as e:
-        raise AssertionError(f"{e}\n--- operator log (tail) ---\n{op.output()[-3000:]}") from None
 
 
 # -------------------------------------------------------------------------------- tests

@@ -20,8 +20,9 @@ import pytest
 from cryptography.fernet import Fernet
 
 from cronwell.testing.controlplane import Cluster
-from cronwell_operator.testing import FAST_LEASE_ARGS, OperatorProcess, sql, wait_until
-from tests import procs
+from cronwell_operator.testing import OperatorProcess, sql, wait_until
+from tests.helpers import procs
+from tests.helpers.kube import operator_args
 
 KEY = Fernet.generate_key().decode()
 
@@ -71,7 +72,7 @@ def stack(
     kube: Cluster, ns: str, store: str, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[tuple[OperatorProcess, Path]]:
     logs = tmp_path_factory.mktemp("secrets")
-    args = ["-n", ns, "--lease-name", f"op-{ns}", *FAST_LEASE_ARGS]
+    args = operator_args(ns)
     common = {"CRONWELL_SECRETS_KEY": KEY}
     op = OperatorProcess(
         kube.kubeconfig, store, logs / "operator.log", args=args,

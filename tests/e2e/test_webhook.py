@@ -24,7 +24,7 @@ from cronwell_operator.testing import (
     sql,
     wait_until,
 )
-from tests.e2e.helpers import fresh_namespace
+from tests.helpers.kube import fresh_namespace
 
 ROOT = Path(__file__).resolve().parents[2]
 WEBHOOK = "validate-scheduledjob.cronwell.dev"

@@ -50,5 +50,12 @@ async def occurrences(db: Database, name: str | None = None) -> list[dict[str, A
         return [dict(r) for r in await cur.fetchall()]
 
 
+async def sql(db: Database, query: str, *args: Any) -> list[dict[str, Any]]:
+    """Ad-hoc SQL of the test itself (user tables, simulated time passing)."""
+    async with db.connection() as conn:
+        cur = await conn.execute(query, args or None)
+        return [dict(r) for r in await cur.fetchall()] if cur.description else []
+
+
 async def db_now(db: Database) -> datetime:
     return await clock.now(db)

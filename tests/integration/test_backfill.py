@@ -14,6 +14,7 @@ from click.testing import CliRunner, Result
 from cronwell import dispatch, jobs, maintenance, schedule
 from cronwell.backfill import backfill
 from cronwell.cli import main
+from cronwell.store import jobs as store_jobs
 from cronwell.store.db import Database
 
 from .helpers import db_now, make_job, occurrences, scheduler, set_cursor
@@ -71,7 +72,7 @@ async def _history(db: Database) -> tuple[Any, datetime]:
 async def test_backfill_creates_absent_reopens_missed_and_leaves_the_rest(db: Database) -> None:
     job, top = await _history(db)
     key = {k: schedule.occurrence_key(job.id, top - k * H) for k in range(1, 7)}
-    missed_before = (await db.fetch("JobList", {"namespace": "default"}))[0]["missed_total"]
+    missed_before = (await store_jobs.list_live(db, namespace="default"))[0].missed_total
     assert missed_before == 2
 
     dry = await backfill(
@@ -91,7 +92,7 @@ async def test_backfill_creates_absent_reopens_missed_and_leaves_the_rest(db: Da
     assert rows[key[6]]["origin"] == "backfill" and rows[key[6]]["state"] == "pending"
     assert rows[key[2]]["origin"] == "schedule" and rows[key[2]]["state"] == "pending"
     assert rows[key[2]]["finished_at"] is None
-    assert (await db.fetch("JobList", {"namespace": "default"}))[0]["missed_total"] == 0
+    assert (await store_jobs.list_live(db, namespace="default"))[0].missed_total == 0
 
     again = await backfill(db, namespace="default", name="hourly", start=top - 6 * H, end=top - H)
     assert (again.created, again.reopened) == ([], [])

@@ -87,6 +87,22 @@ def test_unreachable_database_is_one_clear_line() -> None:
     assert "secret" not in r.stderr
 
 
+@pytest.mark.parametrize(
+    ("args", "line"),
+    [
+        (("scheduler", "--retention", "0"), "invalid setting retention_seconds: "),
+        (("worker", "--concurrency", "0"), "invalid setting concurrency: "),
+    ],
+)
+def test_a_bad_setting_is_one_clear_line(args: tuple[str, ...], line: str) -> None:
+    # Checked before the database is opened (this URL would fail differently).
+    r = cli(*args, url="postgresql://nobody@127.0.0.1:1/nothing")
+    assert r.returncode == 1, r.stderr
+    assert "Traceback" not in r.stderr
+    [msg] = r.stderr.strip().splitlines()
+    assert line in msg and "should be greater than" in msg
+
+
 def test_unknown_job_is_a_clear_error(db_url: str) -> None:
     r = cli("trigger", "nope", url=db_url)
     assert r.returncode == 1 and "no ScheduledJob default/nope" in r.stderr

@@ -12,11 +12,13 @@ import pytest
 from click.testing import CliRunner, Result
 
 from cronwell import dispatch
-from cronwell.cli import Env
+from cronwell.cli import Env, parse_duration
 from cronwell.store.db import Database
-from cronwell_worker.dlq import dlq, parse_duration
+from cronwell_worker.dlq import dlq
+from tests.helpers.store import fail_dead
 
-from .worker_helpers import attempts, handler_job, occurrence, sql, trigger
+from .helpers import sql
+from .worker_helpers import attempts, handler_job, occurrence, trigger
 
 
 def test_parse_duration() -> None:
@@ -45,16 +47,7 @@ async def _dead(
     await handler_job(db, name, "t-fail-while", delivery=delivery, retry={"maxAttempts": 2})
     key = await trigger(db, name)
     (c,) = await dispatch.claim(db, pool="default", worker_id="w1", limit=5, lease_seconds=60)
-    state = await dispatch.fail(
-        db,
-        key=key,
-        fence=c.fence,
-        next_state="dead",
-        reason=reason,
-        error=error,
-        delay_seconds=0,
-    )
-    assert state == "dead"
+    assert await fail_dead(db, key, c.fence, reason, error) == "dead"
     return key, c.fence
 
 

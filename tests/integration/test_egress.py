@@ -12,6 +12,7 @@ from typing import Any
 
 from cronwell.egress import EgressPolicy
 from cronwell.store.db import Database
+from tests.helpers.wait import wait_for
 
 from .helpers import make_job
 from .worker_helpers import (
@@ -22,7 +23,6 @@ from .worker_helpers import (
     running_worker,
     state_is,
     trigger,
-    wait_for,
 )
 
 

@@ -10,7 +10,8 @@ import uuid
 from datetime import timedelta
 from pathlib import Path
 
-from cronwell.forecast import forecast_pools, plan_replicas
+from cronwell.fleet_forecast import forecast_pools
+from cronwell.forecast import plan_replicas
 from cronwell.store.db import Database
 from cronwell.workerpool import WorkerPoolSpec
 from tests.conftest import REPO
@@ -131,4 +132,4 @@ async def test_forecast_command(db: Database, db_url: str, tmp_path: Path) -> No
     assert len(r.stdout.splitlines()) == 2 + 4 + 1
 
     bad = cli("forecast", "--horizon", "soon", url=db_url)
-    assert bad.returncode == 2 and "use a duration such as 90s" in bad.stderr
+    assert bad.returncode == 2 and "invalid duration 'soon': use e.g. 90s" in bad.stderr

@@ -6,28 +6,25 @@ from __future__ import annotations
 
 import asyncio
 import uuid
+from dataclasses import asdict
 from typing import Any
 
 from cronwell import dispatch, jobs, maintenance
-from cronwell.handlers import Context
 from cronwell.metrics import Metrics
 from cronwell.models import ScheduledJobSpec
 from cronwell.scheduler import Scheduler
+from cronwell.sdk import Context
 from cronwell.settings import SchedulerSettings
+from cronwell.store import status_changes
 from cronwell.store.db import Database
+from tests.helpers.store import fail_dead
 
-from .helpers import make_job, occurrences, scheduler, set_cursor
-
-
-async def _sql(db: Database, query: str, *params: Any) -> list[dict[str, Any]]:
-    async with db.connection() as conn:
-        cur = await conn.execute(query, params)  # type: ignore[arg-type]
-        return [dict(r) for r in await cur.fetchall()] if cur.description else []
+from .helpers import make_job, occurrences, scheduler, set_cursor, sql
 
 
 async def _past_occurrences(db: Database, job_id: uuid.UUID, n: int) -> None:
     """n pending occurrences of a job at past instants (as if materialised earlier)."""
-    await _sql(
+    await sql(
         db,
         "INSERT INTO cronwell_occurrences (idempotency_key, job_id, pool, scheduled_for, "
         "run_at, state, overlap, delivery, max_attempts, timeout_seconds) "
@@ -41,8 +38,8 @@ async def _past_occurrences(db: Database, job_id: uuid.UUID, n: int) -> None:
 
 
 async def _status(db: Database, job_id: uuid.UUID) -> dict[str, Any]:
-    (row,) = await db.fetch("JobStatusBatch", {"ids": [job_id]})
-    return dict(row)
+    (row,) = await status_changes.job_status(db, [job_id])
+    return asdict(row)
 
 
 async def _pruner(db: Database, **kw: Any) -> maintenance.Pruner:
@@ -66,18 +63,7 @@ async def test_history_limits_keep_the_newest_runs_and_totals_stay_totals(db: Da
     mine = sorted((c for c in claimed if c.job_id == job.id), key=lambda c: c.scheduled_for)
     assert len(mine) == 7
     for c in mine[:3]:  # the three oldest die
-        assert (
-            await dispatch.fail(
-                db,
-                key=c.key,
-                fence=c.fence,
-                next_state="dead",
-                reason="AttemptsExhausted",
-                error="boom",
-                delay_seconds=0,
-            )
-            == "dead"
-        )
+        assert await fail_dead(db, c.key, c.fence, "AttemptsExhausted") == "dead"
     done = [(c.key, c.fence) for c in claimed if c not in mine[:3]]
     assert len(await dispatch.succeed(db, done)) == 4 + 3
     before = await _status(db, job.id)
@@ -93,14 +79,14 @@ async def test_history_limits_keep_the_newest_runs_and_totals_stay_totals(db: Da
     assert len(await occurrences(db, "other")) == 3  # within its own limits
     # the attempts of pruned occurrences went with them
     keys = {o["idempotency_key"] for o in left}
-    attempts = await _sql(
+    attempts = await sql(
         db,
         "SELECT a.idempotency_key FROM cronwell_attempts a JOIN cronwell_occurrences o "
         "ON o.id = a.occurrence_id WHERE o.job_id = %s",
         job.id,
     )
     assert {a["idempotency_key"] for a in attempts} == keys
-    orphans = await _sql(
+    orphans = await sql(
         db,
         "SELECT count(*) AS n FROM cronwell_attempts "
         "WHERE NOT EXISTS (SELECT 1 FROM cronwell_occurrences o WHERE o.id = occurrence_id)",
@@ -126,8 +112,8 @@ async def test_retention_prunes_deleted_and_one_shot_jobs_only(db: Database) -> 
     assert len(await dispatch.succeed(db, [(c.key, c.fence) for c in claimed])) == 6
     await jobs.delete_job(db, namespace="default", name="gone")
     # everything finished 8 days ago; the tombstone is as old
-    await _sql(db, "UPDATE cronwell_occurrences SET finished_at = now() - interval '8 days'")
-    await _sql(
+    await sql(db, "UPDATE cronwell_occurrences SET finished_at = now() - interval '8 days'")
+    await sql(
         db, "UPDATE cronwell_jobs SET deleted_at = now() - interval '8 days' WHERE id = %s", gone.id
     )
 
@@ -136,9 +122,9 @@ async def test_retention_prunes_deleted_and_one_shot_jobs_only(db: Database) -> 
     assert res.retention == 4 and res.jobs == 1
     assert len(await occurrences(db, "live")) == 2  # a live recurring job: its limits rule
     assert await occurrences(db, "once") == []
-    ids = {r["id"] for r in await _sql(db, "SELECT id FROM cronwell_jobs")}
+    ids = {r["id"] for r in await sql(db, "SELECT id FROM cronwell_jobs")}
     assert ids == {live.id, once.id}
-    await _sql(db, "UPDATE cronwell_occurrences SET finished_at = now() - interval '8 days'")
+    await sql(db, "UPDATE cronwell_occurrences SET finished_at = now() - interval '8 days'")
     # younger than the retention: kept
     assert (await (await _pruner(db, retention_seconds=9 * 86400)).prune_once()).retention == 0
 
@@ -149,12 +135,12 @@ async def test_a_death_by_lease_expiry_counts_toward_suspend_after_failures(db: 
     )
     await _past_occurrences(db, job.id, 1)
     assert await dispatch.claim(db, pool="default", worker_id="w", limit=5, lease_seconds=60)
-    await _sql(db, "UPDATE cronwell_occurrences SET lease_expires_at = now() - interval '1 s'")
+    await sql(db, "UPDATE cronwell_occurrences SET lease_expires_at = now() - interval '1 s'")
 
     m = Metrics()
     s = Scheduler(db, SchedulerSettings(), metrics=m)
 
-    assert await s.reap_once() == 1
+    assert await s.reaper.reap_once() == 1
 
     (o,) = await occurrences(db, "fragile")
     assert (o["state"], o["reason"]) == ("dead", "AttemptsExhausted")
@@ -164,6 +150,30 @@ async def test_a_death_by_lease_expiry_counts_toward_suspend_after_failures(db: 
     assert st["consecutive_failures"] == 1
     assert st["suspended"] and st["suspended_reason"] == "SuspendedAfterFailures"
     assert (st["dead"], st["failed"]) == (1, 1)
+
+
+async def test_a_running_scheduler_starts_its_reaper(db: Database) -> None:
+    """Reaping runs as the scheduler's own task (maintenance.Reaper): an expired lease is
+    reaped while the scheduler runs, with nobody calling reap_once."""
+    job = await make_job(db, "abandoned", schedule="0 0 1 1 *", retry={"maxAttempts": 1})
+    await _past_occurrences(db, job.id, 1)
+    assert await dispatch.claim(db, pool="default", worker_id="w", limit=5, lease_seconds=60)
+    await sql(db, "UPDATE cronwell_occurrences SET lease_expires_at = now() - interval '1 s'")
+    s = await scheduler(db, tick_seconds=0.2)
+    run = asyncio.create_task(s.run())
+    try:
+        for _ in range(300):
+            (o,) = await occurrences(db, "abandoned")
+            if o["state"] != "running" or run.done():
+                break
+            await asyncio.sleep(0.1)
+    finally:
+        s.stop()
+        await run
+    assert (o["state"], o["reason"]) == ("dead", "AttemptsExhausted")
+    assert (
+        s.metrics.registry.get_sample_value("cronwell_leases_reaped_total", {"state": "dead"}) == 1
+    )
 
 
 async def test_ctx_transaction_promotes_the_next_waiting_occurrence(db: Database) -> None:
@@ -213,15 +223,15 @@ async def test_status_change_reads_skip_jobs_that_back_off(db: Database) -> None
     (however many) never hide the rows of other jobs behind them."""
     stuck = await make_job(db, "stuck", schedule="0 0 1 1 *")
     fine = await make_job(db, "fine", schedule="0 0 1 1 *")
-    await _sql(db, "DELETE FROM cronwell_status_changes")
-    await _sql(
+    await sql(db, "DELETE FROM cronwell_status_changes")
+    await sql(
         db,
         "INSERT INTO cronwell_status_changes (job_id) "
         "SELECT %s FROM generate_series(1, 10) UNION ALL SELECT %s",
         stuck.id,
         fine.id,
     )
-    head = await db.fetch("StatusChangesRead", {"limit": 5, "skip": []})
-    assert {r["job_id"] for r in head} == {stuck.id}
-    rows = await db.fetch("StatusChangesRead", {"limit": 5, "skip": [stuck.id]})
-    assert [r["job_id"] for r in rows] == [fine.id]
+    head = await status_changes.read(db, limit=5, skip=[])
+    assert {r.job_id for r in head} == {stuck.id}
+    rows = await status_changes.read(db, limit=5, skip=[stuck.id])
+    assert [r.job_id for r in rows] == [fine.id]

@@ -13,11 +13,14 @@ from click.testing import CliRunner, Result
 from cronwell import dispatch
 from cronwell.cli import Env
 from cronwell.errors import LeaseLost
-from cronwell.handlers import Context, StaleFence
+from cronwell.sdk import Context, StaleFence
+from cronwell.store import outbox
 from cronwell.store.db import Database
 from cronwell_worker.cli import outbox_relay
 from cronwell_worker.outbox import HttpPublisher, OutboxMessage, Relay, RelaySettings
+from tests.helpers.wait import wait_for
 
+from .helpers import sql
 from .worker_helpers import (
     EFFECTS_DDL,
     OUTBOX_SEEN,
@@ -26,11 +29,9 @@ from .worker_helpers import (
     http_server,
     occurrence,
     running_worker,
-    sql,
     state_is,
     steal,
     trigger,
-    wait_for,
 )
 
 
@@ -132,9 +133,7 @@ async def test_the_same_attempt_run_twice_has_its_effect_once(db: Database) -> N
 
 async def _messages(db: Database, n: int, key: str = "job:2026-01-01T00:00:00Z") -> list[int]:
     for i in range(n):
-        await db.execute(
-            "OutboxInsert", {"key": key, "topic": "t", "payload": json.dumps({"i": i})}
-        )
+        await outbox.insert(db, key=key, topic="t", payload={"i": i})
     return [r["id"] for r in await sql(db, "SELECT id FROM cronwell_outbox ORDER BY id")]
 
 

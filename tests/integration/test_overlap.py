@@ -12,6 +12,7 @@ from cronwell import dispatch
 from cronwell.dispatch import Active, Candidate, decide_overlap
 from cronwell.scheduler import Scheduler
 from cronwell.store.db import Database
+from tests.helpers.store import fail_dead
 
 from .helpers import make_job, occurrences, scheduler, set_cursor
 
@@ -85,15 +86,7 @@ async def test_buffer_all_runs_in_order(db: Database) -> None:
 async def test_buffer_all_promotes_after_dead(db: Database) -> None:
     await _due(db, "BufferAll", seconds_back=1)
     c = (await _claim(db))[0]
-    await dispatch.fail(
-        db,
-        key=c.key,
-        fence=c.fence,
-        next_state="dead",
-        reason="Failed",
-        error="boom",
-        delay_seconds=0,
-    )
+    await fail_dead(db, c.key, c.fence)
     assert len(await _claim(db)) == 1
 
 

@@ -11,6 +11,7 @@ from cronwell import jobs, partitions, schedule
 from cronwell.models import ScheduledJobSpec
 from cronwell.scheduler import Scheduler
 from cronwell.settings import SchedulerSettings
+from cronwell.store import jobs as store_jobs
 from cronwell.store.db import Database
 
 from .helpers import db_now, make_job, occurrences, scheduler, set_cursor
@@ -124,8 +125,7 @@ async def test_hours_of_downtime_run_once_and_record_missed(db: Database) -> Non
     # every minute of the outage is accounted for, exactly once
     instants = sorted(o["scheduled_for"] for o in occ)
     assert all(b - a == timedelta(minutes=1) for a, b in itertools.pairwise(instants))
-    row = await db.fetchone("JobList", {"namespace": None})
-    assert row is not None and row["missed_total"] == len(missed)
+    assert (await store_jobs.list_live(db, namespace=None))[0].missed_total == len(missed)
 
 
 async def test_suspend_then_resume_applies_misfire_policy(db: Database) -> None:
@@ -184,7 +184,7 @@ async def test_one_shot_runs_once(db: Database) -> None:
     await s.materialise_until_idle()
     occ = await occurrences(db, "once")
     assert [o["scheduled_for"] for o in occ] == [at]
-    assert (await db.fetchone("JobList", {"namespace": None}) or {})["next_run_at"] is None
+    assert (await store_jobs.list_live(db, namespace=None))[0].next_run_at is None
 
 
 async def test_trigger_is_idempotent_per_id(db: Database) -> None:
@@ -227,13 +227,13 @@ async def test_suspension_records_missed_instants_and_resume_catches_up_once(
     s = await scheduler(db, horizon_seconds=0.001)
     await s.materialise_until_idle()
     occ = await occurrences(db, "paused")
-    (resumed,) = await db.fetch("JobList", {"namespace": None})
+    (resumed,) = await store_jobs.list_live(db, namespace=None)
     during = [o for o in occ if o["scheduled_for"] < occ[-1]["scheduled_for"]]
     missed = [o for o in occ if o["state"] == "missed"]
     catchup = [o for o in occ if o["origin"] == "catchup"]
     assert len(catchup) == 1, [(o["state"], o["origin"]) for o in occ]
     assert len(missed) >= 3 and all(o["reason"] == "Suspended" for o in missed)
-    assert resumed["missed_total"] == len(missed)
+    assert resumed.missed_total == len(missed)
     assert catchup[0]["scheduled_for"] > max(o["scheduled_for"] for o in missed)
     assert len(during) >= 4
 

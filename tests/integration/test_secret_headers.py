@@ -1,26 +1,28 @@
 """The worker's half of Secret-backed headers, against a real store and HTTP server: it
 decrypts the values the operator stored (cronwell_job_secrets, written here by the same
-named query), sends them, reads them again for each attempt (rotation), and keeps them out
+store function), sends them, reads them again for each attempt (rotation), and keeps them out
 of every error it records. The operator's half (reading the Secret) is in
 tests/e2e/test_secrets.py."""
 
 from __future__ import annotations
 
+import uuid
+
 from cryptography.fernet import Fernet
 
 from cronwell.secretbox import SecretBox
+from cronwell.store import job_secrets
 from cronwell.store.db import Database
+from tests.helpers.wait import wait_for
 
-from .helpers import make_job
+from .helpers import make_job, sql
 from .worker_helpers import (
     FAR_FUTURE,
     http_server,
     occurrence,
     running_worker,
-    sql,
     state_is,
     trigger,
-    wait_for,
 )
 
 HEADERS = [
@@ -29,11 +31,10 @@ HEADERS = [
 ]
 
 
-async def _store(db: Database, box: SecretBox, job_id: object, value: str) -> None:
+async def _store(db: Database, box: SecretBox, job_id: uuid.UUID, value: str) -> None:
     values = {"Authorization": value}
-    await db.execute(
-        "JobSecretUpsert",
-        {"job_id": job_id, "ciphertext": box.encrypt(values), "digest": box.digest(values)},
+    await job_secrets.upsert(
+        db, job_id=job_id, ciphertext=box.encrypt(values), digest=box.digest(values)
     )
 
 

@@ -10,9 +10,9 @@ import pytest
 
 from cronwell import partitions
 from cronwell.errors import DatabaseUnavailable, PartitionMismatch, SchemaMissing, SchemaTooNew
-from cronwell.store import Database, migrate
+from cronwell.store import Database, claims, leases, migrate
 from cronwell.store._queries import q
-from cronwell.store.migrate import SCHEMA_VERSION, check_schema
+from cronwell.store.migrate import SCHEMA_VERSION, check_schema, record, schema_present
 
 
 async def test_migrate_is_idempotent_and_concurrent_safe(empty_db_url: str) -> None:
@@ -29,7 +29,7 @@ async def test_migrate_is_idempotent_and_concurrent_safe(empty_db_url: str) -> N
 
 
 async def test_refuses_a_newer_schema(db: Database) -> None:
-    await db.execute("MigrationRecord", {"version": SCHEMA_VERSION + 1, "name": "future"})
+    await record(db, version=SCHEMA_VERSION + 1, name="future")
     with pytest.raises(SchemaTooNew, match="newer than this cronwell"):
         await migrate(db)
     with pytest.raises(SchemaTooNew):
@@ -44,8 +44,7 @@ async def test_check_schema_refuses_a_missing_schema_without_creating_one(
     async with Database(empty_db_url) as db:
         with pytest.raises(SchemaMissing, match="run `cronwell migrate`"):
             await check_schema(db)
-        row = await db.fetchone("SchemaPresent")
-        assert row is not None and row["present"] is False
+        assert await schema_present(db) is False
         await migrate(db)
         await check_schema(db)
 
@@ -55,7 +54,7 @@ async def test_migrate_stores_the_partition_count_of_a_new_store(empty_db_url: s
         await migrate(db, partitions=5)
         await migrate(db)  # a store that has a count keeps it
         assert await partitions.read(db) == 5
-        assert len(await db.fetch("PartitionList")) == 5
+        assert len(await leases.list_all(db)) == 5
         with pytest.raises(PartitionMismatch, match="configured with 8 partitions but the store"):
             await partitions.check(db, 8)
 
@@ -124,11 +123,11 @@ async def test_claim_start_and_spec_fetch_read_jobs_by_primary_key(db: Database)
     for every batch (a third of the statement's time in a burst)."""
     async with db.connection() as conn:
         await conn.execute(_FILL)  # type: ignore[arg-type]
-    rows = await db.fetch("OccurrenceClaimCandidates", {"pool": "default", "limit": 500})
+    rows = await claims.candidates(db, pool="default", limit=500)
     assert len(rows) == 500
     start = await _plan(
-        db, "OccurrenceClaimBatch", {"ids": [r["id"] for r in rows], "worker_id": "w", "lease": 60}
+        db, "OccurrenceClaimBatch", {"ids": [r.id for r in rows], "worker_id": "w", "lease": 60}
     )
     assert "cronwell_jobs_pkey" in start and "Seq Scan" not in start, start
-    specs = await _plan(db, "JobSpecBatch", {"ids": list({r["job_id"] for r in rows})[:5]})
+    specs = await _plan(db, "JobSpecBatch", {"ids": list({r.job_id for r in rows})[:5]})
     assert "cronwell_jobs_pkey" in specs and "Seq Scan" not in specs, specs

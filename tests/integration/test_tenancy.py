@@ -1,15 +1,16 @@
 """The worker refuses occurrences its pool's policy does not allow, even when the job got
 into the store without the webhook (`cronwell apply` straight to the database): pools per
 namespace, handlers per pool, a namespace's egress annotations (synced by the operator
-into the store; written here by the same named queries)."""
+into the store; written here by the same store functions)."""
 
 from __future__ import annotations
 
 import asyncio
-import json
 from typing import Any
 
+from cronwell.store import policies
 from cronwell.store.db import Database
+from tests.helpers.wait import wait_for
 
 from .helpers import make_job
 from .worker_helpers import (
@@ -18,20 +19,17 @@ from .worker_helpers import (
     running_worker,
     state_is,
     trigger,
-    wait_for,
 )
 
 
 async def _pool_policy(db: Database, pool: str, owner: str, **kw: Any) -> None:
-    await db.execute(
-        "PoolPolicyUpsert",
-        {
-            "pool": pool,
-            "owner_namespace": owner,
-            "namespaces": kw.get("namespaces", []),
-            "namespace_selector": json.dumps(kw["selector"]) if "selector" in kw else None,
-            "handlers": kw.get("handlers"),
-        },
+    await policies.upsert_pool(
+        db,
+        pool=pool,
+        owner_namespace=owner,
+        namespaces=kw.get("namespaces", []),
+        namespace_selector=kw.get("selector"),
+        handlers=kw.get("handlers"),
     )
 
 
@@ -58,11 +56,9 @@ async def test_a_workerpool_policy_refuses_other_namespaces_and_handlers(
         assert "WorkerPool default in namespace payments" in o["last_error"]
         # Allowed by the selector (labels the operator syncs for the namespace): now the
         # handler rule applies.
-        await db.execute(
-            "NamespacePolicyUpsert",
-            {"namespace": "default", "labels": json.dumps({"team": "pay"}),
-             "egress_allow": None, "egress_deny": None},
-        )  # fmt: skip
+        await policies.upsert_namespace(
+            db, namespace="default", labels={"team": "pay"}, egress_allow=None, egress_deny=None
+        )
         await _pool_policy(
             db, "default", "payments", selector={"matchLabels": {"team": "pay"}},
             handlers=["charge"],
@@ -91,11 +87,9 @@ async def test_a_static_pool_policy_from_the_workers_settings(db: Database, db_u
 async def test_a_namespace_egress_annotation_binds_its_jobs(db: Database, db_url: str) -> None:
     with http_server() as srv:
         await make_job(db, "call", schedule=FAR_FUTURE, target={"http": {"url": srv.url}})
-        await db.execute(
-            "NamespacePolicyUpsert",
-            {"namespace": "default", "labels": "{}", "egress_allow": "*.example.com",
-             "egress_deny": None},
-        )  # fmt: skip
+        await policies.upsert_namespace(
+            db, namespace="default", labels={}, egress_allow="*.example.com", egress_deny=None
+        )
         async with running_worker(db_url, policy_refresh_seconds=0.1):
             key = await trigger(db, "call")
             o = await wait_for(lambda: state_is(db, key, "dead"), 60)

@@ -17,14 +17,16 @@ import pytest
 
 from cronwell import dispatch, maintenance
 from cronwell.errors import LeaseLost
-from cronwell.handlers import Context
 from cronwell.models import RetryPolicy
 from cronwell.schedule import format_instant
+from cronwell.sdk import Context
+from cronwell.store import claims
 from cronwell.store.db import Database
 from cronwell_worker.dlq import replay
 from cronwell_worker.runtime import backoff_seconds, self_fence_margin
+from tests.helpers.wait import wait_for
 
-from .helpers import db_now, make_job
+from .helpers import db_now, make_job, sql
 from .worker_helpers import (
     CONTROL,
     EFFECTS_DDL,
@@ -36,12 +38,10 @@ from .worker_helpers import (
     occurrence,
     requeue,
     running_worker,
-    sql,
     started,
     state_is,
     steal,
     trigger,
-    wait_for,
 )
 
 # -- pure logic -----------------------------------------------------------------------------
@@ -245,7 +245,7 @@ async def test_backoff_moves_run_at_then_dead_then_replay_keeps_the_key(
 
         CONTROL["retrying"] = False
         replayed = await replay(db, key=key)
-        assert [(r["idempotency_key"], r["max_attempts"]) for r in replayed] == [(key, 6)]
+        assert [(r.idempotency_key, r.max_attempts) for r in replayed] == [(key, 6)]
         o = await wait_for(lambda: state_is(db, key, "succeeded"))
     atts = await attempts(db, key)
     assert [(a["attempt"], a["outcome"]) for a in atts] == [
@@ -317,7 +317,7 @@ async def test_at_most_once_never_reruns_an_ambiguous_attempt(db: Database, db_u
         lease_key,
     )
     reaped = await maintenance.reap(db, limit=10)
-    assert [(r["state"], r["reason"]) for r in reaped] == [("dead", "Ambiguous")]
+    assert [(r.state, r.reason) for r in reaped] == [("dead", "Ambiguous")]
 
     async with running_worker(db_url):
         key = await trigger(db, "amo")
@@ -370,12 +370,7 @@ async def test_lease_lost_cancels_an_async_handler_at_once(db: Database, db_url:
         assert (outcome.result, outcome.error) == ("lease_lost", "lease_lost")
     o = await occurrence(db, key)
     assert (o["state"], o["fence"], o["worker_id"]) == ("running", thief.fence, "thief")
-    assert await dispatch.succeed(db, [(key, thief.fence)]) == {key}
-    atts = await attempts(db, key)
-    assert [(a["outcome"], a["fence"]) for a in atts] == [
-        ("lease_expired", first["fence"]),
-        ("succeeded", thief.fence),
-    ]
+    await _the_thief_completes(db, key, first["fence"], thief.fence)
 
 
 @pytest.mark.parametrize(
@@ -437,6 +432,16 @@ async def test_a_key_claimed_again_by_the_same_worker_aborts_the_old_attempt(
     ]
 
 
+async def _the_thief_completes(db: Database, key: str, first: int, thief: int) -> None:
+    """The taker's completion stands; the first attempt is recorded as lease_expired."""
+    assert await dispatch.succeed(db, [(key, thief)]) == {key}
+    atts = await attempts(db, key)
+    assert [(a["outcome"], a["fence"]) for a in atts] == [
+        ("lease_expired", first),
+        ("succeeded", thief),
+    ]
+
+
 async def test_a_late_completion_is_rejected_by_its_fence(db: Database, db_url: str) -> None:
     """Heartbeats far apart (lease 60 s): the attempt is taken over unnoticed and finishes
     while the taker still runs. Only the fence tells them apart: the stale batched
@@ -450,12 +455,7 @@ async def test_a_late_completion_is_rejected_by_its_fence(db: Database, db_url: 
         assert (await w.outcome(key)).result == "stale"
         o = await occurrence(db, key)
         assert (o["state"], o["fence"], o["worker_id"]) == ("running", thief.fence, "thief")
-    assert await dispatch.succeed(db, [(key, thief.fence)]) == {key}
-    atts = await attempts(db, key)
-    assert [(a["outcome"], a["fence"]) for a in atts] == [
-        ("lease_expired", first["fence"]),
-        ("succeeded", thief.fence),
-    ]
+    await _the_thief_completes(db, key, first["fence"], thief.fence)
 
 
 async def test_self_fences_when_heartbeats_cannot_renew(db: Database, db_url: str) -> None:
@@ -636,23 +636,19 @@ async def test_a_spec_changed_after_the_claim_runs_the_claimed_spec_if_found_els
 ) -> None:
     await _twins(db)
     async with db.transaction() as conn:
-        cands = await db.fetch(
-            "OccurrenceClaimCandidates", {"pool": "default", "limit": 10}, conn=conn
+        cands = await claims.candidates(db, pool="default", limit=10, conn=conn)
+        rows = await claims.start(
+            db, [c.id for c in cands], worker_id="w", lease_seconds=30, conn=conn
         )
-        rows = await db.fetch(
-            "OccurrenceClaimBatch",
-            {"ids": [r["id"] for r in cands], "worker_id": "w", "lease": 30},
-            conn=conn,
-        )
-    rows = [r for r in rows if r["name"] in ("twin-a", "twin-b")]
-    claimed_hash = rows[0]["spec_hash"]
+    rows = [r for r in rows if r.name in ("twin-a", "twin-b")]
+    claimed_hash = rows[0].spec_hash
     # twin-a's spec changes between the claim and the fetch of its spec
     await make_job(db, "twin-a", schedule=FAR_FUTURE, target={"log": {"message": "new"}})
 
     async with db.connection() as conn:
         both = await dispatch.attach_specs(db, conn, rows, frozenset())
         only_a = await dispatch.attach_specs(
-            db, conn, [r for r in rows if r["name"] == "twin-a"], frozenset()
+            db, conn, [r for r in rows if r.name == "twin-a"], frozenset()
         )
     # twin-b still has the claimed spec: both run what was claimed
     for x in both:
@@ -664,9 +660,9 @@ async def test_a_spec_changed_after_the_claim_runs_the_claimed_spec_if_found_els
     assert a.spec_hash != claimed_hash
     # what the attempt must keep was fixed on the occurrence: unchanged by the spec change
     assert (a.timeout_seconds, a.delivery, a.max_attempts) == (
-        rows[0]["timeout_seconds"],
-        rows[0]["delivery"],
-        rows[0]["max_attempts"],
+        rows[0].timeout_seconds,
+        rows[0].delivery,
+        rows[0].max_attempts,
     )
 
 

@@ -10,6 +10,7 @@ import os
 import signal
 import subprocess
 import sys
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -17,8 +18,10 @@ import pytest
 
 from cronwell import maintenance
 from cronwell.store.db import Database
-from tests.procs import spawn, stop
+from tests.helpers.procs import spawn, stop
+from tests.helpers.wait import wait_for
 
+from .helpers import sql
 from .worker_helpers import (
     EFFECTS_DDL,
     HANDLERS_MODULE,
@@ -27,10 +30,8 @@ from .worker_helpers import (
     http_server,
     marks_of,
     occurrence,
-    sql,
     state_is,
     trigger,
-    wait_for,
     worker_env,
 )
 
@@ -67,9 +68,22 @@ async def _reap_until(db: Database, key: str, timeout: float = 15.0) -> dict[str
 
     async def reaped() -> dict[str, Any] | None:
         rows = await maintenance.reap(db, limit=100)
-        return next((r for r in rows if r["idempotency_key"] == key), None)
+        return next((asdict(r) for r in rows if r.idempotency_key == key), None)
 
     return await wait_for(reaped, timeout, f"the reaper to requeue {key}")
+
+
+async def _worker_a_runs(
+    db: Database, db_url: str, tmp_path: Path, name: str, handler: str, payload: dict[str, Any]
+) -> tuple[str, Path, subprocess.Popen[bytes]]:
+    """The effects table, job `name` triggered, and worker A (a.log) started to run it:
+    its key, the marks dir and A."""
+    await sql(db, EFFECTS_DDL)
+    await handler_job(db, name, handler, payload=payload)
+    key = await trigger(db, name)
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    return key, marks, _worker(db_url, marks, tmp_path / "a.log")
 
 
 def _log(path: Path) -> str:
@@ -79,12 +93,9 @@ def _log(path: Path) -> str:
 async def test_kill_minus_nine_mid_job_another_worker_takes_over(
     db: Database, db_url: str, tmp_path: Path
 ) -> None:
-    await sql(db, EFFECTS_DDL)
-    await handler_job(db, "victim", "t-sleepy-effect", payload={"sleep": 60})
-    key = await trigger(db, "victim")
-    marks = tmp_path / "marks"
-    marks.mkdir()
-    a = _worker(db_url, marks, tmp_path / "a.log")
+    key, marks, a = await _worker_a_runs(
+        db, db_url, tmp_path, "victim", "t-sleepy-effect", {"sleep": 60}
+    )
     b: subprocess.Popen[bytes] | None = None
     try:
         first = await _mark(marks, "start", key)
@@ -120,12 +131,9 @@ async def test_sigstop_past_the_lease_then_sigcont_late_writes_are_rejected(
     attempt is aborted, and the work it still does (the handler shields it, like code that
     cannot be interrupted) is rejected: the fenced write by the resource's fence, the
     completion (with its effect) by the occurrence's fence."""
-    await sql(db, EFFECTS_DDL)
-    await handler_job(db, "paused", "t-stubborn-write", payload={"sleep": 3})
-    key = await trigger(db, "paused")
-    marks = tmp_path / "marks"
-    marks.mkdir()
-    a = _worker(db_url, marks, tmp_path / "a.log")
+    key, marks, a = await _worker_a_runs(
+        db, db_url, tmp_path, "paused", "t-stubborn-write", {"sleep": 3}
+    )
     b: subprocess.Popen[bytes] | None = None
     try:
         first = await _mark(marks, "start", key)

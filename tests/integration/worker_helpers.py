@@ -15,8 +15,8 @@ import json
 import os
 import threading
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
-from dataclasses import dataclass, field
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import asdict, dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, TypeVar
@@ -27,11 +27,14 @@ import cronwell
 from cronwell import dispatch, jobs
 from cronwell.egress import EgressPolicy
 from cronwell.errors import LeaseLost
-from cronwell.handlers import Context, StaleFence
+from cronwell.sdk import Context, StaleFence
 from cronwell.secretbox import SecretBox
 from cronwell.settings import WorkerSettings
+from cronwell.store import attempts as attempts_store
+from cronwell.store import claims, runs
 from cronwell.store.db import Database
 from cronwell_worker.runtime import Outcome, Worker
+from tests.helpers.wait import wait_for
 
 from .helpers import make_job
 
@@ -43,34 +46,17 @@ LOCAL_EGRESS = "127.0.0.1/32"
 every test worker allows exactly this address, explicitly."""
 T = TypeVar("T")
 
-# -- waiting ------------------------------------------------------------------------------
-
-
-async def wait_for(
-    cond: Callable[[], Awaitable[T | None]], timeout: float = 15.0, what: str = "condition"
-) -> T:
-    """Poll `cond` until it returns something truthy; return it."""
-    deadline = time.monotonic() + timeout
-    while True:
-        v = await cond()
-        if v:
-            return v
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        await asyncio.sleep(0.05)
-
-
 # -- store views ----------------------------------------------------------------------------
 
 
 async def occurrence(db: Database, key: str) -> dict[str, Any]:
-    row = await db.fetchone("OccurrenceGet", {"key": key})
+    row = await runs.get(db, key)
     assert row is not None, key
-    return dict(row)
+    return asdict(row)
 
 
 async def attempts(db: Database, key: str) -> list[dict[str, Any]]:
-    return [dict(r) for r in await db.fetch("AttemptList", {"key": key})]
+    return [asdict(r) for r in await runs.attempts(db, key)]
 
 
 async def state_is(db: Database, key: str, *states: str) -> dict[str, Any] | None:
@@ -96,13 +82,6 @@ async def trigger(db: Database, name: str) -> str:
     return key
 
 
-async def sql(db: Database, query: str, *args: Any) -> list[dict[str, Any]]:
-    """Ad-hoc SQL of the test itself (user tables, simulated time passing)."""
-    async with db.connection() as conn:
-        cur = await conn.execute(query, args or None)
-        return [dict(r) for r in await cur.fetchall()] if cur.description else []
-
-
 async def _expire_and_reap(db: Database, conn: Any, key: str) -> int:
     cur = await conn.execute(
         "UPDATE cronwell_occurrences SET lease_expires_at = now() - interval '1 second' "
@@ -110,8 +89,8 @@ async def _expire_and_reap(db: Database, conn: Any, key: str) -> int:
         (key,),
     )
     (row,) = await cur.fetchall()
-    reaped = await db.fetch("LeaseReap", {"limit": 100}, conn=conn)
-    assert [r["state"] for r in reaped if r["idempotency_key"] == key] == ["pending"]
+    reaped = await attempts_store.reap_leases(db, limit=100, conn=conn)
+    assert [r.state for r in reaped if r.idempotency_key == key] == ["pending"]
     occurrence_id: int = row["id"]
     return occurrence_id
 
@@ -129,11 +108,7 @@ async def steal(db: Database, key: str, worker_id: str = "thief") -> dispatch.Cl
     new fence, in one transaction (so the worker under test cannot claim it back between)."""
     async with db.transaction() as conn:
         oid = await _expire_and_reap(db, conn, key)
-        (r,) = await db.fetch(
-            "OccurrenceClaimBatch",
-            {"ids": [oid], "worker_id": worker_id, "lease": 60},
-            conn=conn,
-        )
+        (r,) = await claims.start(db, [oid], worker_id=worker_id, lease_seconds=60, conn=conn)
     return dispatch.claimed_from_row(r)
 
 

@@ -23,7 +23,7 @@ import pytest
 
 from cronwell.embedded import EmbeddedPostgres
 from cronwell.testing.node import Node
-from tests.e2e.helpers import Helm
+from tests.helpers.kube import Helm
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "cronwell"

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from cronwell.testing.node import Node
-from tests.e2e.helpers import Helm
+from tests.helpers.kube import Helm
 from tests.node import chart
 from tests.node.chart import Ledger
 from tests.node.chart import component as _component

@@ -20,6 +20,7 @@ import psycopg
 import pytest
 
 from cronwell.testing.node import Node
+from cronwell_operator.testing import wait_until
 from tests.node.release import RELEASE, Ledger, _component, _pods
 
 # Setup may build/import the image and install the chart when this module runs alone.
@@ -69,16 +70,6 @@ def _ts(s: str) -> float:
     return datetime.fromisoformat(s.replace("Z", "+00:00")).timestamp()
 
 
-def _wait(what: str, check: Any, timeout: float, every: float = 1.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = check()
-        if value:
-            return value
-        time.sleep(every)
-    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
-
-
 def _pool_status(node: Node, ns: str) -> dict[str, Any]:
     out = node.kubectl("-n", ns, "get", "wp", POOL, "-o", "json").stdout
     return dict(json.loads(out).get("status") or {})
@@ -123,10 +114,11 @@ def test_workers_ready_before_the_burst_then_scaled_back(
         node.kubectl("apply", "-f", "-", input=json.dumps(pool))
         # The pool owns the replicas now: down to minReplicas (after the delay a new
         # leader observes), one worker Ready, the others gone.
-        _wait(
-            "the worker Deployment down to minReplicas, one worker left",
+        wait_until(
             lambda: _deployment(node, ns) == (1, 1) and len(_workers(node, ns)) == 1,
-            timeout=300,
+            300,
+            "the worker Deployment down to minReplicas, one worker left",
+            interval=1.0,
         )
         before = {p["metadata"]["name"] for p in _workers(node, ns)}
         with psycopg.connect(database["local"]) as conn:
@@ -155,15 +147,16 @@ def test_workers_ready_before_the_burst_then_scaled_back(
 
         # The operator reports the pre-scale once it has seen the pods Ready, or the burst
         # started without them.
-        pre = _wait(
-            "lastPreScale for this burst settled (pods Ready, or the burst started)",
+        pre = wait_until(
             lambda: (
                 (p := _pool_status(node, ns).get("lastPreScale") or {}).get("burstTime")
                 and _ts(p["burstTime"]) == at
                 and p.get("landedBeforeBurst") is not None
                 and p
             ),
-            timeout=AHEAD + 240,
+            AHEAD + 240,
+            "lastPreScale for this burst settled (pods Ready, or the burst started)",
+            interval=1.0,
         )
         new = [p for p in _workers(node, ns) if p["metadata"]["name"] not in before]
         ready = [_ready_since(p) for p in new]
@@ -172,10 +165,11 @@ def test_workers_ready_before_the_burst_then_scaled_back(
               f"{[None if r is None else r - at for r in ready]} s from the burst")  # fmt: skip
 
         # Every occurrence of the burst reaches the ledger once: start lags from its instant.
-        accepted = _wait(
-            f"{BURST} burst effects in the ledger",
+        accepted = wait_until(
             lambda: (a := recorded.accepted(PATH)) and len(a) >= BURST and a,
-            timeout=max(0.0, at - time.time()) + 300,
+            max(0.0, at - time.time()) + 300,
+            f"{BURST} burst effects in the ledger",
+            interval=1.0,
         )
         lags = sorted(r["at"] - at for r in accepted.values())
         print(
@@ -195,10 +189,11 @@ def test_workers_ready_before_the_burst_then_scaled_back(
             down = next((t for t, v in changes if up and t > up and v[0] == 1), None)
             return (up, down) if up is not None and down is not None else None
 
-        up, down = _wait(
-            "the pool scaled back to minReplicas",
+        up, down = wait_until(
             up_down,
-            timeout=HOLD + SPEC["scaleDownDelaySeconds"] + 240,
+            HOLD + SPEC["scaleDownDelaySeconds"] + 240,
+            "the pool scaled back to minReplicas",
+            interval=1.0,
         )
         sampler.stop()
         seen = [(round(t - at, 1), v) for t, v in sampler.changes]

@@ -24,7 +24,7 @@ import psycopg
 import pytest
 
 from cronwell.testing.node import Node
-from tests.e2e.helpers import Helm
+from tests.helpers.kube import Helm
 from tests.node import chart
 
 RELEASE = "cwup"

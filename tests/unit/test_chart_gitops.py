@@ -6,6 +6,7 @@ statuses the operator's own code builds to the right health."""
 
 from __future__ import annotations
 
+import dataclasses
 import subprocess
 from datetime import timedelta
 from pathlib import Path
@@ -15,8 +16,9 @@ import pytest
 import yaml
 
 from cronwell.loader import load
+from cronwell.store.status_changes import JobStatus
 from cronwell.testing.controlplane import ControlPlaneError, find_assets
-from cronwell_operator import status
+from cronwell_operator import status_build
 from tests.unit.test_chart import CHART, WORKERPOOL_SERVED, helm
 from tests.unit.test_crd_status import NOW, row
 
@@ -214,7 +216,7 @@ DEAD = row(consecutive_failures=2, dead=2, last_state="dead", last_reason="Attem
             id="suspended",
         ),
         pytest.param(
-            DEAD | {"suspended": True, "suspended_reason": "SuspendedAfterFailures"},
+            dataclasses.replace(DEAD, suspended=True, suspended_reason="SuspendedAfterFailures"),
             None,
             3,
             "Degraded",
@@ -233,13 +235,13 @@ DEAD = row(consecutive_failures=2, dead=2, last_state="dead", last_reason="Attem
     ],
 )
 def test_scheduledjob_health_from_the_operators_statuses(
-    job_row: dict[str, Any] | None,
+    job_row: JobStatus | None,
     spec_error: tuple[int, str] | None,
     generation: int,
     expected: str,
     in_message: str,
 ) -> None:
-    st = status.build_status(job_row, previous=None, spec_error=spec_error, now=NOW)
+    st = status_build.build_status(job_row, previous=None, spec_error=spec_error, now=NOW)
     state, message = health("ScheduledJob", scheduled_job(st, generation))
     assert state == expected, message
     assert in_message in message

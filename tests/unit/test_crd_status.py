@@ -4,8 +4,11 @@ admission checks and the error mapping (no I/O)."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
+import uuid
 from datetime import UTC, datetime, timedelta
+from decimal import Decimal
 from typing import Any
 
 import kopf
@@ -13,14 +16,20 @@ import pytest
 
 from cronwell.errors import DatabaseError, DatabaseUnavailable, JobNotFound, SpecError
 from cronwell.models import ScheduledJobStatus
-from cronwell_operator import handlers, status, webhook
-from cronwell_operator.settings import OperatorSettings
+from cronwell.store.status_changes import JobStatus, StatusChange
+from cronwell_operator import kopf_handlers, ratelimit, status_build, webhook
+from cronwell_operator.settings import OperatorSettings, WebhookSettings
 
 NOW = datetime(2026, 3, 1, 12, 0, 30, 123456, tzinfo=UTC)
 
 
-def row(**over: Any) -> dict[str, Any]:
+def row(**over: Any) -> JobStatus:
     base: dict[str, Any] = {
+        "id": uuid.UUID(int=1),
+        "namespace": "default",
+        "name": "job",
+        "deleted_at": None,
+        "last_state_error": None,
         "generation": 3,
         "suspended": False,
         "suspended_reason": None,
@@ -42,7 +51,13 @@ def row(**over: Any) -> dict[str, Any]:
         "last_key": None,
         "last_duration_seconds": None,
     }
-    return base | over
+    return JobStatus(**(base | over))
+
+
+def change(id: int, state: str, **over: Any) -> StatusChange:
+    base: dict[str, Any] = {"job_id": uuid.UUID(int=1), "occurrence_id": id, "attempt": None}
+    base |= {"scheduled_for": None, "reason": None, "error": None, "changed_at": NOW}
+    return StatusChange(id=id, state=state, **(base | over))
 
 
 def conds(st: dict[str, Any]) -> dict[str, tuple[str, str]]:
@@ -50,7 +65,7 @@ def conds(st: dict[str, Any]) -> dict[str, tuple[str, str]]:
 
 
 def test_a_fresh_job() -> None:
-    st = status.build_status(row(), previous=None, spec_error=None, now=NOW)
+    st = status_build.build_status(row(), previous=None, spec_error=None, now=NOW)
     ScheduledJobStatus.model_validate(st)  # valid against the CRD's own model
     assert st["observedGeneration"] == 3
     assert st["nextScheduleTime"] == "2026-03-01T12:01:30Z"  # seconds, UTC, Z
@@ -70,29 +85,30 @@ def test_success_then_failures_then_auto_suspension() -> None:
         last_state="succeeded",
         last_successful_time=NOW - timedelta(minutes=2),
         last_schedule_time=NOW - timedelta(minutes=2),
-        last_duration_seconds=1.25,
+        last_duration_seconds=Decimal("1.25"),
     )
-    st = status.build_status(ok, previous=None, spec_error=None, now=NOW)
+    st = status_build.build_status(ok, previous=None, spec_error=None, now=NOW)
     assert (st["lastResult"], st["lastDuration"], st["counters"]["succeeded"]) == (
         "Succeeded",
         "1.25s",
         5,
     )
-    bad = ok | {
-        "failed": 4,
-        "dead": 2,
-        "consecutive_failures": 2,
-        "last_failure_time": NOW - timedelta(seconds=5),
-        "last_error": "connect refused",
-        "last_state": "dead",
-        "last_reason": "AttemptsExhausted",
-        "last_key": "k:1",
-        "suspended": True,
-        "suspended_reason": "SuspendedAfterFailures",
-        "next_schedule_time": None,
-    }
+    bad = dataclasses.replace(
+        ok,
+        failed=4,
+        dead=2,
+        consecutive_failures=2,
+        last_failure_time=NOW - timedelta(seconds=5),
+        last_error="connect refused",
+        last_state="dead",
+        last_reason="AttemptsExhausted",
+        last_key="k:1",
+        suspended=True,
+        suspended_reason="SuspendedAfterFailures",
+        next_schedule_time=None,
+    )
     later = NOW + timedelta(minutes=1)
-    st2 = status.build_status(bad, previous=st, spec_error=None, now=later)
+    st2 = status_build.build_status(bad, previous=st, spec_error=None, now=later)
     assert conds(st2) == {
         "Ready": ("False", "SuspendedAfterFailures"),
         "Suspended": ("True", "SuspendedAfterFailures"),
@@ -104,28 +120,32 @@ def test_success_then_failures_then_auto_suspension() -> None:
         "connect refused" in next(c for c in st2["conditions"] if c["type"] == "Failing")["message"]
     )
     # A condition keeps its transition time while its status stays the same.
-    st3 = status.build_status(bad, previous=st2, spec_error=None, now=later + timedelta(hours=1))
+    st3 = status_build.build_status(
+        bad, previous=st2, spec_error=None, now=later + timedelta(hours=1)
+    )
     assert st3["conditions"] == st2["conditions"]
-    assert status.same_status(st3, st2)
+    assert status_build.same_status(st3, st2)
 
 
 def test_spec_errors_and_missing_rows() -> None:
-    st = status.build_status(None, previous=None, spec_error=(1, "spec.timeZone: bad"), now=NOW)
+    st = status_build.build_status(
+        None, previous=None, spec_error=(1, "spec.timeZone: bad"), now=NOW
+    )
     assert conds(st)["Ready"] == ("False", "InvalidSpec")
     assert st["conditions"][0]["message"] == "spec.timeZone: bad"
     # An error about a generation the store has since applied is stale.
-    st = status.build_status(row(), previous=None, spec_error=(2, "old"), now=NOW)
+    st = status_build.build_status(row(), previous=None, spec_error=(2, "old"), now=NOW)
     assert conds(st)["Ready"] == ("True", "Scheduled")
-    st = status.build_status(row(), previous=None, spec_error=(4, "new"), now=NOW)
+    st = status_build.build_status(row(), previous=None, spec_error=(4, "new"), now=NOW)
     assert conds(st)["Ready"] == ("False", "InvalidSpec")
 
 
 def test_same_status_ignores_kopf_and_treats_none_as_absent() -> None:
-    ours = status.build_status(row(), previous=None, spec_error=None, now=NOW)
+    ours = status_build.build_status(row(), previous=None, spec_error=None, now=NOW)
     shown = {k: v for k, v in ours.items() if v is not None} | {"kopf": {"progress": {}}}
-    assert status.same_status(ours, shown)
-    assert not status.same_status(ours, shown | {"lastResult": "Dead"})
-    assert not status.same_status(ours, None)
+    assert status_build.same_status(ours, shown)
+    assert not status_build.same_status(ours, shown | {"lastResult": "Dead"})
+    assert not status_build.same_status(ours, None)
 
 
 @pytest.mark.parametrize(
@@ -134,36 +154,36 @@ def test_same_status_ignores_kopf_and_treats_none_as_absent() -> None:
      (7322, "2h2m2s")],
 )  # fmt: skip
 def test_durations_read_like_kubectl(seconds: float | None, text: str | None) -> None:
-    assert status.format_duration(seconds) == text
+    assert status_build.format_duration(seconds) == text
 
 
 def test_events_are_one_per_reason_with_a_count() -> None:
     t = NOW
     changes = [
-        {"id": 1, "state": "running", "attempt": 1, "scheduled_for": t},
-        {"id": 2, "state": "pending", "attempt": 1, "scheduled_for": t, "error": "boom"},
-        {"id": 3, "state": "dead", "attempt": 2, "scheduled_for": t, "reason": "Exhausted"},
-        {"id": 4, "state": "missed", "scheduled_for": t, "reason": "Misfire"},
-        {"id": 5, "state": "missed", "scheduled_for": t + timedelta(minutes=1), "reason": "M2"},
-        {"id": 6, "state": "succeeded", "attempt": 1, "scheduled_for": t},
+        change(1, "running", attempt=1, scheduled_for=t),
+        change(2, "pending", attempt=1, scheduled_for=t, error="boom"),
+        change(3, "dead", attempt=2, scheduled_for=t, reason="Exhausted"),
+        change(4, "missed", scheduled_for=t, reason="Misfire"),
+        change(5, "missed", scheduled_for=t + timedelta(minutes=1), reason="M2"),
+        change(6, "succeeded", attempt=1, scheduled_for=t),
     ]
-    evs = {e.reason: e for e in status.events_for(changes)}
+    evs = {e.reason: e for e in status_build.events_for(changes)}
     assert set(evs) == {"AttemptFailed", "DeadLettered", "MissedRun"}
     assert all(e.type == "Warning" for e in evs.values())
     assert evs["MissedRun"].message == "2 run(s) missed; latest 2026-03-01T12:01:30Z: M2"
     assert evs["AttemptFailed"].message.endswith("(attempt 1): boom")
-    assert status.events_for([changes[0], changes[5]]) == []
+    assert status_build.events_for([changes[0], changes[5]]) == []
 
 
 async def test_token_bucket_holds_the_rate() -> None:
-    bucket = status.TokenBucket(rate=50, burst=5)
+    bucket = ratelimit.TokenBucket(rate=50, burst=5)
     started = time.monotonic()
     await asyncio.gather(*(bucket.take() for _ in range(25)))
     # 5 at once, then 20 at 50/s: at least 0.4 s.
     assert time.monotonic() - started >= 0.38
 
 
-SETTINGS = OperatorSettings(identity="t", webhook_payload_max_bytes=100)
+SETTINGS = OperatorSettings(identity="t", webhook=WebhookSettings(payload_max_bytes=100))
 
 
 def doc(spec: dict[str, Any], name: str = "j") -> dict[str, Any]:
@@ -200,24 +220,26 @@ def test_webhook_names_the_field_and_the_fix(spec: dict[str, Any], expected: str
 
 
 def test_cronwell_errors_map_to_kopf_errors_explicitly() -> None:
-    assert handlers.kopf_error(DatabaseUnavailable("down")).delay == 10  # type: ignore[union-attr]
-    assert handlers.kopf_error(DatabaseError("x")).delay == 30  # type: ignore[union-attr]
-    assert isinstance(handlers.kopf_error(JobNotFound("x")), kopf.TemporaryError)
-    assert isinstance(handlers.kopf_error(SpecError("x")), kopf.PermanentError)
+    assert kopf_handlers.kopf_error(DatabaseUnavailable("down")).delay == 10  # type: ignore[union-attr]
+    assert kopf_handlers.kopf_error(DatabaseError("x")).delay == 30  # type: ignore[union-attr]
+    assert isinstance(kopf_handlers.kopf_error(JobNotFound("x")), kopf.TemporaryError)
+    assert isinstance(kopf_handlers.kopf_error(SpecError("x")), kopf.PermanentError)
 
 
 def test_a_failing_ready_posts_one_warning_per_transition() -> None:
-    bad = status.build_status(
+    bad = status_build.build_status(
         None, previous=None, spec_error=(1, "spec.timeZone: unknown time zone 'x'"), now=NOW
     )
-    (ev,) = status.transition_events(None, bad)
+    (ev,) = status_build.transition_events(None, bad)
     assert (ev.type, ev.reason) == ("Warning", "UnknownTimeZone")
     assert "unknown time zone" in ev.message
     # the same failure again (a metadata-only edit, a restart): nothing new to say
-    assert status.transition_events(bad, bad) == []
+    assert status_build.transition_events(bad, bad) == []
     # another failure is another transition
-    cron = status.build_status(None, previous=bad, spec_error=(2, "spec.schedule: x"), now=NOW)
-    assert [e.reason for e in status.transition_events(bad, cron)] == ["InvalidSchedule"]
+    cron = status_build.build_status(
+        None, previous=bad, spec_error=(2, "spec.schedule: x"), now=NOW
+    )
+    assert [e.reason for e in status_build.transition_events(bad, cron)] == ["InvalidSchedule"]
     # recovering posts no Warning
-    ok = status.build_status(row(), previous=cron, spec_error=None, now=NOW)
-    assert status.transition_events(cron, ok) == []
+    ok = status_build.build_status(row(), previous=cron, spec_error=None, now=NOW)
+    assert status_build.transition_events(cron, ok) == []

@@ -8,19 +8,21 @@ from typing import Any
 
 import pytest
 
+from cronwell.conditions import condition
 from cronwell.forecast import PoolForecast, concurrency_timeline, plan_replicas, upcoming_burst
-from cronwell.workerpool import WorkerPoolSpec
-from cronwell_operator.scaler import (
+from cronwell.prescale import (
     HPA_ANNOTATION,
     Hold,
     HpaChange,
     PreScale,
-    condition,
+    desired_replicas,
     hpa_change,
     hpa_original,
+    hpa_targets,
     lookahead_max,
-    targets,
+    plan_pool,
 )
+from cronwell.workerpool import PoolCondition, WorkerPoolSpec
 
 T0 = datetime(2026, 3, 1, 12, 0, 0, tzinfo=UTC)
 
@@ -54,6 +56,22 @@ def test_a_larger_later_need_replaces_older_smaller_ones() -> None:
     assert h.value(at(15.5), 10) == 0
 
 
+def test_hold_remembers_only_the_buckets_before_the_cut() -> None:
+    h = Hold()
+    h.push_past(at(0), 5, [2, 7, 4, 9], at(10))  # buckets at 0, 5 | 10, 15: two are past
+    assert h.value(at(10), 60) == 7 and h.until(60) == at(65)
+
+
+def test_desired_is_the_plan_or_the_hold_within_the_pool_bounds() -> None:
+    spec = WorkerPoolSpec.model_validate(
+        {"scaleTargetRef": {"name": "w"}, "minReplicas": 2, "maxReplicas": 6}
+    )
+    assert desired_replicas(3, 5, spec) == 5
+    assert desired_replicas(4, 0, spec) == 4
+    assert desired_replicas(0, 1, spec) == 2
+    assert desired_replicas(9, 3, spec) == 6
+
+
 def test_hold_times_never_go_backwards() -> None:
     h = Hold()
     h.push(at(5), 2)
@@ -76,10 +94,10 @@ def hpa(min_: int | None = 1, max_: int = 10, original: str | None = None, **ref
 
 
 def test_which_hpa_targets_the_deployment() -> None:
-    assert targets(hpa(), "workers")
-    assert not targets(hpa(), "other")
-    assert not targets(hpa(kind="StatefulSet"), "workers")
-    assert not targets(hpa(apiVersion="example.com/v1"), "workers")
+    assert hpa_targets(hpa(), "workers")
+    assert not hpa_targets(hpa(), "other")
+    assert not hpa_targets(hpa(kind="StatefulSet"), "workers")
+    assert not hpa_targets(hpa(apiVersion="example.com/v1"), "workers")
 
 
 def test_raise_the_minimum_remembering_the_original() -> None:
@@ -233,6 +251,23 @@ def test_upcoming_burst_is_the_next_one_to_start() -> None:
     assert plan.series.index(5) == 15  # up leadTimeSeconds before
 
 
+def test_a_tick_plans_replicas_now_when_they_change_and_the_burst() -> None:
+    s = spec(minReplicas=1, maxReplicas=10, concurrencyPerReplica=2, startSLOSeconds=1,
+             leadTimeSeconds=5, scaleDownDelaySeconds=0)  # fmt: skip
+    pf = burst_forecast(20, 20)
+    concurrency_timeline(pf, s.start_slo_seconds)
+    quiet = plan_pool(pf, s, tick_seconds=0.0)
+    assert (quiet.planned, quiet.scale_for) == (1, None)  # nothing above minReplicas yet
+    assert quiet.change_at == at(14)  # one bucket early: up at 15, a tick acts by 14
+    assert quiet.burst is not None and quiet.burst.time == at(20)
+    slow = plan_pool(pf, s, tick_seconds=3.0)  # a slow tick acts 1 + 3 buckets early
+    assert slow.change_at == at(11)
+    soon = burst_forecast(3, 20)
+    concurrency_timeline(soon, s.start_slo_seconds)
+    busy = plan_pool(soon, s, tick_seconds=0.0)
+    assert (busy.planned, busy.scale_for) == (5, at(3))  # within the lead time: up now
+
+
 def test_a_burst_under_way_is_not_the_next_one() -> None:
     s = spec(concurrencyPerReplica=2, startSLOSeconds=1, leadTimeSeconds=0)
     pf = burst_forecast(0, 20)
@@ -246,15 +281,19 @@ def test_a_burst_under_way_is_not_the_next_one() -> None:
 
 
 def test_condition_keeps_its_transition_time_while_unchanged() -> None:
-    first = condition("TargetFound", "False", "TargetNotFound", "gone", 1, {}, at(0.7))
+    first = condition(
+        PoolCondition, "TargetFound", "False", "TargetNotFound", "gone", 1, {}, at(0.7)
+    )
     assert first.last_transition_time == at(0)
     prev = {"TargetFound": {"status": "False", "lastTransitionTime": "2026-03-01T12:00:00Z"}}
-    again = condition("TargetFound", "False", "TargetNotFound", "gone", 2, prev, at(30))
+    again = condition(
+        PoolCondition, "TargetFound", "False", "TargetNotFound", "gone", 2, prev, at(30)
+    )
     assert again.last_transition_time == at(0) and again.observed_generation == 2
-    flipped = condition("TargetFound", "True", "Found", "ok", 2, prev, at(30))
+    flipped = condition(PoolCondition, "TargetFound", "True", "Found", "ok", 2, prev, at(30))
     assert flipped.last_transition_time == at(30)
 
 
 @pytest.mark.parametrize("status", ["True", "False", "Unknown"])
 def test_condition_statuses(status: str) -> None:
-    assert condition("Ready", status, "R", "m", None, {}, T0).status == status
+    assert condition(PoolCondition, "Ready", status, "R", "m", None, {}, T0).status == status

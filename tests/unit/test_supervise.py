@@ -10,7 +10,7 @@ import pytest
 
 from cronwell.errors import DatabaseUnavailable
 from cronwell.supervise import Backoff, Supervisor, repeat
-from cronwell_operator.status import JobBackoff
+from cronwell_operator.ratelimit import JobBackoff
 
 
 def test_backoff_doubles_up_to_its_cap_and_resets() -> None:

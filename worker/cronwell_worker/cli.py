@@ -17,7 +17,15 @@ from typing import Any
 import click
 
 from cronwell import jobs
-from cronwell.cli import Env, _fmt_time, _load_or_fail, metrics_port_option, run, run_until_signal
+from cronwell.cli import (
+    Env,
+    fmt_time,
+    load_or_fail,
+    metrics_port_option,
+    run,
+    run_until_signal,
+    settings_or_fail,
+)
 from cronwell.errors import CronwellError
 from cronwell.metrics import Metrics
 from cronwell.scheduler import Scheduler
@@ -86,7 +94,7 @@ def worker(
         "lease_seconds": lease_seconds,
         "shutdown_grace_seconds": shutdown_grace_seconds,
     }
-    settings = WorkerSettings(**{k: v for k, v in opts.items() if v is not None})
+    settings = settings_or_fail(WorkerSettings, **opts)
     stoppers: list[Callable[[], None]] = []
 
     async def go() -> None:
@@ -166,7 +174,7 @@ def outbox_relay(
             raise click.UsageError(f"--header {h!r}: expected NAME:VALUE")
         extra[k.strip()] = v.strip()
     opts: dict[str, Any] = {"batch_size": batch_size, "poll_seconds": poll_seconds}
-    settings = RelaySettings(**{k: v for k, v in opts.items() if v is not None})
+    settings = settings_or_fail(RelaySettings, **opts)
     if hook is not None:
         sys.path.insert(0, str(Path.cwd()))
         try:
@@ -220,7 +228,7 @@ def workers(env: Env) -> None:
                 r.pool or "-",
                 f"{r.running}/{r.concurrency}",
                 r.version or "-",
-                _fmt_time(r.heartbeat_at),
+                fmt_time(r.heartbeat_at),
                 "yes" if r.live else "no",
             )
         )
@@ -241,7 +249,7 @@ class LiveView:
             self.lags.append(lag)
         color = {"succeeded": "green", "retry": "yellow"}.get(o.result, "red")
         click.echo(
-            f"{c.namespace}/{c.name:<24} scheduled {_fmt_time(c.scheduled_for)}  "
+            f"{c.namespace}/{c.name:<24} scheduled {fmt_time(c.scheduled_for)}  "
             f"lag {lag:7.3f}s  "
             + click.style(f"{o.result:<10}", fg=color)
             + f" attempt {c.attempt}"
@@ -287,7 +295,7 @@ def dev(
 ) -> None:
     """Apply YAML and run a scheduler and workers in one process, printing each attempt."""
     _import(imports)
-    loaded, n_errors = _load_or_fail((jobs_dir,), standalone=True)
+    loaded = load_or_fail((jobs_dir,), standalone=True)
     view = LiveView()
     stop = asyncio.Event()
     serve = sorted(set(pools) or {i.job.spec.pool for i in loaded} or {"default"})
@@ -303,10 +311,8 @@ def dev(
                     spec=item.job.spec,
                 )
                 click.echo(
-                    f"{a.namespace}/{a.name}: {a.action}, next run {_fmt_time(a.next_run_at)} UTC"
+                    f"{a.namespace}/{a.name}: {a.action}, next run {fmt_time(a.next_run_at)} UTC"
                 )
-            if n_errors:
-                click.secho(f"{n_errors} invalid document(s) skipped (see above)", fg="yellow")
             sched = Scheduler(db, settings)
             ws = [
                 Worker(db, WorkerSettings(pool=p, concurrency=16), on_outcome=view)

@@ -13,43 +13,14 @@ issued before for that key. Ambiguous occurrences (AtMostOnce) are replayed only
 
 from __future__ import annotations
 
-import json
-import re
-from typing import Any
+import dataclasses
 
 import click
-import psycopg
 
 from cronwell import dispatch
-from cronwell.cli import Env, _fmt_time, render_dead, run
+from cronwell.cli import Env, duration_option, fmt_time, json_line, render_dead, run
+from cronwell.store import dead, runs
 from cronwell.store.db import Database
-
-_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
-_DURATION = re.compile(r"(\d+(?:\.\d+)?)([smhdw])")
-
-
-def parse_duration(text: str) -> float:
-    """'90s', '15m', '12h', '7d', '2w', '1d12h' or plain seconds -> seconds."""
-    t = text.strip().lower()
-    try:
-        return float(t)
-    except ValueError:
-        pass
-    parts = _DURATION.findall(t)
-    if not parts or "".join(n + u for n, u in parts) != t:
-        raise ValueError(f"invalid duration {text!r} (examples: 90s, 15m, 12h, 7d, 1d12h)")
-    return sum(float(n) * _UNITS[u] for n, u in parts)
-
-
-def _duration(ctx: click.Context, param: click.Parameter, value: str) -> float:
-    try:
-        return parse_duration(value)
-    except ValueError as e:
-        raise click.BadParameter(str(e)) from None
-
-
-def _jsonable(row: dict[str, Any]) -> str:
-    return json.dumps(row, default=str)
 
 
 @click.group("dlq")
@@ -66,12 +37,9 @@ def dlq() -> None:
 def list_cmd(env: Env, name: str | None, namespace: str | None, limit: int, as_json: bool) -> None:
     """Dead occurrences, newest first, with their reason and last error."""
 
-    async def go() -> list[dict[str, Any]]:
+    async def go() -> list[dead.Dead]:
         async with env.database() as db:
-            rows = await db.fetch(
-                "DeadList", {"name": name, "namespace": namespace, "limit": limit}
-            )
-            return [dict(r) for r in rows]
+            return await dead.list_dead(db, name=name, namespace=namespace, limit=limit)
 
     render_dead(run(go()), as_json=as_json)
 
@@ -83,17 +51,15 @@ def list_cmd(env: Env, name: str | None, namespace: str | None, limit: int, as_j
 def show_cmd(env: Env, key: str, as_json: bool) -> None:
     """An occurrence (dead or not) and every attempt of it."""
 
-    async def go() -> tuple[dict[str, Any] | None, list[dict[str, Any]]]:
+    async def go() -> tuple[runs.Occurrence | None, list[runs.Attempt]]:
         async with env.database() as db:
-            occ = await db.fetchone("OccurrenceGet", {"key": key})
-            atts = await db.fetch("AttemptList", {"key": key})
-            return (dict(occ) if occ else None), [dict(a) for a in atts]
+            return await runs.get(db, key), await runs.attempts(db, key)
 
     occ, atts = run(go())
     if occ is None:
         raise click.ClickException(f"no occurrence with key {key!r}")
     if as_json:
-        click.echo(_jsonable(occ | {"attempts": atts}))
+        click.echo(json_line(occ, attempts=[dataclasses.asdict(a) for a in atts]))
         return
     for k in (
         "idempotency_key",
@@ -112,22 +78,22 @@ def show_cmd(env: Env, key: str, as_json: bool) -> None:
         "started_at",
         "finished_at",
     ):
-        v = occ[k]
+        v = getattr(occ, k)
         click.echo(f"{k + ':':<17} {'-' if v is None else v}")
-    if occ["job_deleted_at"] is not None:
-        click.echo(f"{'job:':<17} deleted at {occ['job_deleted_at']} (cannot be replayed)")
+    if occ.job_deleted_at is not None:
+        click.echo(f"{'job:':<17} deleted at {occ.job_deleted_at} (cannot be replayed)")
     click.echo("attempts:")
     fmt = "  {:>4} {:>10} {:<14} {:<44} {:<20} {}"
     click.echo(fmt.format("TRY", "FENCE", "OUTCOME", "WORKER", "FINISHED (UTC)", "ERROR"))
     for a in atts:
         click.echo(
             fmt.format(
-                a["attempt"],
-                a["fence"],
-                a["outcome"],
-                (a["worker_id"] or "-")[:44],
-                _fmt_time(a["finished_at"]),
-                (a["error"] or "").replace("\n", " ")[:80],
+                a.attempt,
+                a.fence,
+                a.outcome,
+                (a.worker_id or "-")[:44],
+                fmt_time(a.finished_at),
+                (a.error or "").replace("\n", " ")[:80],
             )
         )
 
@@ -139,21 +105,19 @@ async def replay(
     name: str | None = None,
     namespace: str | None = None,
     include_ambiguous: bool = False,
-) -> list[dict[str, Any]]:
+) -> list[dead.Replayed]:
     """Dead occurrences back to pending (same key); wakes the pools' workers."""
     async with db.transaction() as conn:
-        rows = await db.fetch(
-            "DeadReplay",
-            {
-                "key": key,
-                "name": name,
-                "namespace": namespace,
-                "include_ambiguous": include_ambiguous,
-            },
+        rows = await dead.replay(
+            db,
+            key=key,
+            name=name,
+            namespace=namespace,
+            include_ambiguous=include_ambiguous,
             conn=conn,
         )
-        await dispatch.notify_due(db, conn, [(r["pool"], r["run_at"]) for r in rows])
-    return [dict(r) for r in rows]
+        await dispatch.notify_due(db, conn, [(r.pool, r.run_at) for r in rows])
+    return rows
 
 
 @dlq.command("replay")
@@ -183,31 +147,27 @@ def replay_cmd(
     if (key is not None) + (name is not None) + all_ != 1:
         raise click.UsageError("give exactly one of KEY, --job NAME or --all")
 
-    async def go() -> tuple[list[dict[str, Any]], dict[str, Any] | None]:
+    async def go() -> tuple[list[dead.Replayed], runs.Occurrence | None]:
         async with env.database() as db:
             rows = await replay(
                 db, key=key, name=name, namespace=namespace, include_ambiguous=include_ambiguous
             )
-            occ = None
-            if key is not None and not rows:
-                found = await db.fetchone("OccurrenceGet", {"key": key})
-                occ = dict(found) if found else None
+            occ = await runs.get(db, key) if key is not None and not rows else None
             return rows, occ
 
     rows, occ = run(go())
     for r in rows:
         click.echo(
-            f"replayed {r['idempotency_key']} (next attempt {r['attempt'] + 1} of "
-            f"{r['max_attempts']})"
+            f"replayed {r.idempotency_key} (next attempt {r.attempt + 1} of {r.max_attempts})"
         )
     if key is not None and not rows:
         if occ is None:
             raise click.ClickException(f"no occurrence with key {key!r}")
-        if occ["state"] != "dead":
-            raise click.ClickException(f"{key} is {occ['state']}, not dead: nothing to replay")
-        if occ["job_deleted_at"] is not None:
+        if occ.state != "dead":
+            raise click.ClickException(f"{key} is {occ.state}, not dead: nothing to replay")
+        if occ.job_deleted_at is not None:
             raise click.ClickException(f"{key}: its job was deleted; it cannot be replayed")
-        if occ["reason"] == "Ambiguous":
+        if occ.reason == "Ambiguous":
             raise click.ClickException(
                 f"{key} is dead as Ambiguous (delivery AtMostOnce: its effect may have "
                 "happened); pass --include-ambiguous to run it again anyway"
@@ -219,7 +179,7 @@ def replay_cmd(
 @click.option(
     "--older-than",
     "older_than",
-    callback=_duration,
+    callback=duration_option,
     default="7d",
     show_default=True,
     help="Only occurrences dead for longer than this (90s, 15m, 12h, 7d, ...).",
@@ -232,15 +192,13 @@ def purge_cmd(
     env: Env, older_than: float, name: str | None, namespace: str | None, yes: bool
 ) -> None:
     """Delete dead occurrences and their attempt history (asks for --yes)."""
-    params = {"older_than": older_than, "name": name, "namespace": namespace}
 
     async def go() -> int:
         async with env.database() as db:
-            async with db.transaction() as conn:
-                n = len(await db.fetch("DeadPurge", params, conn=conn))
-                if not yes:
-                    raise psycopg.Rollback()
-            return n
+            purged = await dead.purge(
+                db, older_than_seconds=older_than, name=name, namespace=namespace, dry_run=not yes
+            )
+            return len(purged)
 
     n = run(go())
     if not yes:

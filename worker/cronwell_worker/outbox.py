@@ -31,6 +31,7 @@ from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from cronwell.errors import EXPECTED_ERRORS, CronwellError
+from cronwell.store import outbox
 from cronwell.store.db import Database
 from cronwell.supervise import Backoff
 
@@ -184,19 +185,17 @@ class Relay:
         ok: list[int] = []
         bad: list[tuple[int, str]] = []
         async with self.db.transaction() as conn:
-            rows = await self.db.fetch(
-                "OutboxClaimBatch",
-                {"limit": self.settings.batch_size, "skip": list(self._retry_at)},
-                conn=conn,
+            rows = await outbox.claim_batch(
+                self.db, limit=self.settings.batch_size, skip=list(self._retry_at), conn=conn
             )
             for r in rows:
                 m = OutboxMessage(
-                    id=r["id"],
-                    key=r["idempotency_key"],
-                    topic=r["topic"],
-                    payload=r["payload"],
-                    created_at=r["created_at"],
-                    attempts=r["attempts"],
+                    id=r.id,
+                    key=r.idempotency_key,
+                    topic=r.topic,
+                    payload=r.payload,
+                    created_at=r.created_at,
+                    attempts=r.attempts,
                 )
                 try:
                     await self._call(m)
@@ -219,13 +218,9 @@ class Relay:
                 else:
                     ok.append(m.id)
             if ok:
-                await self.db.execute("OutboxPublishedMark", {"ids": ok}, conn=conn)
+                await outbox.mark_published(self.db, ok, conn=conn)
             if bad:
-                await self.db.execute(
-                    "OutboxFailedMark",
-                    {"ids": [i for i, _ in bad], "errors": [e for _, e in bad]},
-                    conn=conn,
-                )
+                await outbox.mark_failed(self.db, bad, conn=conn)
         self.published += len(ok)
         self.failed += len(bad)
         return len(ok), len(bad)

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import random
 import time
@@ -24,7 +23,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
-import psycopg
 import pydantic
 
 from cronwell import dispatch, tenancy
@@ -38,13 +36,14 @@ from cronwell.egress import (
     Rules,
 )
 from cronwell.errors import EXPECTED_ERRORS, DatabaseError, LeaseLost
-from cronwell.handlers import Context
 from cronwell.maintenance import process_id, this_process
 from cronwell.metrics import Metrics
 from cronwell.models import Delivery, RetryPolicy, ScheduledJobSpec
+from cronwell.sdk import Context
 from cronwell.secretbox import SecretBox, SecretsKeyError
 from cronwell.settings import EgressSettings, SecretsSettings, WorkerSettings
-from cronwell.store import processes
+from cronwell.store import claims, job_secrets, notify, processes
+from cronwell.store import policies as store_policies
 from cronwell.store.db import Database
 from cronwell.supervise import Backoff, Supervisor
 from cronwell_worker import egress, targets
@@ -257,9 +256,9 @@ class Worker:
                         self._specs.popitem(last=False)
                     if len(claimed) == want:
                         continue
-                    row = await self.db.fetchone("OccurrenceNextDue", {"pool": s.pool})
-                    if row and row["next_due"] is not None:
-                        delay = (row["next_due"] - row["db_now"]).total_seconds()
+                    due = await claims.next_due(self.db, pool=s.pool)
+                    if due.next_due is not None:
+                        delay = (due.next_due - due.db_now).total_seconds()
                 backoff.success()
             except EXPECTED_ERRORS as e:
                 delay = backoff.failure()
@@ -312,15 +311,11 @@ class Worker:
         for our pool lands (it then asks the database when the batch is due)."""
         while True:
             try:
-                conn = await psycopg.AsyncConnection.connect(self.db.url, autocommit=True)
-                async with conn:
-                    await conn.execute("LISTEN cronwell_due")
-                    self._wake.set()  # anything notified while we were not listening
-                    async for n in conn.notifies():
-                        with contextlib.suppress(ValueError):
-                            if self.settings.pool in json.loads(n.payload):
-                                self._wake.set()
-            except (psycopg.Error, OSError) as e:
+                async for pools in notify.due_pools(self.db):
+                    # None: listening (again); anything notified meanwhile was missed.
+                    if pools is None or self.settings.pool in pools:
+                        self._wake.set()
+            except (DatabaseError, OSError) as e:
                 log.info(
                     "listen connection lost; polling until it is back",
                     extra={"action": "listen_lost", "error": str(e)},
@@ -383,8 +378,8 @@ class Worker:
         http = spec.target.http
         if http is None or not http.secret_headers:
             return policy, None
-        row = await self.db.fetchone("JobSecretGet", {"job_id": c.job_id})
-        if row is None:
+        token = await job_secrets.ciphertext(self.db, job_id=c.job_id)
+        if token is None:
             return policy, {}
         if self.secrets is None:
             raise targets.TargetError(
@@ -394,7 +389,7 @@ class Worker:
                 reason="SecretUnresolved",
             )
         try:
-            return policy, self.secrets.decrypt(row["ciphertext"])
+            return policy, self.secrets.decrypt(token)
         except SecretsKeyError as e:
             raise targets.TargetError(str(e), sent=False, reason="SecretUnresolved") from None
 
@@ -655,7 +650,9 @@ class Worker:
         lease = self.settings.lease_seconds
         margin = self_fence_margin(lease)
         while True:
-            await asyncio.sleep(min(0.25, lease / 8))
+            # Tick well inside the margin: a tick longer than the margin could notice an
+            # unrenewed lease only after it ran out (lease 1.5 s: margin 0.15 s, tick 0.075 s).
+            await asyncio.sleep(min(0.25, margin / 2))
             now = time.monotonic()
             for r in list(self.running.values()):
                 if not r.completing and now >= r.deadline - margin:
@@ -710,12 +707,13 @@ POLICY_REASONS = frozenset({"EgressDenied", "PoolNotAllowed", "HandlerNotAllowed
 class _View:
     """Namespace and pool policies as last read from the store."""
 
-    namespaces: dict[str, dict[str, Any]]
+    namespaces: dict[str, store_policies.NamespacePolicy]
     pool_rows: list[tenancy.PoolPolicy]
     _egress: dict[str, NamespaceEgress | None] = field(default_factory=dict)
 
     def labels(self, namespace: str) -> dict[str, str]:
-        return dict((self.namespaces.get(namespace) or {}).get("labels") or {})
+        row = self.namespaces.get(namespace)
+        return dict(row.labels) if row is not None else {}
 
     def egress(self, namespace: str) -> NamespaceEgress | None:
         if namespace not in self._egress:
@@ -725,8 +723,8 @@ class _View:
                 ann = {
                     k: v
                     for k, v in (
-                        (ALLOW_ANNOTATION, row["egress_allow"]),
-                        (DENY_ANNOTATION, row["egress_deny"]),
+                        (ALLOW_ANNOTATION, row.egress_allow),
+                        (DENY_ANNOTATION, row.egress_deny),
                     )
                     if v is not None
                 }
@@ -758,10 +756,10 @@ class _Tenancy:
             if self._view is None or time.monotonic() - self._at >= (
                 self.settings.policy_refresh_seconds
             ):
-                ns = await self.db.fetch("NamespacePolicyList")
-                pools = await self.db.fetch("PoolPolicyList", {"pool": self.settings.pool})
+                ns = await store_policies.list_namespaces(self.db)
+                pools = await store_policies.list_pool(self.db, pool=self.settings.pool)
                 self._view = _View(
-                    {r["namespace"]: dict(r) for r in ns},
+                    {r.namespace: r for r in ns},
                     [tenancy.PoolPolicy.from_row(r) for r in pools],
                 )
                 self._at = time.monotonic()

@@ -14,12 +14,12 @@ from typing import Any
 
 import httpx
 
-from cronwell import handlers
+from cronwell import sdk
 from cronwell.egress import EgressDenied
 from cronwell.errors import LeaseLost
-from cronwell.handlers import Context
 from cronwell.models import HttpTarget, Target
 from cronwell.schedule import format_instant
+from cronwell.sdk import Context
 
 log = logging.getLogger("cronwell.job")
 _ENV_REF = re.compile(r"\$\{env:([A-Za-z_][A-Za-z0-9_]*)\}")
@@ -157,11 +157,11 @@ async def _call_http(
 
 
 async def run_handler(name: str, ctx: Context) -> None:
-    fn = handlers.get_handler(name)
+    fn = sdk.get_handler(name)
     if fn is None:
         raise TargetError(
             f"no handler named {name!r} is registered in this worker (registered: "
-            f"{', '.join(handlers.registered()) or 'none'}); import the module that "
+            f"{', '.join(sdk.registered()) or 'none'}); import the module that "
             "defines it with --import",
             retryable=False,
             sent=False,

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import threading
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
@@ -139,11 +138,9 @@ class Context:
         """Queue a message in the current `ctx.transaction()`; the relay publishes it."""
         if self._conn is None or self.db is None:
             raise CronwellError("ctx.outbox() must be called inside `async with ctx.transaction()`")
-        await self.db.execute(
-            "OutboxInsert",
-            {"key": self.key, "topic": topic, "payload": json.dumps(payload)},
-            conn=self._conn,
-        )
+        from cronwell.store import outbox  # the SDK stays importable without the store
+
+        await outbox.insert(self.db, key=self.key, topic=topic, payload=payload, conn=self._conn)
 
     async def fenced_write(self, resource: str, conn: Conn | None = None) -> None:
         """Claim `resource` at this attempt's fence, or raise StaleFence: a writer whose
@@ -151,9 +148,9 @@ class Context:
         conn = conn or self._conn
         if conn is None or self.db is None:
             raise CronwellError("ctx.fenced_write() needs a connection or ctx.transaction()")
-        if not await self.db.execute(
-            "FenceWrite", {"resource": resource, "fence": self.fence}, conn=conn
-        ):
+        from cronwell.store import fences  # the SDK stays importable without the store
+
+        if not await fences.write(self.db, resource=resource, fence=self.fence, conn=conn):
             raise StaleFence(f"{resource}: fence {self.fence} is older than one already used")
 
 

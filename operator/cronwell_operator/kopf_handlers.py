@@ -33,6 +33,7 @@ from cronwell.loader import format_validation_error
 from cronwell.metrics import Metrics
 from cronwell.models import GROUP, VERSION, ScheduledJob
 from cronwell.secretbox import SecretBox
+from cronwell.store import jobs as store_jobs
 from cronwell.store.db import Database
 from cronwell_operator import tenancy_sync, webhook
 from cronwell_operator.kube import PLURAL, CRef, Kube, KubeError
@@ -46,7 +47,7 @@ TRIGGER_ANNOTATION = f"{GROUP}/trigger"
 
 
 @dataclass
-class Context:
+class HandlerDeps:
     """What the handlers need, passed explicitly (no module globals)."""
 
     db: Database
@@ -99,7 +100,7 @@ def connection_info(config: Any) -> kopf.ConnectionInfo:
 
 
 async def _warn_unresolved(
-    ctx: Context, ref: CRef, unresolved: tenancy_sync.SecretUnresolved | None
+    ctx: HandlerDeps, ref: CRef, unresolved: tenancy_sync.SecretUnresolved | None
 ) -> None:
     """A Warning Event naming a missing Secret (or key), once per transition: kopf's retries
     of the reconcile do not post it again, a resolution re-arms it."""
@@ -163,9 +164,9 @@ def configure(
     settings.scanning.disabled = True
     settings.watching.server_timeout = 300
     settings.watching.client_timeout = 330
-    if cfg.webhook_port is not None:
+    if cfg.webhook.port is not None:
         settings.admission.server = webhook.server(cfg)
-        if cfg.webhook_host is not None and manage_webhook:
+        if cfg.webhook.host is not None and manage_webhook:
             settings.admission.managed = f"{GROUP}"
 
 
@@ -174,7 +175,9 @@ def _ref(body: kopf.Body) -> CRef:
     return CRef(str(meta.uid), str(meta.namespace), str(meta.name))
 
 
-def register(registry: kopf.OperatorRegistry, ctx: Context, *, webhook_only: bool = False) -> None:
+def register(
+    registry: kopf.OperatorRegistry, ctx: HandlerDeps, *, webhook_only: bool = False
+) -> None:
     """Register the handlers into `registry` (one per kopf instance); `webhook_only` for a
     standby, which serves admission but reconciles nothing."""
 
@@ -187,7 +190,7 @@ def register(registry: kopf.OperatorRegistry, ctx: Context, *, webhook_only: boo
     if not webhook_only:
         _register_resource_handlers(registry, ctx)
 
-    if ctx.settings.webhook_port is not None:
+    if ctx.settings.webhook.port is not None:
         admission = webhook.Admission(ctx.db, ctx.kube, ctx.settings, ctx.m)
 
         @kopf.on.validate(
@@ -205,7 +208,7 @@ def register(registry: kopf.OperatorRegistry, ctx: Context, *, webhook_only: boo
                 raise kopf.AdmissionError(verdict.denial, code=422)
 
 
-def _register_resource_handlers(registry: kopf.OperatorRegistry, ctx: Context) -> None:
+def _register_resource_handlers(registry: kopf.OperatorRegistry, ctx: HandlerDeps) -> None:
     """create/update/resume/delete of ScheduledJobs: the reconciliation proper."""
 
     async def reconcile(body: kopf.Body, *, trigger: bool) -> None:
@@ -262,8 +265,8 @@ def _register_resource_handlers(registry: kopf.OperatorRegistry, ctx: Context) -
                 unresolved = e
             if applied.action == "unchanged":
                 # Same meaning, newer generation (e.g. a no-op edit): record it as observed.
-                await ctx.db.execute(
-                    "JobGenerationObserve", {"id": applied.id, "generation": generation}
+                await store_jobs.observe_generation(
+                    ctx.db, job_id=applied.id, generation=generation
                 )
             if ctx.writer is not None:
                 ctx.writer.set_spec_error(ref, generation, None)

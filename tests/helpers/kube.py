@@ -1,4 +1,5 @@
-"""Helpers shared by e2e test modules (fixtures live in conftest.py)."""
+"""Kubernetes-side helpers of the e2e and node tests: namespaces, per-module databases,
+helm, and the operator started the way most e2e modules start it."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import os
 import subprocess
 import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +16,7 @@ from kubernetes import client
 
 from cronwell.embedded import EmbeddedPostgres
 from cronwell.testing.controlplane import Cluster, ControlPlaneError, find_assets
-from cronwell_operator.testing import create_database
+from cronwell_operator.testing import FAST_LEASE_ARGS, OperatorProcess, create_database
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -78,3 +80,43 @@ def store_database(
 def _module_prefix(request: pytest.FixtureRequest) -> str:
     name: str = request.module.__name__
     return name.rsplit(".", 1)[-1].removeprefix("test_")[:20]
+
+
+@pytest.fixture(name="ns")
+def namespace_per_test(
+    kube: Cluster, kube_api: Any, request: pytest.FixtureRequest
+) -> Iterator[str]:
+    """`ns` for one test (conftest's is per module): import it into a module to override."""
+    yield from crd_namespace(kube, kube_api, request)
+
+
+@pytest.fixture(name="store")
+def store_per_test(
+    pg_server: EmbeddedPostgres, template_db: str, request: pytest.FixtureRequest
+) -> str:
+    """`store` for one test (conftest's is per module): import it into a module to override."""
+    return store_database(pg_server, template_db, request)
+
+
+#: Status writes as fast as tests need them (the defaults protect a shared API server).
+FAST_STATUS_ARGS = ("--status-qps", "100", "--status-burst", "100")
+
+
+def operator_args(ns: str, *extra: str) -> list[str]:
+    """The operator serving `ns` alone, with a Lease of its own and fast lease timings."""
+    return ["-n", ns, "--lease-name", f"op-{ns}", *FAST_LEASE_ARGS, *extra]
+
+
+@contextmanager
+def running_operator(
+    kube: Cluster, ns: str, store: str, log: Path, *extra: str, identity: str = "op-1"
+) -> Iterator[OperatorProcess]:
+    """An operator (`operator_args`) started and ready; stopped on the way out."""
+    op = OperatorProcess(
+        kube.kubeconfig, store, log, identity=identity, args=operator_args(ns, *extra)
+    )
+    try:
+        op.start().wait_ready(120)
+        yield op
+    finally:
+        op.stop()

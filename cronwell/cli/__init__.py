@@ -1,0 +1,36 @@
+"""The `cronwell` command: main.py is the group and what every command shares; the other
+modules each hold a group of commands (jobs, backfill, forecast, scheduler, admin);
+render.py prints, parse.py reads durations and instants. Other packages import only the
+names below (the worker's and operator's commands register through the `cronwell.cli`
+entry points)."""
+
+# The command modules register their commands on `main` when imported.
+from cronwell.cli import admin, backfill, forecast, jobs, scheduler  # noqa: F401
+from cronwell.cli.jobs import load_or_fail
+from cronwell.cli.main import (
+    Env,
+    main,
+    metrics_port_option,
+    run,
+    run_until_signal,
+    settings_or_fail,
+)
+from cronwell.cli.parse import duration_option, parse_duration, parse_instant
+from cronwell.cli.render import fmt_time, json_line, render_dead, render_runs
+
+__all__ = [
+    "Env",
+    "duration_option",
+    "fmt_time",
+    "json_line",
+    "load_or_fail",
+    "main",
+    "metrics_port_option",
+    "parse_duration",
+    "parse_instant",
+    "render_dead",
+    "render_runs",
+    "run",
+    "run_until_signal",
+    "settings_or_fail",
+]

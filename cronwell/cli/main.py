@@ -1,0 +1,191 @@
+"""The `cronwell` group and what every command shares: the environment (`Env`: where the
+database is), start-up (logging), running a command's coroutine with errors as one line
+(`run`, `run_until_signal`) and shared options. The core's commands live in this
+package's other modules; the worker and operator packages add theirs through the
+`cronwell.cli` entry-point group, so this package imports neither."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+from collections.abc import AsyncIterator, Callable, Coroutine
+from importlib.metadata import entry_points
+from pathlib import Path
+from typing import Any, TypeVar
+
+import click
+import pydantic
+
+from cronwell import logs
+from cronwell.embedded import EmbeddedPostgres
+from cronwell.errors import CronwellError
+from cronwell.settings import DatabaseSettings
+from cronwell.store import Database, migrate
+
+T = TypeVar("T")
+
+
+class Env:
+    """What every command gets: where the database is and how to open it."""
+
+    def __init__(self, database_url: str | None, data_dir: Path | None):
+        overrides: dict[str, Any] = {}
+        if database_url:
+            overrides["database_url"] = database_url
+        if data_dir:
+            overrides["data_dir"] = data_dir
+        self.db_settings = DatabaseSettings(**overrides)
+        self.embedded: EmbeddedPostgres | None = None
+
+    def url(self) -> str:
+        s = self.db_settings
+        if s.database_url_file is not None:
+            if s.database_url:
+                raise CronwellError(
+                    "set CRONWELL_DATABASE_URL or CRONWELL_DATABASE_URL_FILE, not both"
+                )
+            try:
+                url = s.database_url_file.read_text().strip()
+            except OSError as e:
+                raise CronwellError(
+                    f"cannot read CRONWELL_DATABASE_URL_FILE {s.database_url_file}: {e.strerror}"
+                ) from None
+            if not url:
+                raise CronwellError(f"CRONWELL_DATABASE_URL_FILE {s.database_url_file} is empty")
+            return url
+        if s.database_url:
+            return s.database_url
+        self.embedded = EmbeddedPostgres(self.db_settings.data_dir)
+        if not self.embedded.is_running():
+            click.echo(f"starting embedded PostgreSQL in {self.db_settings.data_dir}", err=True)
+        return self.embedded.start()
+
+    @contextlib.asynccontextmanager
+    async def database(
+        self,
+        *,
+        max_size: int | None = None,
+        migrate_first: bool = False,
+        partitions: int | None = None,
+    ) -> AsyncIterator[Database]:
+        """An open pool; `migrate_first` migrates (a new store gets `partitions` as its P)."""
+        s = self.db_settings
+        db = Database(
+            self.url(),
+            min_size=s.pool_min_size,
+            max_size=max_size or s.pool_max_size,
+            connect_timeout_seconds=s.connect_timeout_seconds,
+        )
+        async with db:
+            if migrate_first:
+                await migrate(db, partitions=partitions)
+            yield db
+
+
+def run(coro: Coroutine[Any, Any, T]) -> T:
+    """Run a command's coroutine; CronwellErrors become one clear line, never a traceback."""
+    try:
+        return asyncio.run(coro)
+    except CronwellError as e:
+        raise click.ClickException(str(e)) from None
+    except pydantic.ValidationError as e:
+        raise invalid_setting(e) from None
+
+
+S = TypeVar("S", bound=pydantic.BaseModel)
+
+
+def settings_or_fail(cls: type[S], **opts: Any) -> S:
+    """Settings from the given options (None: unset, so the environment or default applies);
+    a bad value is one clear line, never a pydantic traceback."""
+    try:
+        return cls(**{k: v for k, v in opts.items() if v is not None})
+    except pydantic.ValidationError as e:
+        raise invalid_setting(e) from None
+
+
+def invalid_setting(e: pydantic.ValidationError) -> click.ClickException:
+    from cronwell.loader import format_validation_error
+
+    return click.ClickException(f"invalid setting {format_validation_error(e)}")
+
+
+def run_until_signal(
+    main: Callable[[], Coroutine[Any, Any, None]], on_signal: Callable[[], None]
+) -> None:
+    """Run `main` with SIGTERM/SIGINT calling `on_signal` (graceful first, forceful next)."""
+
+    async def wrapper() -> None:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, on_signal)
+        await main()
+
+    run(wrapper())
+
+
+class _Group(click.Group):
+    """Adds the commands other packages register under the `cronwell.cli` entry points,
+    loaded on first use (so `import cronwell.cli` imports neither worker nor operator)."""
+
+    _loaded = False
+
+    def _load(self) -> None:
+        if not self._loaded:
+            self._loaded = True
+            for ep in entry_points(group="cronwell.cli"):
+                self.add_command(ep.load(), name=ep.name)
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        self._load()
+        return super().list_commands(ctx)
+
+    def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
+        self._load()
+        return super().get_command(ctx, name)
+
+
+@click.group(
+    cls=_Group, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100}
+)
+@click.option(
+    "--database-url",
+    envvar="CRONWELL_DATABASE_URL",
+    help="PostgreSQL URL. Unset: an embedded PostgreSQL in --data-dir.",
+)
+@click.option(
+    "--data-dir",
+    type=click.Path(path_type=Path),
+    envvar="CRONWELL_DATA_DIR",
+    help="Data directory of the embedded PostgreSQL.",
+)
+@click.option("--log-level", default="INFO", show_default=True, envvar="CRONWELL_LOG_LEVEL")
+@click.option(
+    "--log-format",
+    type=click.Choice(["text", "json"]),
+    default="text",
+    show_default=True,
+    envvar="CRONWELL_LOG_FORMAT",
+)
+@click.pass_context
+def main(
+    ctx: click.Context,
+    database_url: str | None,
+    data_dir: Path | None,
+    log_level: str,
+    log_format: str,
+) -> None:
+    """cronwell: scheduled jobs with exactly-once effect (at-least-once dispatch +
+    idempotent execution, keyed by job uid and nominal instant)."""
+    logs.setup(log_level, log_format)
+    ctx.obj = Env(database_url, data_dir)
+
+
+metrics_port_option = click.option(
+    "--metrics-port",
+    type=int,
+    default=0,
+    envvar="CRONWELL_METRICS_PORT",
+    help="Serve Prometheus /metrics on this port (0: off).",
+)

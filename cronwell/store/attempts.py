@@ -1,0 +1,112 @@
+"""Running attempts, fenced by (idempotency key, fence): heartbeats, completions, failures,
+releases, and the reaping of expired leases. Each ending writes its cronwell_attempts row."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+
+from cronwell.store.db import Conn, Database
+
+
+@dataclass(frozen=True, slots=True)
+class Keyed:
+    idempotency_key: str
+
+
+@dataclass(frozen=True, slots=True)
+class Succeeded:
+    """An occurrence a fenced completion ended."""
+
+    idempotency_key: str
+    job_id: uuid.UUID
+    overlap: str
+
+
+@dataclass(frozen=True, slots=True)
+class Failed:
+    """An occurrence a fenced failure sent back to pending, or dead."""
+
+    idempotency_key: str
+    job_id: uuid.UUID
+    overlap: str
+    state: str
+
+
+@dataclass(frozen=True, slots=True)
+class Reaped:
+    """An occurrence whose lease expired: pending again (AtLeastOnce) or dead."""
+
+    idempotency_key: str
+    job_id: uuid.UUID
+    state: str
+    reason: str
+    pool: str
+    overlap: str
+    run_at: datetime
+
+
+def _keys(held: Sequence[tuple[str, int]]) -> dict[str, list[str] | list[int]]:
+    return {"keys": [k for k, _ in held], "fences": [f for _, f in held]}
+
+
+async def heartbeat(
+    db: Database, running: Sequence[tuple[str, int]], *, worker_id: str, lease_seconds: float
+) -> set[str]:
+    """Extend the leases of (key, fence) held by `worker_id`; returns the keys still held."""
+    rows = await db.rows(
+        Keyed,
+        "OccurrenceHeartbeat",
+        {**_keys(running), "lease": lease_seconds, "worker_id": worker_id},
+    )
+    return {r.idempotency_key for r in rows}
+
+
+async def succeed(
+    db: Database, done: Sequence[tuple[str, int]], *, conn: Conn | None = None
+) -> list[Succeeded]:
+    """Complete (key, fence) pairs whose fence is current; a stale one completes nothing."""
+    return await db.rows(Succeeded, "OccurrenceSucceedBatch", _keys(done), conn)
+
+
+async def fail(
+    db: Database,
+    *,
+    key: str,
+    fence: int,
+    next_state: str,
+    reason: str,
+    error: str,
+    delay_seconds: float,
+    outcome: str,
+    conn: Conn | None = None,
+) -> Failed | None:
+    """Fail one attempt: pending after `delay_seconds`, or dead; None if the fence is stale."""
+    return await db.row(
+        Failed,
+        "OccurrenceFail",
+        {
+            "key": key,
+            "fence": fence,
+            "next_state": next_state,
+            "reason": reason,
+            "error": error,
+            "delay": delay_seconds,
+            "outcome": outcome,
+        },
+        conn,
+    )
+
+
+async def release(db: Database, claimed: Sequence[tuple[str, int]]) -> set[str]:
+    """Give back claimed-but-unstarted (key, fence): pending again, attempt not consumed."""
+    rows = await db.rows(Keyed, "OccurrenceRelease", _keys(claimed))
+    return {r.idempotency_key for r in rows}
+
+
+async def reap_leases(db: Database, *, limit: int, conn: Conn | None = None) -> list[Reaped]:
+    """Up to `limit` expired leases: pending again (AtLeastOnce) or dead (AtMostOnce,
+    attempts exhausted; a death counts toward suspendAfterFailures)."""
+    return await db.rows(Reaped, "LeaseReap", {"limit": limit}, conn)

@@ -1,0 +1,109 @@
+-- Running attempts: fenced heartbeats, completions, failures, releases and lease reaping
+-- (each completion also writes its cronwell_attempts row).
+
+-- name: OccurrenceHeartbeat
+-- Extends the leases of running attempts; a key missing from the result lost its lease.
+UPDATE cronwell_occurrences o
+SET lease_expires_at = now() + make_interval(secs => %(lease)s)
+FROM unnest(%(keys)s::text[], %(fences)s::bigint[]) AS t(k, f)
+WHERE o.idempotency_key = t.k AND o.fence = t.f AND o.state = 'running'
+  AND o.worker_id = %(worker_id)s
+RETURNING o.idempotency_key;
+
+-- name: OccurrenceSucceedBatch
+-- Fenced completion: only the current holder (key + fence, still running) can succeed.
+WITH done AS (
+    UPDATE cronwell_occurrences o
+    SET state = 'succeeded', finished_at = now(), lease_expires_at = NULL, last_error = NULL,
+        reason = NULL
+    FROM unnest(%(keys)s::text[], %(fences)s::bigint[]) AS t(k, f)
+    WHERE o.idempotency_key = t.k AND o.fence = t.f AND o.state = 'running'
+    RETURNING o.id, o.idempotency_key, o.job_id, o.attempt, o.fence, o.worker_id,
+              o.started_at, o.finished_at, o.overlap),
+att AS (
+    INSERT INTO cronwell_attempts (occurrence_id, idempotency_key, attempt, fence, worker_id,
+                                   outcome, started_at, finished_at)
+    SELECT id, idempotency_key, attempt, fence, worker_id, 'succeeded', started_at, finished_at
+    FROM done),
+jobs AS (
+    UPDATE cronwell_jobs j SET consecutive_failures = 0
+    FROM (SELECT DISTINCT job_id FROM done) d
+    WHERE j.id = d.job_id AND j.consecutive_failures <> 0)
+SELECT idempotency_key, job_id, overlap FROM done;
+
+-- name: OccurrenceFail
+-- Fenced failure of one attempt: back to pending after a backoff, or dead.
+WITH failed AS (
+    UPDATE cronwell_occurrences o
+    SET state = %(next_state)s, reason = %(reason)s, last_error = %(error)s,
+        run_at = now() + make_interval(secs => %(delay)s), lease_expires_at = NULL,
+        finished_at = CASE WHEN %(next_state)s = 'dead' THEN now() END
+    WHERE o.idempotency_key = %(key)s AND o.fence = %(fence)s AND o.state = 'running'
+    RETURNING o.id, o.idempotency_key, o.job_id, o.attempt, o.fence, o.worker_id,
+              o.started_at, o.overlap, o.state),
+att AS (
+    INSERT INTO cronwell_attempts (occurrence_id, idempotency_key, attempt, fence, worker_id,
+                                   outcome, error, started_at)
+    SELECT id, idempotency_key, attempt, fence, worker_id, %(outcome)s, %(error)s, started_at
+    FROM failed),
+jobs AS (
+    UPDATE cronwell_jobs j
+    SET consecutive_failures = j.consecutive_failures + 1,
+        suspended = j.suspended OR coalesce(
+            (j.spec ->> 'suspendAfterFailures')::int <= j.consecutive_failures + 1, false),
+        suspended_reason = CASE WHEN NOT j.suspended AND coalesce(
+            (j.spec ->> 'suspendAfterFailures')::int <= j.consecutive_failures + 1, false)
+            THEN 'SuspendedAfterFailures' ELSE j.suspended_reason END
+    FROM failed f
+    WHERE j.id = f.job_id AND f.state = 'dead')
+SELECT idempotency_key, job_id, overlap, state FROM failed;
+
+-- name: OccurrenceRelease
+-- Gives back claimed-but-unstarted occurrences (graceful shutdown): pending again,
+-- attempt not consumed.
+UPDATE cronwell_occurrences o
+SET state = 'pending', attempt = o.attempt - 1, worker_id = NULL, lease_expires_at = NULL,
+    run_at = now()
+FROM unnest(%(keys)s::text[], %(fences)s::bigint[]) AS t(k, f)
+WHERE o.idempotency_key = t.k AND o.fence = t.f AND o.state = 'running'
+RETURNING o.idempotency_key;
+
+-- name: LeaseReap
+-- Expired leases: the attempt's outcome is unknown. AtLeastOnce re-runs it under the same
+-- key (pending); AtMostOnce never does (dead, Ambiguous); exhausted attempts are dead.
+WITH expired AS (
+    SELECT id FROM cronwell_occurrences
+    WHERE state = 'running' AND lease_expires_at < now()
+    ORDER BY lease_expires_at LIMIT %(limit)s FOR UPDATE SKIP LOCKED),
+reaped AS (
+    UPDATE cronwell_occurrences o
+    SET state = CASE WHEN o.delivery = 'AtMostOnce' OR o.attempt >= o.max_attempts
+                     THEN 'dead' ELSE 'pending' END,
+        reason = CASE WHEN o.delivery = 'AtMostOnce' THEN 'Ambiguous'
+                      WHEN o.attempt >= o.max_attempts THEN 'AttemptsExhausted'
+                      ELSE 'LeaseExpired' END,
+        finished_at = CASE WHEN o.delivery = 'AtMostOnce' OR o.attempt >= o.max_attempts
+                           THEN now() END,
+        last_error = 'lease expired on worker ' || coalesce(o.worker_id, '?'),
+        run_at = now(), lease_expires_at = NULL
+    FROM expired e WHERE o.id = e.id
+    RETURNING o.id, o.idempotency_key, o.job_id, o.attempt, o.fence, o.worker_id,
+              o.started_at, o.state, o.reason, o.pool, o.overlap, o.run_at),
+att AS (
+    INSERT INTO cronwell_attempts (occurrence_id, idempotency_key, attempt, fence, worker_id,
+                                   outcome, error, started_at)
+    SELECT id, idempotency_key, attempt, fence, worker_id, 'lease_expired', 'lease expired',
+           started_at
+    FROM reaped),
+-- A death by lease expiry is a death like any other: it counts toward suspendAfterFailures.
+jobs AS (
+    UPDATE cronwell_jobs j
+    SET consecutive_failures = j.consecutive_failures + d.n,
+        suspended = j.suspended OR coalesce(
+            (j.spec ->> 'suspendAfterFailures')::int <= j.consecutive_failures + d.n, false),
+        suspended_reason = CASE WHEN NOT j.suspended AND coalesce(
+            (j.spec ->> 'suspendAfterFailures')::int <= j.consecutive_failures + d.n, false)
+            THEN 'SuspendedAfterFailures' ELSE j.suspended_reason END
+    FROM (SELECT job_id, count(*) AS n FROM reaped WHERE state = 'dead' GROUP BY job_id) d
+    WHERE j.id = d.job_id)
+SELECT idempotency_key, job_id, state, reason, pool, overlap, run_at FROM reaped;

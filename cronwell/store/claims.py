@@ -1,0 +1,172 @@
+"""The claim path (cronwell/dispatch.py): due candidates, overlap decisions under the job's
+row lock, the claim itself, specs by hash, waiting promotion and the due notification."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from cronwell.store.db import Conn, Database
+
+
+@dataclass(frozen=True, slots=True)
+class Candidate:
+    """A due pending occurrence, locked for this claim."""
+
+    id: int
+    job_id: uuid.UUID
+    overlap: str
+    attempt: int
+    scheduled_for: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class Active:
+    """An occurrence of a serialised job that is running, retrying or waiting."""
+
+    id: int
+    job_id: uuid.UUID
+    state: str  # running | pending (retry backoff) | waiting
+    idempotency_key: str
+
+
+@dataclass(frozen=True, slots=True)
+class Started:
+    """An occurrence the claim started: its new fence and lease, and its job's spec hash."""
+
+    id: int
+    idempotency_key: str
+    job_id: uuid.UUID
+    scheduled_for: datetime
+    run_at: datetime
+    started_at: datetime
+    attempt: int
+    fence: int
+    delivery: str
+    max_attempts: int
+    timeout_seconds: int
+    origin: str
+    namespace: str
+    name: str
+    spec_hash: str
+
+
+@dataclass(frozen=True, slots=True)
+class JobSpec:
+    """A job's current spec document and its content hash."""
+
+    id: uuid.UUID
+    spec_hash: str
+    spec: dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class Due:
+    """An occurrence that became claimable: its pool and when."""
+
+    pool: str
+    run_at: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class StrandedJob:
+    job_id: uuid.UUID
+
+
+@dataclass(frozen=True, slots=True)
+class NextDue:
+    """When a pool's next pending occurrence is claimable (None: nothing pending), and the
+    database's clock to measure the wait against."""
+
+    next_due: datetime | None
+    db_now: datetime
+
+
+async def candidates(
+    db: Database, *, pool: str, limit: int, conn: Conn | None = None
+) -> list[Candidate]:
+    """Due pending occurrences of `pool`, oldest first, locked against other claimers."""
+    return await db.rows(
+        Candidate, "OccurrenceClaimCandidates", {"pool": pool, "limit": limit}, conn
+    )
+
+
+async def lock_jobs(
+    db: Database, job_ids: Sequence[uuid.UUID], *, conn: Conn | None = None
+) -> None:
+    """Lock these jobs' rows (in id order): their claims and completions serialise here."""
+    await db.scalar("JobLockBatch", {"ids": job_ids}, conn)
+
+
+async def active(
+    db: Database, job_ids: Sequence[uuid.UUID], *, conn: Conn | None = None
+) -> list[Active]:
+    """Running, retrying and waiting occurrences of these jobs (after `lock_jobs`)."""
+    return await db.rows(Active, "JobActiveOccurrences", {"ids": job_ids}, conn)
+
+
+async def settle(
+    db: Database, decisions: Sequence[tuple[int, str, str]], *, conn: Conn | None = None
+) -> None:
+    """Apply overlap decisions, (occurrence id, new state, reason) each."""
+    await db.execute(
+        "OccurrenceSettleBatch",
+        {
+            "ids": [d[0] for d in decisions],
+            "states": [d[1] for d in decisions],
+            "reasons": [d[2] for d in decisions],
+        },
+        conn,
+    )
+
+
+async def start(
+    db: Database,
+    ids: Sequence[int],
+    *,
+    worker_id: str,
+    lease_seconds: float,
+    conn: Conn | None = None,
+) -> list[Started]:
+    """Start these occurrences for `worker_id`: a new fence each, attempt + 1, a lease."""
+    return await db.rows(
+        Started,
+        "OccurrenceClaimBatch",
+        {"ids": ids, "worker_id": worker_id, "lease": lease_seconds},
+        conn,
+    )
+
+
+async def specs(
+    db: Database, job_ids: Sequence[uuid.UUID], *, conn: Conn | None = None
+) -> list[JobSpec]:
+    """The current specs of these jobs (for hashes the claimer has not parsed)."""
+    return await db.rows(JobSpec, "JobSpecBatch", {"ids": job_ids}, conn)
+
+
+async def promote_waiting(
+    db: Database, job_ids: Sequence[uuid.UUID], *, conn: Conn | None = None
+) -> list[Due]:
+    """Make each job's oldest waiting occurrence pending (after `lock_jobs`)."""
+    return await db.rows(Due, "WaitingPromote", {"ids": job_ids}, conn)
+
+
+async def stranded(db: Database, *, limit: int, conn: Conn | None = None) -> list[uuid.UUID]:
+    """Jobs whose waiting occurrences have nothing active ahead of them to promote them."""
+    rows = await db.rows(StrandedJob, "WaitingStranded", {"limit": limit}, conn)
+    return [r.job_id for r in rows]
+
+
+async def next_due(db: Database, *, pool: str) -> NextDue:
+    """When `pool` next has something to claim (workers sleep until then)."""
+    row = await db.row(NextDue, "OccurrenceNextDue", {"pool": pool})
+    assert row is not None  # an aggregate: always one row
+    return row
+
+
+async def notify_due(db: Database, payload: str, *, conn: Conn | None = None) -> None:
+    """One NOTIFY on cronwell_due with `payload` ({pool: earliest run_at}, as JSON)."""
+    await db.scalar("DueNotify", {"payload": payload}, conn)

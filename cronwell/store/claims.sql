@@ -1,0 +1,85 @@
+-- Claiming occurrences: candidates, overlap decisions under the job's row lock, the claim,
+-- specs by hash, waiting promotion and the due notification (cronwell/dispatch.py).
+
+-- name: OccurrenceClaimCandidates
+-- Due pending occurrences of a pool, oldest first, locked against other workers.
+SELECT id, job_id, overlap, attempt, scheduled_for
+FROM cronwell_occurrences
+WHERE pool = %(pool)s AND state = 'pending' AND run_at <= now()
+ORDER BY run_at
+LIMIT %(limit)s
+FOR UPDATE SKIP LOCKED;
+
+-- name: JobLockBatch
+-- Locks the jobs whose overlap policy serialises their occurrences (claims and
+-- completions of one job pass through this lock, so its active set is read fresh). Returns
+-- a count, not the ids: nobody reads them.
+SELECT count(*) AS locked
+FROM (SELECT id FROM cronwell_jobs WHERE id = ANY(%(ids)s::uuid[]) ORDER BY id FOR UPDATE) l;
+
+-- name: JobActiveOccurrences
+-- Running, retrying and waiting occurrences of the given jobs (read after JobLockBatch).
+SELECT id, job_id, state, idempotency_key FROM cronwell_occurrences
+WHERE job_id = ANY(%(ids)s::uuid[])
+  AND (state IN ('running', 'waiting') OR (state = 'pending' AND attempt > 0));
+
+-- name: OccurrenceSettleBatch
+-- Overlap decisions for claimed candidates: skipped, waiting or cancelled (Replace).
+UPDATE cronwell_occurrences o
+SET state = t.state, reason = t.reason, lease_expires_at = NULL,
+    finished_at = CASE WHEN t.state = 'waiting' THEN NULL ELSE now() END
+FROM unnest(%(ids)s::bigint[], %(states)s::text[], %(reasons)s::text[]) AS t(id, state, reason)
+WHERE o.id = t.id;
+
+-- name: OccurrenceClaimBatch
+-- Starts the chosen occurrences: lease, a new fence token each, attempt + 1. Returns the
+-- job's spec hash, not its spec (workers cache parsed specs by hash, JobSpecBatch fetches
+-- unknown ones); the job is read by primary key per row (LIMIT 1 keeps the planner from a
+-- hash join that scanned every job for each batch).
+WITH started AS (
+    UPDATE cronwell_occurrences o
+    SET state = 'running', attempt = o.attempt + 1, fence = nextval('cronwell_fence'),
+        worker_id = %(worker_id)s, started_at = now(), reason = NULL,
+        lease_expires_at = now() + make_interval(secs => %(lease)s)
+    WHERE o.id = ANY(%(ids)s::bigint[])
+    RETURNING o.id, o.idempotency_key, o.job_id, o.scheduled_for, o.run_at, o.started_at,
+              o.attempt, o.fence, o.delivery, o.max_attempts, o.timeout_seconds, o.origin)
+SELECT s.*, j.namespace, j.name, j.spec_hash
+FROM started s
+CROSS JOIN LATERAL (SELECT namespace, name, spec_hash FROM cronwell_jobs
+                    WHERE id = s.job_id LIMIT 1) j;
+
+-- name: JobSpecBatch
+-- The current spec of some jobs, for claimed occurrences whose spec hash a worker has not
+-- parsed yet (one job per unknown hash: equal hashes are equal specs).
+SELECT id, spec_hash, spec FROM cronwell_jobs WHERE id = ANY(%(ids)s::uuid[]);
+
+-- name: WaitingPromote
+-- After an active occurrence of a buffered job ends: the oldest waiting one becomes
+-- pending (run after JobLockBatch in the same transaction).
+UPDATE cronwell_occurrences o SET state = 'pending', run_at = now(), reason = NULL
+FROM (SELECT DISTINCT ON (job_id) id FROM cronwell_occurrences
+      WHERE job_id = ANY(%(ids)s::uuid[]) AND state = 'waiting'
+      ORDER BY job_id, scheduled_for) w
+WHERE o.id = w.id
+RETURNING o.pool, o.run_at;
+
+-- name: WaitingStranded
+-- Jobs with waiting occurrences that no completion will promote: nothing of theirs is
+-- running or retrying (e.g. backfilled BufferAll occurrences queued behind a Skip one, whose
+-- completion promotes nothing). The reaper promotes them; claims re-check overlap anyway.
+SELECT DISTINCT w.job_id FROM cronwell_occurrences w
+WHERE w.state = 'waiting'
+  AND NOT EXISTS (SELECT 1 FROM cronwell_occurrences a
+                  WHERE a.job_id = w.job_id
+                    AND (a.state = 'running' OR (a.state = 'pending' AND a.attempt > 0)))
+LIMIT %(limit)s;
+
+-- name: OccurrenceNextDue
+-- When the next pending occurrence of a pool becomes claimable (workers sleep until then).
+SELECT min(run_at) AS next_due, now() AS db_now FROM cronwell_occurrences
+WHERE pool = %(pool)s AND state = 'pending';
+
+-- name: DueNotify
+-- One notification per materialised batch (never per row): pool -> earliest run_at.
+SELECT pg_notify('cronwell_due', %(payload)s);

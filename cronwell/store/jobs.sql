@@ -1,0 +1,147 @@
+-- The jobs (cronwell_jobs): one row per ScheduledJob, its spec, cursor (next_run_at) and
+-- counters; tombstoned (deleted_at) rather than deleted so its history stays.
+
+-- name: JobNameLock
+-- Serialises upserts of one namespace/name (two concurrent applies of a new name: the
+-- second waits, then finds the first's row instead of violating the unique name).
+SELECT pg_advisory_xact_lock(7367, hashtext(%(namespace)s || '/' || %(name)s));
+
+-- name: JobGetLive
+-- The live job of a namespace/name, locked for an upsert or delete.
+SELECT id, spec, spec_hash, generation, suspended, next_run_at
+FROM cronwell_jobs WHERE namespace = %(namespace)s AND name = %(name)s AND deleted_at IS NULL
+FOR UPDATE;
+
+-- name: JobGetById
+-- A job by uid (live or tombstoned), locked for an upsert or delete.
+SELECT id, namespace, name, spec, spec_hash, generation, suspended, next_run_at, deleted_at
+FROM cronwell_jobs WHERE id = %(id)s FOR UPDATE;
+
+-- name: JobInsert
+-- A new job.
+INSERT INTO cronwell_jobs (id, namespace, name, spec, spec_hash, generation, pool, partition,
+                           next_run_at, suspended)
+VALUES (%(id)s, %(namespace)s, %(name)s, %(spec)s, %(spec_hash)s, %(generation)s, %(pool)s,
+        %(partition)s, %(next_run_at)s, %(suspended)s);
+
+-- name: JobUpdate
+-- A changed spec (next_run_at recomputed by the caller when the schedule changed).
+UPDATE cronwell_jobs
+SET spec = %(spec)s, spec_hash = %(spec_hash)s, generation = %(generation)s, pool = %(pool)s,
+    next_run_at = %(next_run_at)s, suspended = %(suspended)s,
+    suspended_reason = CASE WHEN %(suspended)s THEN suspended_reason END,
+    resumed_at = CASE WHEN suspended AND NOT %(suspended)s THEN now() ELSE resumed_at END,
+    updated_at = now()
+WHERE id = %(id)s;
+
+-- name: JobFutureOccurrencesDelete
+-- Unstarted future occurrences of a job, removed when its schedule changes (no fence was
+-- ever issued for them, so no effect can have happened). Returns the earliest removed.
+WITH gone AS (
+    DELETE FROM cronwell_occurrences
+    WHERE job_id = %(id)s AND state = 'pending' AND attempt = 0 AND origin = 'schedule'
+      AND scheduled_for > now()
+    RETURNING scheduled_for)
+SELECT min(scheduled_for) AS earliest, count(*) AS n FROM gone;
+
+-- name: JobLatestScheduled
+-- The latest nominal instant already materialised for a job (the cursor must not go back).
+SELECT max(scheduled_for) AS latest FROM cronwell_occurrences
+WHERE job_id = %(id)s AND origin IN ('schedule', 'catchup');
+
+-- name: JobTombstone
+-- Deletes a job: keeps its history, drops its unstarted occurrences.
+WITH j AS (
+    UPDATE cronwell_jobs SET deleted_at = now(), next_run_at = NULL, updated_at = now()
+    WHERE id = %(id)s AND deleted_at IS NULL RETURNING id)
+DELETE FROM cronwell_occurrences o USING j
+WHERE o.job_id = j.id AND o.state IN ('pending', 'waiting') AND o.attempt = 0;
+
+-- name: JobSuspendSet
+-- Suspends or resumes a job; a resume records its instant (the instants before it that the
+-- suspension skipped are missed, reason Suspended, with at most the misfire policy's
+-- catch-up).
+UPDATE cronwell_jobs SET suspended = %(suspended)s, suspended_reason = %(reason)s,
+                         resumed_at = CASE WHEN suspended AND NOT %(suspended)s THEN now()
+                                           ELSE resumed_at END,
+                         updated_at = now()
+WHERE id = %(id)s AND deleted_at IS NULL;
+
+-- name: JobList
+-- Live jobs with their counters for `cronwell jobs` / status.
+SELECT id, namespace, name, pool, spec, next_run_at, suspended, suspended_reason,
+       consecutive_failures, missed_total
+FROM cronwell_jobs WHERE deleted_at IS NULL
+  AND (%(namespace)s::text IS NULL OR namespace = %(namespace)s)
+ORDER BY namespace, name;
+
+-- name: JobPauseBatch
+-- `cronwell pause`: suspends the selected live jobs that are running their schedule (jobs
+-- already suspended keep their own reason).
+UPDATE cronwell_jobs SET suspended = true, suspended_reason = %(reason)s, updated_at = now()
+WHERE deleted_at IS NULL AND NOT suspended
+  AND (%(namespace)s::text IS NULL OR namespace = %(namespace)s)
+  AND (%(name)s::text IS NULL OR name = %(name)s)
+RETURNING namespace, name;
+
+-- name: JobResumePausedBatch
+-- `cronwell resume --all`: resumes the selected jobs suspended with this reason only (jobs
+-- suspended by their spec, by hand or after failures stay suspended).
+UPDATE cronwell_jobs SET suspended = false, suspended_reason = NULL, resumed_at = now(),
+                         updated_at = now()
+WHERE deleted_at IS NULL AND suspended AND suspended_reason = %(reason)s
+  AND (%(namespace)s::text IS NULL OR namespace = %(namespace)s)
+RETURNING namespace, name;
+
+-- name: OccurrenceTriggerInsert
+-- A manual trigger: runs now, idempotent per trigger id (the key carries it).
+INSERT INTO cronwell_occurrences (idempotency_key, job_id, pool, scheduled_for, run_at, state,
+    origin, overlap, delivery, max_attempts, timeout_seconds)
+VALUES (%(key)s, %(job_id)s, %(pool)s, now(), now(), 'pending', 'trigger', %(overlap)s,
+        %(delivery)s, %(max_attempts)s, %(timeout_seconds)s)
+ON CONFLICT (idempotency_key) DO NOTHING
+RETURNING id;
+
+-- name: JobLiveIdsList
+-- Live jobs of some namespaces (all when NULL): drift repair compares them with the CRs.
+SELECT id, namespace, name FROM cronwell_jobs
+WHERE deleted_at IS NULL
+  AND (%(namespaces)s::text[] IS NULL OR namespace = ANY(%(namespaces)s::text[]));
+
+-- name: JobGenerationObserve
+-- A CR generation whose spec means the same (same hash) is applied: record it as observed.
+UPDATE cronwell_jobs SET generation = %(generation)s, updated_at = now()
+WHERE id = %(id)s AND deleted_at IS NULL AND generation < %(generation)s;
+
+-- name: WebhookNamespaceSchedules
+-- The schedules a namespace's live jobs keep running, one row per distinct cron (NULL: the
+-- one-shots) with how many jobs use it: the schedule-rate cap of the admission webhook.
+-- The job under review (`name`) is left out; jobs suspended by their spec and finished jobs
+-- (no next run, not suspended) produce nothing and are left out too.
+SELECT spec->>'schedule' AS schedule, count(*) AS jobs
+FROM cronwell_jobs
+WHERE namespace = %(namespace)s AND name <> %(name)s AND deleted_at IS NULL
+  AND NOT coalesce((spec->>'suspend')::boolean, false)
+  AND (next_run_at IS NOT NULL OR suspended)
+GROUP BY 1;
+
+-- name: ForecastJobList
+-- Live jobs of a pool (all when NULL) with the p90 duration of their last N successful runs:
+-- those with a next instant, and one-shot (runAt) jobs whose only occurrence the scheduler
+-- has materialised (next_run_at NULL) but is not due yet, so a burst still counts in the
+-- horizon before it (the forecast enumerates instants from now: none is counted twice).
+SELECT j.id, j.pool, j.spec, j.next_run_at, h.p90_seconds, h.runs
+FROM cronwell_jobs j
+CROSS JOIN LATERAL (
+    SELECT percentile_cont(0.9) WITHIN GROUP (ORDER BY r.secs) AS p90_seconds, count(*) AS runs
+    FROM (SELECT extract(epoch FROM o.finished_at - o.started_at)::float8 AS secs
+          FROM cronwell_occurrences o
+          WHERE o.job_id = j.id AND o.state = 'succeeded'
+            AND o.started_at IS NOT NULL AND o.finished_at IS NOT NULL
+          ORDER BY o.scheduled_for DESC
+          LIMIT %(history)s) r) h
+WHERE NOT j.suspended AND j.deleted_at IS NULL
+  AND (j.next_run_at IS NOT NULL
+       OR EXISTS (SELECT 1 FROM cronwell_occurrences o
+                  WHERE o.job_id = j.id AND o.state = 'pending' AND o.run_at > now()))
+  AND (%(pool)s::text IS NULL OR j.pool = %(pool)s);

@@ -1,0 +1,38 @@
+-- Materialisation (the scheduler): claim the due jobs of an owned partition, insert their
+-- occurrences and advance their cursors, in one transaction per batch.
+
+-- name: JobDueClaim
+-- Due jobs (next_run_at within the horizon) of one partition this holder owns right now at
+-- this epoch, oldest first, locked so concurrent materialisers never process a job twice.
+-- One partition per query keeps it an ordered index range scan that stops at the limit.
+SELECT j.id, j.spec, j.spec_hash, j.pool, j.next_run_at, j.resumed_at, now() AS db_now
+FROM cronwell_jobs j
+WHERE j.partition = %(partition)s
+  AND EXISTS (SELECT 1 FROM cronwell_partitions p
+              WHERE p.partition = %(partition)s AND p.holder = %(holder)s
+                AND p.epoch = %(epoch)s AND p.expires_at > now())
+  AND NOT j.suspended AND j.deleted_at IS NULL AND j.next_run_at IS NOT NULL
+  AND j.next_run_at <= now() + make_interval(secs => %(horizon)s)
+ORDER BY j.next_run_at
+LIMIT %(limit)s
+FOR UPDATE OF j SKIP LOCKED;
+
+-- name: OccurrenceInsertBatch
+-- Materialises occurrences; the unique key makes any re-materialisation a no-op.
+INSERT INTO cronwell_occurrences (idempotency_key, job_id, pool, scheduled_for, run_at, state,
+    reason, origin, overlap, delivery, max_attempts, timeout_seconds, finished_at)
+SELECT k, j, p, s, r, st, rs, o, ov, d, ma, ts, CASE WHEN st = 'missed' THEN now() END
+FROM unnest(%(keys)s::text[], %(job_ids)s::uuid[], %(pools)s::text[],
+            %(scheduled_for)s::timestamptz[], %(run_at)s::timestamptz[], %(states)s::text[],
+            %(reasons)s::text[], %(origins)s::text[], %(overlaps)s::text[],
+            %(deliveries)s::text[], %(max_attempts)s::int[], %(timeouts)s::int[])
+     AS t(k, j, p, s, r, st, rs, o, ov, d, ma, ts)
+ON CONFLICT (idempotency_key) DO NOTHING;
+
+-- name: JobAdvanceBatch
+-- Moves each job's cursor past what was materialised and counts its missed instants.
+UPDATE cronwell_jobs j
+SET next_run_at = t.next_run_at, missed_total = j.missed_total + t.missed, updated_at = now()
+FROM unnest(%(ids)s::uuid[], %(next_run_at)s::timestamptz[], %(missed)s::int[])
+     AS t(id, next_run_at, missed)
+WHERE j.id = t.id;

@@ -1,0 +1,100 @@
+"""Occurrence history as people read it: `runs` listings, one occurrence and its attempts."""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from datetime import datetime
+from decimal import Decimal
+
+from cronwell.store.db import Database
+
+
+@dataclass(frozen=True, slots=True)
+class Run:
+    """An occurrence of a `runs` listing, with its lag and duration."""
+
+    namespace: str
+    name: str
+    idempotency_key: str
+    scheduled_for: datetime
+    run_at: datetime
+    state: str
+    reason: str | None
+    origin: str
+    attempt: int
+    fence: int | None
+    started_at: datetime | None
+    finished_at: datetime | None
+    last_error: str | None
+    lag_seconds: Decimal | None
+    duration_seconds: Decimal | None
+
+
+@dataclass(frozen=True, slots=True)
+class Occurrence:
+    """One occurrence with everything `dlq show` prints, and whether its job is deleted."""
+
+    namespace: str
+    name: str
+    job_deleted_at: datetime | None
+    idempotency_key: str
+    job_id: uuid.UUID
+    pool: str
+    scheduled_for: datetime
+    run_at: datetime
+    state: str
+    reason: str | None
+    last_error: str | None
+    origin: str
+    overlap: str
+    delivery: str
+    attempt: int
+    max_attempts: int
+    fence: int | None
+    worker_id: str | None
+    lease_expires_at: datetime | None
+    started_at: datetime | None
+    finished_at: datetime | None
+    created_at: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class Attempt:
+    """One recorded attempt of a key."""
+
+    attempt: int
+    fence: int
+    worker_id: str | None
+    outcome: str
+    error: str | None
+    started_at: datetime | None
+    finished_at: datetime
+
+
+async def list_runs(
+    db: Database, *, namespace: str | None, name: str | None, state: str | None, limit: int
+) -> list[Run]:
+    """Recent occurrences, optionally of one namespace / job name / state, newest first."""
+    return await db.rows(
+        Run,
+        "RunsList",
+        {"namespace": namespace, "name": name, "state": state, "limit": limit},
+    )
+
+
+async def list_for_job(
+    db: Database, *, job_id: uuid.UUID, state: str | None, limit: int
+) -> list[Run]:
+    """Recent occurrences of the job with uid `job_id` (the kubectl plugin), newest first."""
+    return await db.rows(Run, "RunsListForJob", {"job_id": job_id, "state": state, "limit": limit})
+
+
+async def get(db: Database, key: str) -> Occurrence | None:
+    """The occurrence with idempotency key `key`, if any."""
+    return await db.row(Occurrence, "OccurrenceGet", {"key": key})
+
+
+async def attempts(db: Database, key: str) -> list[Attempt]:
+    """Every recorded attempt of `key`, in order (fences strictly increase along it)."""
+    return await db.rows(Attempt, "AttemptList", {"key": key})

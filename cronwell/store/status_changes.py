@@ -1,0 +1,74 @@
+"""The status change log (cronwell_status_changes) and what a job's status shows: the
+operator's status writer drains the one into the other."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from decimal import Decimal
+
+from cronwell.store.db import Database
+
+
+@dataclass(frozen=True, slots=True)
+class StatusChange:
+    """A logged change of an occurrence (or of the job row itself: no occurrence_id)."""
+
+    id: int
+    job_id: uuid.UUID
+    occurrence_id: int | None
+    scheduled_for: datetime | None
+    state: str | None
+    reason: str | None
+    attempt: int | None
+    error: str | None
+    changed_at: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class JobStatus:
+    """Everything the status of one job shows: totals from its counters, the rest from its
+    newest occurrences."""
+
+    id: uuid.UUID
+    namespace: str
+    name: str
+    generation: int
+    suspended: bool
+    suspended_reason: str | None
+    consecutive_failures: int
+    missed_total: int
+    deleted_at: datetime | None
+    next_schedule_time: datetime | None
+    schedule_done: bool
+    last_schedule_time: datetime | None
+    active: int | None
+    succeeded: int
+    dead: int
+    skipped: int
+    last_successful_time: datetime | None
+    failed: int
+    last_failure_time: datetime | None
+    last_error: str | None
+    last_state: str | None
+    last_reason: str | None
+    last_key: str | None
+    last_state_error: str | None
+    last_duration_seconds: Decimal | None
+
+
+async def read(db: Database, *, limit: int, skip: Sequence[uuid.UUID]) -> list[StatusChange]:
+    """The oldest `limit` logged changes, leaving out jobs in `skip` (backing off)."""
+    return await db.rows(StatusChange, "StatusChangesRead", {"limit": limit, "skip": skip})
+
+
+async def delete(db: Database, ids: Sequence[int]) -> None:
+    """Forget logged changes once the status they led to is written (or its CR is gone)."""
+    await db.execute("StatusChangesDelete", {"ids": ids})
+
+
+async def job_status(db: Database, job_ids: Sequence[uuid.UUID]) -> list[JobStatus]:
+    """The status facts of these jobs (one row per job found)."""
+    return await db.rows(JobStatus, "JobStatusBatch", {"ids": job_ids})
