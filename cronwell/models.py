@@ -329,8 +329,6 @@ class JobTemplate(CamelModel):
 class JobTarget(CamelModel):
     """A Kubernetes Job per occurrence, named from its idempotency key: created at most once."""
 
-    # Not released yet (issue 20): the worker does not run it on this branch.
-
     job_template: JobTemplate = Field(
         description="What each Job is: CronJob's jobTemplate ({metadata, spec})."
     )

@@ -79,6 +79,22 @@ def test_apply_refuses_a_cron_that_never_fires_in_one_line(db_url: str, tmp_path
     assert "default/feb30" not in cli("jobs", url=db_url).stdout
 
 
+def test_standalone_refuses_a_job_target(db_url: str, tmp_path: Path) -> None:
+    (tmp_path / "report.yaml").write_text(
+        "apiVersion: cronwell.dev/v1alpha1\nkind: ScheduledJob\nmetadata: {name: report}\n"
+        "spec: {schedule: '@hourly', target: {job: {jobTemplate: {spec: {template: {spec: "
+        "{restartPolicy: Never, containers: [{name: main, image: report:1}]}}}}}}}\n"
+    )
+    r = cli("apply", "-f", str(tmp_path), url=db_url)
+    assert r.returncode == 1 and "Traceback" not in r.stderr
+    assert (
+        f"{tmp_path / 'report.yaml'} (ScheduledJob report): spec.target.job runs a Kubernetes "
+        "Job, and standalone mode has no cluster: kubectl apply it to a cluster running "
+        "cronwell's operator" in r.stderr
+    )
+    assert "default/report" not in cli("jobs", url=db_url).stdout
+
+
 def test_unreachable_database_is_one_clear_line() -> None:
     r = cli("jobs", url="postgresql://nobody:secret@127.0.0.1:1/nothing")
     assert r.returncode == 1

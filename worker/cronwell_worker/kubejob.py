@@ -1,8 +1,9 @@
 """The `job` target's Kubernetes side: create an occurrence's Job at most once, and learn how
 it ended from one watch per worker (per namespace) instead of a poll loop per Job.
 
-Not wired into the targets yet (issue 20, next session): `ensure_job` + `JobWatcher.wait`
-are what the target will call while the attempt's lease keeps heartbeating.
+`KubeJobs` is what a worker runs a `job` target with (targets.run → KubeJobs.run →
+run_job): one JobClient and one JobWatcher per worker, made on the first job attempt, so a
+worker whose pool runs no job targets never needs the Kubernetes API.
 
 The `kubernetes` client is synchronous: calls run in threads, each watch in its own thread
 that hands events to the event loop. Errors become TargetError at this boundary.
@@ -21,12 +22,14 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-from kubernetes import client, watch
+from kubernetes import client, config, watch
 from kubernetes.client.exceptions import ApiException
+from kubernetes.config.config_exception import ConfigException
 from urllib3.exceptions import HTTPError
 
 from cronwell import kubejob
-from cronwell.models import JobTemplate
+from cronwell.dispatch import Claimed
+from cronwell.models import JobTarget, JobTemplate
 from cronwell_worker.targets import TargetError
 
 log = logging.getLogger("cronwell.kubejob")
@@ -253,6 +256,7 @@ async def run_job(
     ref = await ensure_job(jobs, template, occ)
     try:
         async with asyncio.timeout(timeout_seconds):
+            await watcher.watch(ref.namespace)  # after ensure_job: its list tells a 403 first
             outcome = await watcher.wait(ref)
     except TimeoutError:
         await jobs.delete(ref.namespace, ref.name)
@@ -303,22 +307,36 @@ class JobWatcher:
         self._synced: dict[str, asyncio.Event] = {}
 
     async def __aenter__(self) -> JobWatcher:
-        self._loop = asyncio.get_running_loop()
-        for ns in self.namespaces:
-            self._synced[ns] = asyncio.Event()
-            t = threading.Thread(target=self._run, args=(ns,), name=f"watch-{ns}", daemon=True)
-            t.start()
-            self._threads.append(t)
-        await asyncio.gather(*(e.wait() for e in self._synced.values()))
+        await asyncio.gather(*(self.watch(ns) for ns in self.namespaces))
         return self
 
     async def __aexit__(self, *exc: object) -> None:
-        self._stop.set()
+        self.stop()
         for t in self._threads:
             await asyncio.to_thread(t.join, self.timeout_seconds + 5)
+
+    def stop(self) -> None:
+        """Stop watching and cancel the waiters; the watch threads end by their next event
+        or their watch's timeout (daemon threads: nothing waits for them)."""
+        self._stop.set()
         for waiters in self._waiters.values():
             for fut in waiters:
                 fut.cancel()
+
+    async def watch(self, namespace: str) -> None:
+        """Watch `namespace` from now on (once: later calls wait for its first list)."""
+        synced = self._synced.get(namespace)
+        if synced is None:
+            self._loop = asyncio.get_running_loop()
+            synced = self._synced[namespace] = asyncio.Event()
+            if namespace not in self.namespaces:
+                self.namespaces.append(namespace)
+            t = threading.Thread(
+                target=self._run, args=(namespace,), name=f"watch-{namespace}", daemon=True
+            )
+            t.start()
+            self._threads.append(t)
+        await synced.wait()
 
     async def wait(self, job: JobRef) -> JobOutcome:
         """Until the Job is Complete or Failed (deleted before it finished: a failure)."""
@@ -427,3 +445,72 @@ class JobWatcher:
                 log.warning("watch of Jobs in %s: %s; retrying", namespace, e)
                 version = None
                 self._stop.wait(1.0)
+
+
+def load_api() -> client.ApiClient:
+    """An API client from the in-cluster service account, else from the kubeconfig
+    (KUBECONFIG or ~/.kube/config); a TargetError saying so when there is neither."""
+    try:
+        conf = client.Configuration()
+        config.load_incluster_config(client_configuration=conf)  # type: ignore[no-untyped-call]
+        return client.ApiClient(conf)
+    except ConfigException:
+        pass
+    try:
+        api: client.ApiClient = config.new_client_from_config()  # type: ignore[no-untyped-call]
+        return api
+    except (ConfigException, OSError) as e:
+        raise TargetError(
+            "a job target needs the Kubernetes API, and this worker has neither an in-cluster "
+            f"service account nor a kubeconfig ({e}): run it in the cluster (the chart's "
+            "worker) or set KUBECONFIG",
+            sent=False,
+            reason="KubernetesUnavailable",
+        ) from None
+
+
+class KubeJobs:
+    """How one worker runs `job` targets: one JobClient and one JobWatcher over the pool's
+    Jobs, made on the first job attempt (a worker that never meets a job target never
+    needs the Kubernetes API); a namespace is watched from its first Job on."""
+
+    def __init__(self, pool: str, *, api: Any = load_api, watch_timeout_seconds: int = 60):
+        self.pool = pool
+        self._make_api = api
+        self._watch_timeout = watch_timeout_seconds
+        self._api: client.ApiClient | None = None
+        self._jobs: JobClient | None = None
+        self._watcher: JobWatcher | None = None
+
+    def _started(self) -> tuple[JobClient, JobWatcher]:
+        if self._jobs is None or self._watcher is None:
+            self._api = self._make_api()
+            self._jobs = JobClient(self._api)
+            self._watcher = JobWatcher(
+                self._jobs, pool=self.pool, namespaces=(), timeout_seconds=self._watch_timeout
+            )
+        return self._jobs, self._watcher
+
+    async def run(self, c: Claimed, target: JobTarget, timeout_seconds: float) -> None:
+        """One attempt of `c`, whose target is `target`: run_job with this worker's client
+        and watcher."""
+        jobs, watcher = self._started()
+        occ = kubejob.Occurrence(
+            namespace=c.namespace,
+            scheduledjob=c.name,
+            scheduledjob_uid=str(c.job_id),
+            pool=self.pool,
+            key=c.key,
+            scheduled_for=c.scheduled_for,
+            attempt=c.attempt,
+            fence=c.fence,
+        )
+        await run_job(jobs, watcher, target.job_template, occ, timeout_seconds)
+
+    def close(self) -> None:
+        if self._watcher is not None:
+            self._watcher.stop()
+        if self._jobs is not None:
+            self._jobs.close()
+        if self._api is not None:
+            self._api.close()  # type: ignore[no-untyped-call]
