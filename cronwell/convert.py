@@ -12,7 +12,9 @@ sees text.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import pydantic
@@ -105,6 +107,29 @@ def convert_stream(text: str, source: str = "-") -> tuple[list[Converted], list[
                 done.append(convert_cronjob(item, item_where))
             except SpecError as e:
                 errors.append(e)
+    return done, errors
+
+
+def convert_paths(
+    paths: Iterable[Path], stdin: str | None = None
+) -> tuple[list[Converted], list[SpecError]]:
+    """Every CronJob in `paths` (files, or folders walked for *.yaml, *.yml and *.json, as
+    `cronwell apply` walks them); `-` is `stdin`'s text."""
+    done: list[Converted] = []
+    errors: list[SpecError] = []
+    for f in loader._files(p for p in paths if str(p) != "-"):
+        try:
+            text = loader._read(f)
+        except SpecError as e:
+            errors.append(_one_line(str(e), e.source or str(f)))
+            continue
+        more, bad = convert_stream(text, str(f))
+        done += more
+        errors += bad
+    if any(str(p) == "-" for p in paths):
+        more, bad = convert_stream(stdin or "", "-")
+        done += more
+        errors += bad
     return done, errors
 
 
