@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import json
 import logging
 import threading
 from collections import OrderedDict
@@ -27,7 +26,7 @@ from kubernetes.client.exceptions import ApiException
 from kubernetes.config.config_exception import ConfigException
 from urllib3.exceptions import HTTPError
 
-from cronwell import kubejob
+from cronwell import kubejob, kubejson
 from cronwell.dispatch import Claimed
 from cronwell.models import JobTarget, JobTemplate
 from cronwell_worker.targets import TargetError
@@ -49,8 +48,7 @@ def _error(e: Exception, what: str) -> TargetError:
     because a retry finds and adopts a Job this call may have created after all."""
     if isinstance(e, ApiException):
         status = e.status or 0
-        body = (e.body or b"").decode() if isinstance(e.body, bytes) else str(e.body or "")
-        detail = _api_message(body) or f"HTTP {status} {e.reason}"
+        detail = kubejson.api_message(e) or f"HTTP {status} {e.reason}"
         if status == 403:
             return TargetError(
                 f"{what}: forbidden ({detail}): the worker's service account needs create, "
@@ -71,19 +69,10 @@ def _error(e: Exception, what: str) -> TargetError:
     return TargetError(f"{what}: {type(e).__name__}: {e}", sent=False, reason="ApiUnavailable")
 
 
-def _api_message(body: str) -> str:
-    try:
-        return str(json.loads(body).get("message", ""))
-    except (ValueError, AttributeError):
-        return ""
-
-
 class JobClient:
     """The Job calls of one worker: list, create (AlreadyExists → adopt), get, delete.
 
-    Plain JSON requests, not the client's typed methods: those validate a body against the
-    client's own copy of the Job schema before sending it, which would refuse or drop a
-    field that the cluster's Kubernetes knows and the client's does not."""
+    Plain JSON requests (cronwell.kubejson says why), shared with the webhook's dry-run."""
 
     def __init__(self, api: client.ApiClient, *, threads: int = 8):
         self.api = api
@@ -99,24 +88,7 @@ class JobClient:
         query: list[tuple[str, str]] | None = None,
         body: dict[str, Any] | None = None,
     ) -> dict[str, Any]:
-        headers = {"Accept": "application/json"}
-        if body is not None:
-            headers["Content-Type"] = "application/json"
-        params = self.api.param_serialize(
-            method=method,
-            resource_path=path,
-            query_params=query or [],
-            header_params=headers,
-            body=body,
-            auth_settings=["BearerToken"],
-        )
-        response = self.api.call_api(*params)
-        response.read()  # type: ignore[no-untyped-call]
-        text = response.data.decode() if response.data else ""
-        if not 200 <= response.status <= 299:
-            raise ApiException(status=response.status, reason=response.reason, body=text)
-        data: dict[str, Any] = json.loads(text) if text else {}
-        return data
+        return kubejson.request(self.api, method, path, query, body)
 
     async def _call(
         self,
@@ -137,13 +109,15 @@ class JobClient:
         data = await self._call(
             f"list Jobs {selector} in {namespace}",
             "GET",
-            _jobs(namespace),
+            kubejson.jobs_path(namespace),
             [("labelSelector", selector)],
         )
         return list(data.get("items") or [])
 
     async def get(self, namespace: str, name: str) -> dict[str, Any]:
-        return await self._call(f"get Job {namespace}/{name}", "GET", _jobs(namespace, name))
+        return await self._call(
+            f"get Job {namespace}/{name}", "GET", kubejson.jobs_path(namespace, name)
+        )
 
     async def create(self, job: dict[str, Any], *, dry_run: bool = False) -> dict[str, Any] | None:
         """Create `job` (unknown fields are an error, never dropped) and return it as stored;
@@ -155,7 +129,7 @@ class JobClient:
             return await self._call(
                 f"create Job {meta['namespace']}/{meta['name']}",
                 "POST",
-                _jobs(meta["namespace"]),
+                kubejson.jobs_path(meta["namespace"]),
                 query,
                 job,
             )
@@ -170,17 +144,12 @@ class JobClient:
             await self._call(
                 f"delete Job {namespace}/{name}",
                 "DELETE",
-                _jobs(namespace, name),
+                kubejson.jobs_path(namespace, name),
                 body={"propagationPolicy": "Foreground"},
             )
         except TargetError as e:
             if e.reason != "HTTP404":
                 raise
-
-
-def _jobs(namespace: str, name: str | None = None) -> str:
-    path = f"/apis/batch/v1/namespaces/{namespace}/jobs"
-    return f"{path}/{name}" if name else path
 
 
 @dataclass(frozen=True)
@@ -411,7 +380,7 @@ class JobWatcher:
             try:
                 if version is None:
                     data = self.jobs.request(
-                        "GET", _jobs(namespace), [("labelSelector", self.selector)]
+                        "GET", kubejson.jobs_path(namespace), [("labelSelector", self.selector)]
                     )
                     version = data["metadata"]["resourceVersion"]
                     self._post(self._replace_all, namespace, data.get("items") or [])
