@@ -101,3 +101,16 @@ def test_a_namespace_that_is_not_a_dns_label_is_refused_by_the_schema() -> None:
                "--set", "jobTarget.namespaces={Team_A}", check=False)  # fmt: skip
     assert out.returncode != 0, out.stdout
     assert "at '/jobTarget/namespaces/0': 'Team_A' does not match pattern" in out.stderr
+
+
+def test_worker_egress_allows_the_api_server_only_with_job_targets() -> None:
+    def peers(docs: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
+        (policy,) = [d for d in of_kind(docs, "NetworkPolicy")
+                     if d["metadata"]["name"].endswith("worker-egress")]  # fmt: skip
+        return [rule.get("to") or [] for rule in policy["spec"]["egress"]]
+
+    # full-values.yaml enables workerEgress and lists the API server's addresses.
+    api = [{"ipBlock": {"cidr": "10.96.0.1/32"}}, {"ipBlock": {"cidr": "172.18.0.2/32"}}]
+    assert api in peers(_with_jobs("team-a"))
+    without = render("-f", str(CHART / "ci" / "full-values.yaml"), *WORKERPOOL_SERVED)
+    assert api not in peers(without)
