@@ -76,8 +76,11 @@ run-operator: $(STAMP) ## Run the operator against $$KUBECONFIG (CRDs installed 
 
 .PHONY: test
 test: $(STAMP) sysdeps envtest envtest-node checkov lint ## Lint, then every test: unit, integration (real PostgreSQL), e2e (real API server), node (real kubelet).
+	@# A private base directory: pytest keeps only the newest three of its shared numbered
+	@# ones, so another run on the machine could delete this run's PostgreSQL under it.
+	bt="$$(mktemp -d "$${TMPDIR:-/tmp}/cronwell-tests.XXXXXX")" && \
 	KUBEBUILDER_ASSETS="$$(bash hack/envtest.sh --print-path)" \
-	  $(BIN)/pytest $(PYTEST_ARGS)
+	  $(BIN)/pytest --basetemp="$$bt" $(PYTEST_ARGS) && rm -rf "$$bt"
 
 .PHONY: test-fast
 test-fast: $(STAMP) ## Unit and integration tests only (no API server, no node, no image build).

@@ -19,7 +19,7 @@ from typing import Any
 
 import psutil
 
-from bench.common import lag_stats, seed, succeeded_lags, worker_env
+from bench.common import lag_stats, seed, succeeded_lags, worker_argv, worker_env
 from cronwell.scheduler import Scheduler
 from cronwell.settings import SchedulerSettings
 from cronwell.store import Database, claims, partitions
@@ -106,16 +106,7 @@ async def burst(
     env = worker_env(url)
     procs = [
         subprocess.Popen(  # noqa: ASYNC220 - started once, before timing
-            [
-                sys.executable,
-                "-m",
-                "cronwell",
-                "worker",
-                "--concurrency",
-                str(concurrency),
-                "--import",
-                "cronwell_bench_noop",
-            ],
+            worker_argv(concurrency, "cronwell_bench_noop"),
             env=env,
             start_new_session=True,
         )

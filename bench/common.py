@@ -7,6 +7,7 @@ import json
 import os
 import statistics
 import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Awaitable, Sequence
@@ -31,6 +32,12 @@ import cronwell
 async def noop(ctx):
     return None
 """
+
+
+def worker_argv(concurrency: int, module: str | None = None) -> list[str]:
+    """`python -m cronwell worker` with `concurrency`, importing handler `module` if given."""
+    argv = [sys.executable, "-m", "cronwell", "worker", "--concurrency", str(concurrency)]
+    return argv + (["--import", module] if module else [])
 
 
 def bench_server() -> EmbeddedPostgres:

@@ -40,6 +40,7 @@ from bench.common import (
     seed,
     stop_all,
     succeeded_lags,
+    worker_argv,
     worker_env,
 )
 from cronwell.fleet_forecast import forecast_pools
@@ -136,8 +137,7 @@ async def run_burst(
     at = await _seed_burst(db, n, lead, duration)
     await _materialise(db, lead)
     env = worker_env(url, "cronwell_bench_sleep", SLEEP_MODULE)
-    argv = [sys.executable, "-m", "cronwell", "worker", "--concurrency", str(concurrency)]
-    argv += ["--import", "cronwell_bench_sleep"]
+    argv = worker_argv(concurrency, "cronwell_bench_sleep")
     procs = [
         subprocess.Popen(argv, env=env, start_new_session=True)  # noqa: ASYNC220
         for _ in range(workers)

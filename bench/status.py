@@ -44,7 +44,7 @@ import psycopg
 from kubernetes import client, config, watch
 from prometheus_client.parser import text_string_to_metric_families
 
-from bench.common import RESULTS, ROOT, stop_all
+from bench.common import RESULTS, ROOT, stop_all, worker_argv
 from cronwell.embedded import EmbeddedPostgres, free_port
 from cronwell.models import GROUP, VERSION
 from cronwell.testing.controlplane import ControlPlane, find_assets
@@ -330,14 +330,7 @@ def run(
             for i in range(workers):
                 procs.append(
                     subprocess.Popen(
-                        [
-                            sys.executable,
-                            "-m",
-                            "cronwell",
-                            "worker",
-                            "--concurrency",
-                            str(concurrency),
-                        ],
+                        worker_argv(concurrency),
                         env=env
                         | {"CRONWELL_CLAIM_BATCH_SIZE": "500", "CRONWELL_POLL_SECONDS": "1"},
                         stdout=(logs / f"worker-{i}.log").open("ab"),

@@ -14,7 +14,7 @@ import subprocess
 import sys
 from typing import Any
 
-from bench.common import BenchError, lag_stats, seed, stop_all
+from bench.common import BenchError, lag_stats, seed, stop_all, worker_argv
 from cronwell.store import clock
 
 
@@ -53,7 +53,7 @@ async def sustained(
         )
     ] + [
         subprocess.Popen(  # noqa: ASYNC220
-            [*cw, "worker", "--concurrency", str(concurrency), "--import", "cronwell_bench_noop"],
+            worker_argv(concurrency, "cronwell_bench_noop"),
             env=env,
             start_new_session=True,
         )

@@ -9,6 +9,7 @@ from cronwell.cli import admin, backfill, convert, forecast, jobs, scheduler  # 
 from cronwell.cli.jobs import load_or_fail
 from cronwell.cli.main import (
     Env,
+    invalid_setting,
     main,
     metrics_port_option,
     run,
@@ -22,6 +23,7 @@ __all__ = [
     "Env",
     "duration_option",
     "fmt_time",
+    "invalid_setting",
     "json_line",
     "load_or_fail",
     "main",

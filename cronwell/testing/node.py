@@ -734,6 +734,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         live = [d for d in _node_dirs() if owned(d)]
         print(f"node: cleaned {swept} run(s); {len(live)} running", file=sys.stderr)
         return 0
+    # Ctrl-C must stop it even when started with SIGINT ignored (a shell's background job,
+    # nohup): Python then installs no KeyboardInterrupt handler of its own.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         with Node(images=args.image) as node:
             print(f"node Ready in {node.start_seconds:.1f}s", file=sys.stderr)

@@ -7,8 +7,9 @@ import sys
 from typing import Any
 
 import click
+import pydantic
 
-from cronwell.cli import Env, metrics_port_option, run_until_signal
+from cronwell.cli import Env, invalid_setting, metrics_port_option, run_until_signal
 from cronwell.metrics import Metrics
 from cronwell_operator.kube import Kube, api_client
 from cronwell_operator.leader import LeadershipLost
@@ -117,7 +118,10 @@ def operator(
             given[key] = {pool: value for pool, _, value in pairs}
     if namespaces:
         given["namespaces"] = list(namespaces)
-    settings = OperatorSettings.from_flat(given)
+    try:
+        settings = OperatorSettings.from_flat(given)
+    except pydantic.ValidationError as e:
+        raise invalid_setting(e) from None
     for h in logging.getLogger().handlers:
         h.addFilter(_drop_kopf_extras)
     # Served by every replica, leader or standby (readiness probes may point at it).

@@ -1,5 +1,4 @@
-"""store.runs: `runs` listings (cronwell/cli.py calls RunsList by name until its move merges,
-so its function is exercised here)."""
+"""store.runs: the `runs` listings that `cronwell runs` and `kubectl cronwell runs` render."""
 
 from __future__ import annotations
 

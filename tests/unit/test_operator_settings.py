@@ -50,3 +50,14 @@ def test_every_flag_is_a_setting_and_unknown_names_are_refused() -> None:
     assert flags <= known, flags - known
     with pytest.raises(ValueError, match="unknown operator setting 'status_qsp'"):
         OperatorSettings.from_flat({"status_qsp": 1})
+
+
+def test_a_bad_flag_value_is_one_clear_line() -> None:
+    """Like the scheduler's and the worker's settings: no pydantic traceback."""
+    from click.testing import CliRunner
+
+    result = CliRunner().invoke(operator_command, ["--status-qps", "-1"])
+    assert result.exit_code == 1, result.output
+    assert "invalid setting" in result.output and "qps" in result.output
+    assert "Traceback" not in result.output and result.exception is not None
+    assert isinstance(result.exception, SystemExit)
