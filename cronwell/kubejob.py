@@ -13,6 +13,7 @@ import base64
 import copy
 import hashlib
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Literal
@@ -181,6 +182,11 @@ def manifest(template: JobTemplate, occ: Occurrence, job_attempt: int) -> dict[s
     }
 
 
+def scheduledjob_selector(scheduledjob: str) -> str:
+    """Label selector of every Job of a ScheduledJob (its history, its running Jobs)."""
+    return f"{LABEL_SCHEDULEDJOB}={_label_value(scheduledjob)}"
+
+
 def owned_by(metadata: dict[str, Any], occ: Occurrence) -> bool:
     """Whether an existing Job (its metadata) is one of this occurrence's."""
     return (metadata.get("annotations") or {}).get(ANNOTATION_KEY) == occ.key
@@ -234,10 +240,21 @@ def next_step(existing: list[dict[str, Any]], occ: Occurrence) -> Adopt | Create
                 f"{occ.key} but not its {ANNOTATION_KEY} annotation: delete or relabel it"
             )
         n = _job_attempt(meta)
-        if state(job)[0] != "Failed":
+        if adoptable(job):
             return Adopt(str(meta.get("name")))
         highest = max(highest, n)
     return Create(highest + 1)
+
+
+def deleting(job: dict[str, Any]) -> bool:
+    """Whether the Job is being deleted (foreground deletion keeps it visible meanwhile)."""
+    return bool((job.get("metadata") or {}).get("deletionTimestamp"))
+
+
+def adoptable(job: dict[str, Any]) -> bool:
+    """Running or complete, and not being deleted: a Job being deleted (timed out, replaced)
+    will not complete, so an attempt that adopted it would only see it vanish."""
+    return state(job)[0] != "Failed" and not deleting(job)
 
 
 def _job_attempt(meta: dict[str, Any]) -> int:
@@ -245,3 +262,66 @@ def _job_attempt(meta: dict[str, Any]) -> int:
         return max(1, int((meta.get("labels") or {}).get(LABEL_JOB_ATTEMPT, "1")))
     except ValueError:
         return 1
+
+
+#: Occurrence states whose outcome is not recorded yet: their Jobs may still be adopted.
+UNRECORDED = frozenset({"pending", "waiting", "running"})
+
+Propagation = Literal["Foreground", "Background"]
+
+
+def _age(job: dict[str, Any]) -> tuple[str, int, str]:
+    meta = job.get("metadata") or {}
+    instant = str((meta.get("annotations") or {}).get(ANNOTATION_SCHEDULED_FOR, ""))
+    return instant, _job_attempt(meta), str(meta.get("creationTimestamp", ""))
+
+
+def to_delete(
+    existing: list[dict[str, Any]],
+    states: Mapping[str, str | None],
+    *,
+    owner_uid: str,
+    successful_limit: int,
+    failed_limit: int,
+) -> list[tuple[str, Propagation]]:
+    """Which of a ScheduledJob's Jobs to delete, and how (docs/design/job-target.md).
+
+    `existing` are the Jobs listed by `scheduledjob_selector`; `states` maps each Job's key
+    to its occurrence's state (None: no such occurrence any more, its history was pruned).
+    A Job is deleted only when its occurrence's outcome is recorded (decision 4), never one
+    of another ScheduledJob of the same name (owner uid) and never one already being deleted:
+
+    - running Jobs of a `cancelled` occurrence (Replace cancelled it): foreground, so that
+      its Pods go before it does, as the CronJob controller replaces a Job;
+    - Complete Jobs beyond the newest `successful_limit`, Failed Jobs beyond the newest
+      `failed_limit` (counted per Job, as CronJob counts them; a Job whose occurrence is
+      still running counts but stays): background.
+    """
+    out: list[tuple[str, Propagation]] = []
+    finished: dict[str, list[dict[str, Any]]] = {"Complete": [], "Failed": []}
+    for job in existing:
+        meta = job.get("metadata") or {}
+        owners = {str(o.get("uid")) for o in meta.get("ownerReferences") or []}
+        if owner_uid not in owners or deleting(job):
+            continue
+        phase = state(job)[0]
+        if phase in finished:
+            finished[phase].append(job)
+            continue
+        key = (meta.get("annotations") or {}).get(ANNOTATION_KEY)
+        if key is not None and states.get(key, None) == "cancelled":
+            out.append((str(meta.get("name")), "Foreground"))
+    for phase, limit in (("Complete", successful_limit), ("Failed", failed_limit)):
+        jobs = sorted(finished[phase], key=_age, reverse=True)
+        for job in jobs[limit:]:
+            meta = job.get("metadata") or {}
+            key = (meta.get("annotations") or {}).get(ANNOTATION_KEY)
+            if key is not None and states.get(key) not in UNRECORDED:
+                out.append((str(meta.get("name")), "Background"))
+    return out
+
+
+def keys_of(existing: list[dict[str, Any]]) -> list[str]:
+    """The occurrence keys the Jobs carry (to ask the store for their states)."""
+    keys = {(j.get("metadata") or {}).get("annotations", {}).get(ANNOTATION_KEY) for j in existing}
+    return sorted(k for k in keys if k)

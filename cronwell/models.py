@@ -560,6 +560,19 @@ class RunCounters(CamelModel):
     skipped: int = Field(0, ge=0, description="Occurrences skipped (concurrency policy).")
 
 
+MAX_ACTIVE_REFS = 10
+"""status.active lists at most this many running Jobs (status.activeCount counts them all)."""
+
+
+class JobReference(CamelModel):
+    """A running Job, as a CronJob's status.active lists it (an ObjectReference)."""
+
+    api_version: str = Field("batch/v1", max_length=64, description="Always batch/v1.")
+    kind: str = Field("Job", max_length=64, description="Always Job.")
+    name: str = Field(max_length=63, description="The Job's name.")
+    namespace: str = Field(max_length=63, description="The Job's namespace (the ScheduledJob's).")
+
+
 class ScheduledJobStatus(CamelModel):
     """What the operator reports: computed from the store, written to the status subresource."""
 
@@ -579,7 +592,15 @@ class ScheduledJobStatus(CamelModel):
         None, max_length=64, description="Duration of the latest finished run, e.g. 1.5s."
     )
     consecutive_failures: int = Field(0, ge=0, description="Dead-lettered runs in a row.")
-    active: int = Field(0, ge=0, description="Occurrences running or waiting to retry.")
+    active: list[JobReference] | None = Field(
+        None,
+        max_length=MAX_ACTIVE_REFS,
+        description="The running Jobs of a job target, as a CronJob lists them (so "
+        "`.status.active[*].name` works as for a CronJob): the newest "
+        f"{MAX_ACTIVE_REFS} at most; absent when none runs, and for other targets. "
+        "activeCount counts every active occurrence.",
+    )
+    active_count: int = Field(0, ge=0, description="Occurrences running or waiting to retry.")
     counters: RunCounters = Field(default_factory=RunCounters)
     conditions: list[Condition] = Field(
         default_factory=list,

@@ -67,15 +67,34 @@ def stack(
         print("\n--- worker log (tail) ---\n" + (logs / "worker.log").read_text()[-3000:])
 
 
-def jobs(kube: Cluster, ns: str) -> list[dict[str, Any]]:
+def jobs(kube: Cluster, ns: str, sj: str = "report") -> list[dict[str, Any]]:
     out = kube.kubectl(
-        "get", "jobs", "-n", ns, "-l", f"{kubejob.LABEL_SCHEDULEDJOB}=report", "-o", "json"
+        "get", "jobs", "-n", ns, "-l", f"{kubejob.LABEL_SCHEDULEDJOB}={sj}", "-o", "json"
     ).stdout
     return list(json.loads(out)["items"])
 
 
-def job_names(kube: Cluster, ns: str) -> list[str]:
-    return sorted(j["metadata"]["name"] for j in jobs(kube, ns))
+def job_names(kube: Cluster, ns: str, sj: str = "report") -> list[str]:
+    return sorted(j["metadata"]["name"] for j in jobs(kube, ns, sj))
+
+
+def apply(kube: Cluster, ns: str, name: str, extra: str = "") -> None:
+    """The ScheduledJob `name` with SPEC (every 3 s), plus `extra` spec lines."""
+    spec = SPEC.strip() + ("\n" + extra.strip() if extra else "")
+    manifest = (
+        f"apiVersion: cronwell.dev/v1alpha1\nkind: ScheduledJob\nmetadata: {{name: {name}}}\n"
+        "spec:\n" + "".join(f"  {line}\n" for line in spec.splitlines())
+    )
+    kube.kubectl("apply", "-n", ns, "-f", "-", input=manifest)
+
+
+def suspend(kube: Cluster, ns: str, name: str) -> None:
+    kube.kubectl("patch", "sj", name, "-n", ns, "--type=merge", "-p", '{"spec":{"suspend":true}}')
+
+
+def sj_status(kube: Cluster, ns: str, name: str) -> dict[str, Any]:
+    out = kube.kubectl("get", "sj", name, "-n", ns, "-o", "json").stdout
+    return dict(json.loads(out).get("status") or {})
 
 
 def occurrence(store: str, key: str) -> dict[str, Any]:
@@ -167,3 +186,109 @@ def test_each_occurrence_is_one_job_and_its_outcome_is_the_jobs(
     for j in listed:
         owner = j["metadata"]["ownerReferences"][0]
         assert owner["kind"] == "ScheduledJob" and owner["name"] == "report"
+
+
+def deleting(job: dict[str, Any]) -> bool:
+    """Deleted in the foreground: no garbage collector runs here, so the Job stays, with a
+    deletionTimestamp and the foregroundDeletion finalizer, as it would while its Pods go."""
+    meta = job["metadata"]
+    return bool(meta.get("deletionTimestamp")) and "foregroundDeletion" in (
+        meta.get("finalizers") or []
+    )
+
+
+def test_replace_deletes_the_replaced_job_and_status_active_lists_the_running_one(
+    kube: Cluster, ns: str, store: str, stack: OperatorProcess
+) -> None:
+    """Replace: the occurrence that replaces a running one deletes its Job (foreground), as
+    the CronJob controller does; status.active names the running Job, as a CronJob's does."""
+    apply(kube, ns, "swap", "concurrencyPolicy: Replace")
+    [first] = eventually(stack, lambda: job_names(kube, ns, "swap"), "the first Job", timeout=90)
+    key_first = annotation(kube, ns, first, kubejob.ANNOTATION_KEY)
+    # Its Job never finishes (no kubelet): the next instant replaces it.
+    eventually(
+        stack,
+        lambda: [n for n in job_names(kube, ns, "swap") if n != first],
+        "the replacing occurrence's Job",
+        timeout=60,
+    )
+    assert occurrence(store, key_first)["state"] == "cancelled"
+    old = eventually(
+        stack,
+        lambda: next((j for j in jobs(kube, ns, "swap") if j["metadata"]["name"] == first), None),
+        "the replaced Job (still listed while it is deleted)",
+    )
+    eventually(
+        stack,
+        lambda: deleting(next(j for j in jobs(kube, ns, "swap") if j["metadata"]["name"] == first)),
+        f"{first} deleted in the foreground",
+        timeout=30,
+    )
+    assert old["metadata"]["annotations"][kubejob.ANNOTATION_KEY] == key_first
+    suspend(kube, ns, "swap")
+
+    # Every replaced Job is being deleted; one runs, and status.active names it.
+    def settled() -> str | None:
+        running = [j for j in jobs(kube, ns, "swap") if not deleting(j)]
+        if len(running) != 1:
+            return None
+        name = str(running[0]["metadata"]["name"])
+        st = sj_status(kube, ns, "swap")
+        refs = st.get("active") or []
+        return name if [r.get("name") for r in refs] == [name] else None
+
+    name = eventually(stack, settled, "one running Job, the one status.active lists", timeout=60)
+    status = sj_status(kube, ns, "swap")
+    assert status["active"] == [
+        {"apiVersion": "batch/v1", "kind": "Job", "name": name, "namespace": ns}
+    ]
+    assert status["activeCount"] == 1
+    # kubectl's jsonpath, as a CronJob script reads it.
+    path = "jsonpath={.status.active[*].name}"
+    assert kube.kubectl("get", "sj", "swap", "-n", ns, "-o", path).stdout == name
+    key = annotation(kube, ns, name, kubejob.ANNOTATION_KEY)
+    assert occurrence(store, key)["state"] == "running"
+
+
+def test_history_limits_delete_the_oldest_finished_jobs(
+    kube: Cluster, kube_api: Any, ns: str, store: str, stack: OperatorProcess
+) -> None:
+    """successfulJobsHistoryLimit / failedJobsHistoryLimit keep the newest Complete and
+    Failed Jobs; older ones are deleted once their occurrences' outcomes are recorded."""
+    apply(
+        kube,
+        ns,
+        "tidy",
+        "successfulJobsHistoryLimit: 1\nfailedJobsHistoryLimit: 1",
+    )
+    # maxAttempts 2 (SPEC): a failed Job is retried once, so an occurrence that fails has
+    # two Failed Jobs. Four occurrences: Complete, Complete, Failed twice, Complete.
+    seen: list[str] = []
+
+    def next_job() -> str:
+        new = eventually(
+            stack,
+            lambda: [n for n in job_names(kube, ns, "tidy") if n not in seen],
+            f"a Job after {seen}",
+            timeout=90,
+        )
+        seen.append(sorted(new)[0])
+        return seen[-1]
+
+    outcomes = ["Complete", "Complete", "Failed", "Failed", "Complete"]
+    for outcome in outcomes:
+        name = next_job()
+        set_status(kube_api, ns, name, outcome)
+        key = annotation(kube, ns, name, kubejob.ANNOTATION_KEY)
+        if outcome == "Complete":
+            eventually(stack, lambda k=key: occurrence(store, k)["state"] == "succeeded", name)
+    suspend(kube, ns, "tidy")
+    _, _, c1, c2, d = seen
+    assert c2 == f"{c1}-2"  # the failed occurrence's retry
+    # Kept: the newest Complete (d) and the newest Failed (c2); the rest deleted.
+    eventually(
+        stack,
+        lambda: job_names(kube, ns, "tidy") == sorted([c2, d]),
+        f"only {c2} and {d} left of {seen}",
+        timeout=60,
+    )

@@ -283,3 +283,67 @@ def test_odd_env_is_left_for_the_api_server_to_refuse() -> None:
         "CRONWELL_FENCE_TOKEN",
         "CRONWELL_SCHEDULED_FOR",
     ]
+
+
+def test_a_job_being_deleted_is_never_adopted() -> None:
+    """A Job deleted in the foreground (timed out, replaced) stays listed until its Pods are
+    gone and will not complete: the next attempt creates the next Job instead."""
+    o = occ()
+    going = job(o, 1, deletionTimestamp="2026-12-01T09:05:00Z")
+    assert kubejob.deleting(going) and not kubejob.adoptable(going)
+    assert kubejob.next_step([going], o) == Create(2)
+    assert kubejob.adoptable(job(o, 1)) and kubejob.adoptable(job(o, 1, "Complete"))
+
+
+def history(*spec: tuple[int, str | None], **meta: Any) -> list[dict[str, Any]]:
+    """One Job per (minute, condition), each its own occurrence of the same ScheduledJob."""
+    out = []
+    for m, condition in spec:
+        at = T0 + timedelta(minutes=m)
+        out.append(job(occ(key=key(at), scheduled_for=at), 1, condition, **meta))
+    return out
+
+
+def minute(name: str, jobs: list[dict[str, Any]]) -> int:
+    j = next(j for j in jobs if j["metadata"]["name"] == name)
+    at = datetime.fromisoformat(j["metadata"]["annotations"][kubejob.ANNOTATION_SCHEDULED_FOR])
+    return int((at - T0).total_seconds() // 60)
+
+
+def plan(jobs: list[dict[str, Any]], states: dict[str, str | None], ok: int, bad: int) -> Any:
+    out = kubejob.to_delete(jobs, states, owner_uid=UID, successful_limit=ok, failed_limit=bad)
+    return sorted((minute(n, jobs), p) for n, p in out)
+
+
+def test_history_limits_delete_the_oldest_finished_jobs_of_recorded_occurrences() -> None:
+    jobs = history((0, "Complete"), (1, "Failed"), (2, "Complete"), (3, "Complete"), (4, None))
+    recorded = {k: "succeeded" for k in kubejob.keys_of(jobs)}
+    assert plan(jobs, recorded, ok=1, bad=1) == [(0, "Background"), (2, "Background")]
+    assert plan(jobs, recorded, ok=0, bad=0) == [(m, "Background") for m in (0, 1, 2, 3)]
+    assert plan(jobs, recorded, ok=3, bad=1) == []
+    # A Job whose occurrence's outcome is not recorded yet is never deleted (a successor
+    # would adopt it; decision 4), but it still counts: the limit keeps the newest Jobs.
+    for state in ("running", "pending", "waiting"):
+        unrecorded = recorded | {kubejob.keys_of(jobs[:1])[0]: state}
+        assert plan(jobs, unrecorded, ok=1, bad=1) == [(2, "Background")]
+    # An occurrence whose row is gone (history pruned) has its outcome recorded.
+    assert plan(jobs, {}, ok=1, bad=1) == [(0, "Background"), (2, "Background")]
+
+
+def test_replace_deletes_the_running_jobs_of_cancelled_occurrences_in_the_foreground() -> None:
+    jobs = history((0, None), (1, None), (2, None))
+    k0, k1, k2 = (j["metadata"]["annotations"][kubejob.ANNOTATION_KEY] for j in jobs)
+    states: dict[str, str | None] = {k0: "cancelled", k1: "dead", k2: "running"}
+    # Only the cancelled occurrence's Job: a dead one's running Job is not Replace's, and
+    # the running occurrence's (say a newer one that replaced ours meanwhile) is its own.
+    assert plan(jobs, states, ok=100, bad=100) == [(0, "Foreground")]
+
+
+def test_jobs_of_another_owner_or_being_deleted_are_left_alone() -> None:
+    other_owner = history((0, None), (1, "Complete"))
+    for j in other_owner:
+        j["metadata"]["ownerReferences"][0]["uid"] = "someone-else"
+    going = history((2, None), (3, "Complete"), deletionTimestamp="2026-12-01T09:05:00Z")
+    jobs = other_owner + going
+    states: dict[str, str | None] = {k: "cancelled" for k in kubejob.keys_of(jobs)}
+    assert plan(jobs, states, ok=0, bad=0) == []

@@ -102,7 +102,7 @@ def worker(
         async with env.database(max_size=8, migrate_first=True) as db:
             metrics = Metrics()
             metrics.serve(metrics_port)
-            w = Worker(db, settings, metrics=metrics, kube=KubeJobs(settings.pool))
+            w = Worker(db, settings, metrics=metrics, kube=KubeJobs(settings.pool, db=db))
             stoppers.append(w.stop)
             if outbox_url is None:
                 await w.run()

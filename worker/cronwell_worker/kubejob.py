@@ -16,7 +16,7 @@ import functools
 import logging
 import threading
 from collections import OrderedDict
-from collections.abc import Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -28,7 +28,10 @@ from urllib3.exceptions import HTTPError
 
 from cronwell import kubejob, kubejson
 from cronwell.dispatch import Claimed
-from cronwell.models import JobTarget, JobTemplate
+from cronwell.errors import DatabaseError
+from cronwell.models import ConcurrencyPolicy, JobTarget, JobTemplate, ScheduledJobSpec
+from cronwell.store import kube_jobs
+from cronwell.store.db import Database
 from cronwell_worker.targets import TargetError
 
 log = logging.getLogger("cronwell.kubejob")
@@ -138,14 +141,18 @@ class JobClient:
                 return None
             raise
 
-    async def delete(self, namespace: str, name: str) -> None:
-        """Delete a Job and, before it disappears, its Pods (Replace: foreground)."""
+    async def delete(
+        self, namespace: str, name: str, propagation: kubejob.Propagation = "Foreground"
+    ) -> None:
+        """Delete a Job: foreground (its Pods go first; the Job stays visible, with a
+        deletionTimestamp, until they are gone) for a Job that must stop, background for a
+        finished one (history)."""
         try:
             await self._call(
                 f"delete Job {namespace}/{name}",
                 "DELETE",
                 kubejson.jobs_path(namespace, name),
-                body={"propagationPolicy": "Foreground"},
+                body={"propagationPolicy": propagation},
             )
         except TargetError as e:
             if e.reason != "HTTP404":
@@ -203,9 +210,9 @@ async def ensure_job(jobs: JobClient, template: JobTemplate, occ: kubejob.Occurr
                 sent=False,
                 reason="JobNameTaken",
             )
-        if kubejob.state(other)[0] != "Failed":
+        if kubejob.adoptable(other):
             return JobRef.of(other)
-        # It failed between our list and our create: the next one is one past it.
+        # It failed (or is being deleted) since our list: the next one is one past it.
 
 
 async def run_job(
@@ -214,15 +221,19 @@ async def run_job(
     template: JobTemplate,
     occ: kubejob.Occurrence,
     timeout_seconds: float,
+    on_job: Callable[[JobRef], Awaitable[None]] | None = None,
 ) -> JobOutcome:
     """One attempt of a `job` target: the occurrence's Job, created or adopted, until it
     ends. Complete returns; Failed raises a retryable TargetError carrying the Job's reason
     and message (`sent=True`: a retry is a new Job, so AtMostOnce dead-letters instead).
+    `on_job` is told which Job runs (the worker records it for status.active).
 
     Past `timeout_seconds` the attempt, still holding its lease, deletes the Job (foreground:
     its Pods first) so that a retry does not adopt a Job that overran. A cancellation (the
     lease was lost, the worker stops) leaves the Job alone: the next owner adopts it."""
     ref = await ensure_job(jobs, template, occ)
+    if on_job is not None:
+        await on_job(ref)
     try:
         async with asyncio.timeout(timeout_seconds):
             await watcher.watch(ref.namespace)  # after ensure_job: its list tells a 403 first
@@ -441,15 +452,28 @@ def load_api() -> client.ApiClient:
 class KubeJobs:
     """How one worker runs `job` targets: one JobClient and one JobWatcher over the pool's
     Jobs, made on the first job attempt (a worker that never meets a job target never
-    needs the Kubernetes API); a namespace is watched from its first Job on."""
+    needs the Kubernetes API); a namespace is watched from its first Job on.
 
-    def __init__(self, pool: str, *, api: Any = load_api, watch_timeout_seconds: int = 60):
+    With the store (`db`), it also records which Job each attempt runs (status.active) and
+    deletes the Jobs a ScheduledJob no longer needs (`tidy`: Replace, history limits)."""
+
+    def __init__(
+        self,
+        pool: str,
+        *,
+        db: Database | None = None,
+        api: Any = load_api,
+        watch_timeout_seconds: int = 60,
+    ):
         self.pool = pool
+        self.db = db
         self._make_api = api
         self._watch_timeout = watch_timeout_seconds
         self._api: client.ApiClient | None = None
         self._jobs: JobClient | None = None
         self._watcher: JobWatcher | None = None
+        self._tidying: dict[str, asyncio.Task[None]] = {}  # by ScheduledJob uid
+        self._again: dict[str, tuple[Claimed, ScheduledJobSpec]] = {}
 
     def _started(self) -> tuple[JobClient, JobWatcher]:
         if self._jobs is None or self._watcher is None:
@@ -460,9 +484,12 @@ class KubeJobs:
             )
         return self._jobs, self._watcher
 
-    async def run(self, c: Claimed, target: JobTarget, timeout_seconds: float) -> None:
+    async def run(
+        self, c: Claimed, spec: ScheduledJobSpec, target: JobTarget, timeout_seconds: float
+    ) -> None:
         """One attempt of `c`, whose target is `target`: run_job with this worker's client
-        and watcher."""
+        and watcher. Under Replace, the Jobs of the occurrences this one replaced are
+        deleted first (the claim cancelled them in the store before handing it out)."""
         jobs, watcher = self._started()
         occ = kubejob.Occurrence(
             namespace=c.namespace,
@@ -474,9 +501,110 @@ class KubeJobs:
             attempt=c.attempt,
             fence=c.fence,
         )
-        await run_job(jobs, watcher, target.job_template, occ, timeout_seconds)
+        if spec.concurrency_policy == ConcurrencyPolicy.REPLACE:
+            await self._tidy_logged(c, spec)
+
+        async def on_job(ref: JobRef) -> None:
+            await self._record(occ, ref)
+
+        await run_job(jobs, watcher, target.job_template, occ, timeout_seconds, on_job)
+
+    async def _record(self, occ: kubejob.Occurrence, ref: JobRef) -> None:
+        """Record the attempt's Job in the store (fenced). A stale attempt records nothing;
+        if Replace cancelled its occurrence meanwhile, the Job it just made (after the
+        replacing attempt looked) is deleted here, so one of the two always sees it."""
+        if self.db is None:
+            return
+        try:
+            if await kube_jobs.record(self.db, key=occ.key, fence=occ.fence, job_name=ref.name):
+                return
+            state = (await kube_jobs.states(self.db, [occ.key])).get(occ.key)
+        except DatabaseError as e:  # status.active only: the run goes on
+            log.warning(
+                "could not record the attempt's Job",
+                extra={"action": "job_record_failed", "key": occ.key, "error": str(e)},
+            )
+            return
+        if state == "cancelled" and self._jobs is not None:
+            await self._jobs.delete(ref.namespace, ref.name)
+            log.info(
+                "deleted Job %s/%s: its occurrence was replaced",
+                ref.namespace,
+                ref.name,
+                extra={"action": "job_deleted", "key": occ.key, "why": "replaced"},
+            )
+
+    async def tidy(self, c: Claimed, spec: ScheduledJobSpec) -> list[tuple[str, str]]:
+        """Delete the ScheduledJob's Jobs it no longer needs (kubejob.to_delete): those of
+        occurrences Replace cancelled (foreground) and finished ones beyond the history
+        limits (background), only where the occurrence's outcome is recorded. Returns what
+        was deleted, (name, propagation) each."""
+        if self.db is None:
+            return []
+        jobs, _ = self._started()
+        existing = await jobs.list(c.namespace, kubejob.scheduledjob_selector(c.name))
+        keys = kubejob.keys_of(existing)
+        states = await kube_jobs.states(self.db, keys) if keys else {}
+        plan = kubejob.to_delete(
+            existing,
+            states,
+            owner_uid=str(c.job_id),
+            successful_limit=spec.successful_jobs_history_limit,
+            failed_limit=spec.failed_jobs_history_limit,
+        )
+        for name, propagation in plan:
+            await jobs.delete(c.namespace, name, propagation)
+            log.info(
+                "deleted Job %s/%s (%s)",
+                c.namespace,
+                name,
+                "replaced" if propagation == "Foreground" else "history limit",
+                extra={"action": "job_deleted", "job": f"{c.namespace}/{c.name}"},
+            )
+        return list(plan)
+
+    async def _tidy_logged(self, c: Claimed, spec: ScheduledJobSpec) -> None:
+        try:
+            await self.tidy(c, spec)
+        except (TargetError, DatabaseError) as e:
+            # Not the attempt's failure: the next pass (after any outcome) tries again.
+            log.warning(
+                "could not delete Jobs of %s/%s: %s",
+                c.namespace,
+                c.name,
+                e,
+                extra={"action": "job_tidy_failed", "job": f"{c.namespace}/{c.name}"},
+            )
+
+    def recorded(self, c: Claimed, spec: ScheduledJobSpec) -> None:
+        """An attempt of a job target ended and its outcome is recorded: tidy its
+        ScheduledJob's Jobs in the background, one pass at a time per ScheduledJob (a pass
+        asked for meanwhile runs once after it, with the newest spec)."""
+        uid = str(c.job_id)
+        if uid in self._tidying:
+            self._again[uid] = (c, spec)
+            return
+        self._tidying[uid] = asyncio.create_task(self._tidy_passes(uid, c, spec))
+
+    async def _tidy_passes(self, uid: str, c: Claimed, spec: ScheduledJobSpec) -> None:
+        try:
+            while True:
+                await self._tidy_logged(c, spec)
+                again = self._again.pop(uid, None)
+                if again is None:
+                    return
+                c, spec = again
+        finally:
+            self._tidying.pop(uid, None)
+
+    async def idle(self) -> None:
+        """Until no tidy pass runs (tests; a stopping worker)."""
+        while self._tidying:
+            await asyncio.gather(*self._tidying.values(), return_exceptions=True)
 
     def close(self) -> None:
+        for task in self._tidying.values():
+            task.cancel()
         if self._watcher is not None:
             self._watcher.stop()
         if self._jobs is not None:

@@ -403,6 +403,8 @@ class Worker:
     async def _execute(self, r: _Running) -> None:
         try:
             await self._attempt(r)
+            if self.kube is not None and r.spec is not None and r.spec.target.job is not None:
+                self.kube.recorded(r.claimed, r.spec)  # outcome recorded: tidy its Jobs
         finally:
             self._handler_done(r)
             # The same key may have been claimed again meanwhile (a new attempt under a
@@ -454,7 +456,7 @@ class Worker:
             job = None
             if spec.target.job is not None:
                 limit += targets.JOB_TIMEOUT_GRACE_SECONDS  # run_job's own timeout goes first
-                job = None if self.kube is None else functools.partial(self.kube.run, c)
+                job = None if self.kube is None else functools.partial(self.kube.run, c, spec)
             async with asyncio.timeout(limit):
                 await targets.run(
                     spec.target, ctx, self._client(spec, policy), c.timeout_seconds, secrets, job
