@@ -6,6 +6,8 @@ the Job controller by patching the status subresource to Complete or Failed."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import dataclasses
 import json
 import random
 import signal
@@ -21,19 +23,23 @@ from typing import Any
 import pytest
 from kubernetes import client, config
 
-from cronwell import kubejob
+from cronwell import dispatch, kubejob
 from cronwell.kubejob import Occurrence
-from cronwell.models import JobTemplate
+from cronwell.models import JobTemplate, ScheduledJobSpec
+from cronwell.store import kube_jobs
+from cronwell.store.db import Database
 from cronwell.testing.controlplane import Cluster
 from cronwell_worker.kubejob import (
     JobClient,
     JobOutcome,
     JobRef,
     JobWatcher,
+    KubeJobs,
     ensure_job,
     run_job,
 )
 from cronwell_worker.targets import TargetError
+from tests.integration.helpers import make_job, scheduler, set_cursor
 
 WORKERS = 12
 TEMPLATE = JobTemplate.model_validate(
@@ -382,3 +388,63 @@ async def test_run_job_outcomes_timeout_and_cancellation(
         # No garbage collector here: the foreground deletion stays pending, visibly.
         meta = read(kube_api, namespace, ref.name)["metadata"]
         assert meta["deletionTimestamp"] and "foregroundDeletion" in meta["finalizers"]
+
+
+async def test_a_replaced_attempt_deletes_the_job_it_made_after_the_replacing_one_looked(
+    kube: Cluster, kube_api: Any, namespace: str, db: Database
+) -> None:
+    """The race Replace leaves: an attempt claimed a moment before its occurrence was
+    replaced creates its Job only after the replacing attempt listed the Jobs. Its fenced
+    record of the Job then fails, the store says `cancelled`, and it deletes the Job
+    itself (foreground), rather than leave it running next to the replacing one."""
+    spec = {
+        "schedule": "* * * * * *",
+        "concurrencyPolicy": "Replace",
+        "target": {"job": {"jobTemplate": TEMPLATE.model_dump(by_alias=True)}},
+    }
+    await make_job(db, "late", **spec)
+    await set_cursor(db, "late", "date_trunc('second', now())")
+    sched = await scheduler(db, horizon_seconds=0.001)
+    await sched.materialise_until_idle()
+
+    async def claim() -> list[dispatch.Claimed]:
+        return await dispatch.claim(db, pool="default", worker_id="w", limit=10, lease_seconds=60)
+
+    [first] = await claim()
+    while not (replacing := await claim()):  # the next second's occurrence replaces it
+        await asyncio.sleep(0.2)
+        await sched.materialise_until_idle()
+    assert (await kube_jobs.states(db, [first.key]))[first.key] == "cancelled"
+    assert replacing[0].key != first.key
+
+    def api() -> Any:
+        return config.new_client_from_config(config_file=str(kube.kubeconfig))
+
+    kube_jobs_ = KubeJobs("default", db=db, api=api, watch_timeout_seconds=5)
+    parsed = ScheduledJobSpec.model_validate(spec)
+    assert parsed.target.job is not None
+    late = dataclasses.replace(first, namespace=namespace)
+    running = asyncio.ensure_future(kube_jobs_.run(late, parsed, parsed.target.job, 120))
+    name = kubejob.job_name("late", first.key)
+    try:
+        meta: dict[str, Any] = {}
+        for _ in range(300):
+            listed = client.BatchV1Api(kube_api).list_namespaced_job(
+                namespace, field_selector=f"metadata.name={name}"
+            )
+            meta = (
+                kube_api.sanitize_for_serialization(listed.items[0].metadata)
+                if listed.items
+                else {}
+            )
+            if meta.get("deletionTimestamp") or running.done():
+                break
+            await asyncio.sleep(0.1)
+        assert not running.done(), running.exception()  # it did not time out: it deleted
+        assert meta.get("deletionTimestamp"), f"{name} was not deleted: {meta}"
+        assert "foregroundDeletion" in meta["finalizers"]
+    finally:
+        running.cancel()
+        with contextlib.suppress(asyncio.CancelledError, TargetError):
+            await running
+        kube_jobs_.close()
