@@ -203,7 +203,9 @@ def test_replace_deletes_the_replaced_job_and_status_active_lists_the_running_on
     """Replace: the occurrence that replaces a running one deletes its Job (foreground), as
     the CronJob controller does; status.active names the running Job, as a CronJob's does."""
     apply(kube, ns, "swap", "concurrencyPolicy: Replace")
-    [first] = eventually(stack, lambda: job_names(kube, ns, "swap"), "the first Job", timeout=90)
+    listed = eventually(stack, lambda: jobs(kube, ns, "swap"), "the first Job", timeout=90)
+    by_instant = sorted(listed, key=lambda j: j["metadata"]["labels"][kubejob.LABEL_SCHEDULED_FOR])
+    first = by_instant[0]["metadata"]["name"]
     key_first = annotation(kube, ns, first, kubejob.ANNOTATION_KEY)
     # Its Job never finishes (no kubelet): the next instant replaces it.
     eventually(

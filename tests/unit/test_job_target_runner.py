@@ -3,12 +3,17 @@ clear failure (never a silent success) when the worker has no way to reach the A
 
 from __future__ import annotations
 
+import asyncio
+import uuid
 from datetime import UTC, datetime
+from types import SimpleNamespace
+from typing import Any
 
 import httpx
 import pytest
 
-from cronwell.models import Target
+from cronwell.dispatch import Claimed
+from cronwell.models import ScheduledJobSpec, Target
 from cronwell.sdk import Context
 from cronwell_worker import targets
 from cronwell_worker.kubejob import KubeJobs, load_api
@@ -80,3 +85,43 @@ def test_the_api_is_needed_only_from_the_first_job_attempt() -> None:
     kube = KubeJobs("default", api=api)
     kube.close()  # a worker that never ran a job target never touched the API
     assert made == []
+
+
+class CountingTidy(KubeJobs):
+    """KubeJobs whose tidy pass only records what it was asked (and waits to be let go)."""
+
+    def __init__(self) -> None:
+        super().__init__("default", api=lambda: None)
+        self.passes: list[int] = []
+        self.go = asyncio.Event()
+
+    async def tidy(self, c: Claimed, spec: ScheduledJobSpec) -> list[tuple[str, str]]:
+        self.passes.append(c.fence)
+        await self.go.wait()
+        return []
+
+
+def claim(fence: int, job: uuid.UUID) -> Any:
+    """What `recorded` reads of a claim (the ScheduledJob's uid), and a fence to tell
+    claims apart."""
+    return SimpleNamespace(job_id=job, fence=fence)
+
+
+async def test_tidy_passes_after_outcomes_run_one_at_a_time_per_scheduledjob() -> None:
+    """Outcomes recorded while a pass runs ask for one more pass (with the newest claim),
+    not one each; another ScheduledJob's pass runs alongside."""
+    kube = CountingTidy()
+    spec = ScheduledJobSpec.model_validate(
+        {"schedule": "* * * * *", "target": TARGET.model_dump(by_alias=True)}
+    )
+    a, b = uuid.uuid4(), uuid.uuid4()
+    for fence in (1, 2, 3, 4):
+        kube.recorded(claim(fence, a), spec)
+        await asyncio.sleep(0)
+    kube.recorded(claim(10, b), spec)
+    await asyncio.sleep(0)
+    assert kube.passes == [1, 10]
+    kube.go.set()
+    await kube.idle()
+    assert kube.passes == [1, 10, 4]
+    kube.close()
