@@ -264,8 +264,9 @@ def _job_attempt(meta: dict[str, Any]) -> int:
         return 1
 
 
-#: Occurrence states whose outcome is not recorded yet: their Jobs may still be adopted.
-UNRECORDED = frozenset({"pending", "waiting", "running"})
+#: Occurrence states that are final: the outcome is recorded, nothing adopts its Jobs any
+#: more. Any other state (pending, waiting, running, or one added later) keeps its Jobs.
+FINAL = frozenset({"succeeded", "dead", "skipped", "missed", "cancelled"})
 
 Propagation = Literal["Foreground", "Background"]
 
@@ -316,7 +317,7 @@ def to_delete(
         for job in jobs[limit:]:
             meta = job.get("metadata") or {}
             key = (meta.get("annotations") or {}).get(ANNOTATION_KEY)
-            if key is not None and states.get(key) not in UNRECORDED:
+            if key is not None and (states.get(key) is None or states.get(key) in FINAL):
                 out.append((str(meta.get("name")), "Background"))
     return out
 

@@ -323,7 +323,7 @@ def test_history_limits_delete_the_oldest_finished_jobs_of_recorded_occurrences(
     assert plan(jobs, recorded, ok=3, bad=1) == []
     # A Job whose occurrence's outcome is not recorded yet is never deleted (a successor
     # would adopt it; decision 4), but it still counts: the limit keeps the newest Jobs.
-    for state in ("running", "pending", "waiting"):
+    for state in ("running", "pending", "waiting", "a-state-added-later"):
         unrecorded = recorded | {kubejob.keys_of(jobs[:1])[0]: state}
         assert plan(jobs, unrecorded, ok=1, bad=1) == [(2, "Background")]
     # An occurrence whose row is gone (history pruned) has its outcome recorded.
