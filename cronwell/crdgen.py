@@ -186,7 +186,7 @@ SCHEDULEDJOB_COLUMNS = [
     _column("Schedule", "string", ".spec.schedule", "Cron expression (empty for runAt jobs)."),
     _column("Timezone", "string", ".spec.timeZone", "IANA zone of the schedule."),
     _column("Suspend", "boolean", ".spec.suspend", "Suspended by spec."),
-    _column("Active", "integer", ".status.active", "Occurrences running or retrying."),
+    _column("Active", "integer", ".status.activeCount", "Occurrences running or retrying."),
     _column("Last Schedule", "date", ".status.lastScheduleTime", "Latest started instant."),
     _column("Last Result", "string", ".status.lastResult", "Outcome of the latest run."),
     # A string, not a date: kubectl prints future dates as "<invalid>".

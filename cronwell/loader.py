@@ -43,9 +43,9 @@ def format_validation_error(e: pydantic.ValidationError) -> str:
 
 
 CONVERT_HINT = (
-    "rewrite it as a ScheduledJob (apiVersion: cronwell.dev/v1alpha1, kind: ScheduledJob; "
-    "spec.schedule and spec.timeZone as in the CronJob, the work as spec.target): see "
-    "docs/security.md#from-a-cronjob and examples/scheduledjobs/"
+    "convert it with `cronwell convert -f FILE` (its container becomes a job target, run as "
+    "a Kubernetes Job in a cluster), or rewrite its work as an http, handler or log target: "
+    "see docs/migrating-from-cronjob.md"
 )
 MAX_FILE_BYTES = 16 * 1024 * 1024
 """Largest file read (a bulk apply of thousands of jobs is a few MiB)."""

@@ -231,16 +231,123 @@ class LogTarget(CamelModel):
     )
 
 
+#: Label and annotation keys under this prefix are the worker's (job, instant, key, fence):
+#: a jobTemplate may not set them, so no Job can pose as another occurrence's.
+RESERVED_PREFIX = "cronwell.dev/"
+
+
+class JobTemplateMetadata(CamelModel):
+    """Labels and annotations of each Job (its name is cronwell's, from the idempotency key)."""
+
+    labels: dict[str, str] = Field(default_factory=dict, description="Labels of each Job.")
+    annotations: dict[str, str] = Field(
+        default_factory=dict, description="Annotations of each Job."
+    )
+
+    @field_validator("labels", "annotations")
+    @classmethod
+    def _not_reserved(cls, v: dict[str, str]) -> dict[str, str]:
+        taken = sorted(k for k in v if k.startswith(RESERVED_PREFIX))
+        if taken:
+            raise ValueError(
+                f"{', '.join(taken)}: keys under {RESERVED_PREFIX} are set by cronwell on every "
+                "Job; remove them from the jobTemplate"
+            )
+        return v
+
+
+_NO_TTL = (
+    "ttlSecondsAfterFinished: remove it; cronwell deletes finished Jobs itself "
+    "(successfulJobsHistoryLimit, failedJobsHistoryLimit) once their outcome is recorded, "
+    "while a TTL could delete a Job before that and a later attempt would run the "
+    "occurrence again"
+)
+
+
+class JobTemplate(CamelModel):
+    """CronJob's jobTemplate: metadata (labels, annotations) and a batch/v1 JobSpec.
+
+    The JobSpec is kept whole (`x-kubernetes-preserve-unknown-fields`) and validated by the
+    API server itself when the Job is built (server-side dry-run, fieldValidation=Strict):
+    docs/design/job-target.md says why. Only the checks below run without a cluster."""
+
+    metadata: JobTemplateMetadata = Field(default_factory=JobTemplateMetadata)
+    spec: dict[str, Any] = Field(
+        description="A batch/v1 JobSpec, as in a CronJob's jobTemplate.spec (validated by the "
+        "API server: `kubectl explain job.spec`).",
+        json_schema_extra={
+            "required": ["template"],
+            "x-kubernetes-validations": [
+                {"rule": "!has(self.ttlSecondsAfterFinished)", "message": _NO_TTL}
+            ],
+            "properties": {
+                "template": {
+                    "type": "object",
+                    "description": "The Pod template (`kubectl explain job.spec.template`).",
+                    "additionalProperties": True,
+                },
+                # Declared only so that the rule above can see it (CEL sees no unknown field).
+                "ttlSecondsAfterFinished": {
+                    "type": "integer",
+                    "description": "Not allowed: cronwell deletes finished Jobs itself.",
+                },
+            },
+        },
+    )
+
+    @field_validator("spec")
+    @classmethod
+    def _runnable(cls, v: dict[str, Any]) -> dict[str, Any]:
+        """What every Job needs, said before a cluster is involved (standalone, convert)."""
+        template = v.get("template")
+        pod = template.get("spec") if isinstance(template, dict) else None
+        if not isinstance(pod, dict):
+            raise ValueError(
+                "spec.template.spec is required: the Pod to run "
+                "(template: {spec: {containers: [{name, image}], restartPolicy: Never}})"
+            )
+        containers = pod.get("containers")
+        if (
+            not isinstance(containers, list)
+            or not containers
+            or not all(isinstance(c, dict) for c in containers)
+        ):
+            raise ValueError(
+                "spec.template.spec.containers needs at least one container: "
+                "[{name: main, image: IMAGE}]"
+            )
+        if "ttlSecondsAfterFinished" in v:
+            raise ValueError(f"spec.{_NO_TTL}")
+        if pod.get("restartPolicy") not in ("Never", "OnFailure"):
+            raise ValueError(
+                "spec.template.spec.restartPolicy must be Never or OnFailure (a Job's Pod "
+                f"may not restart Always); got {pod.get('restartPolicy')!r}"
+            )
+        return v
+
+
+class JobTarget(CamelModel):
+    """A Kubernetes Job per occurrence, named from its idempotency key: created at most once."""
+
+    job_template: JobTemplate = Field(
+        description="What each Job is: CronJob's jobTemplate ({metadata, spec})."
+    )
+
+
+TARGET_KINDS = ("http", "handler", "log", "job")
+_TARGETS_NEEDED = "target needs exactly one of http, handler, log or job"
+
+
 class Target(CamelModel):
-    """Exactly one of http, handler or log."""
+    """Exactly one of http, handler, log or job."""
 
     model_config = ConfigDict(
         json_schema_extra={
             "x-kubernetes-validations": [
                 {
-                    "rule": "[has(self.http), has(self.handler), has(self.log)]"
+                    "rule": "[has(self.http), has(self.handler), has(self.log), has(self.job)]"
                     ".filter(x, x).size() == 1",
-                    "message": "target needs exactly one of http, handler or log",
+                    "message": _TARGETS_NEEDED,
                 }
             ]
         }
@@ -249,20 +356,18 @@ class Target(CamelModel):
     http: HttpTarget | None = None
     handler: HandlerTarget | None = None
     log: LogTarget | None = None
+    job: JobTarget | None = None
 
     @model_validator(mode="after")
     def _exactly_one(self) -> Target:
-        given = [k for k in ("http", "handler", "log") if getattr(self, k) is not None]
+        given = [k for k in TARGET_KINDS if getattr(self, k) is not None]
         if len(given) != 1:
-            raise ValueError(
-                "target needs exactly one of http, handler or log"
-                + (f" (got {', '.join(given)})" if given else "")
-            )
+            raise ValueError(_TARGETS_NEEDED + (f" (got {', '.join(given)})" if given else ""))
         return self
 
     @property
     def kind(self) -> str:
-        return next(k for k in ("http", "handler", "log") if getattr(self, k) is not None)
+        return next(k for k in TARGET_KINDS if getattr(self, k) is not None)
 
 
 class ScheduledJobSpec(CamelModel):
@@ -297,7 +402,7 @@ class ScheduledJobSpec(CamelModel):
     dst_policy: DstPolicy = Field(default_factory=DstPolicy)
     start_at: datetime | None = Field(None, description="No occurrence before this instant.")
     end_at: datetime | None = Field(None, description="No occurrence after this instant.")
-    target: Target = Field(description="What runs: exactly one of http, handler or log.")
+    target: Target = Field(description="What runs: exactly one of http, handler, log or job.")
     pool: Annotated[
         str,
         Field(
@@ -455,6 +560,19 @@ class RunCounters(CamelModel):
     skipped: int = Field(0, ge=0, description="Occurrences skipped (concurrency policy).")
 
 
+MAX_ACTIVE_REFS = 10
+"""status.active lists at most this many running Jobs (status.activeCount counts them all)."""
+
+
+class JobReference(CamelModel):
+    """A running Job, as a CronJob's status.active lists it (an ObjectReference)."""
+
+    api_version: str = Field("batch/v1", max_length=64, description="Always batch/v1.")
+    kind: str = Field("Job", max_length=64, description="Always Job.")
+    name: str = Field(max_length=63, description="The Job's name.")
+    namespace: str = Field(max_length=63, description="The Job's namespace (the ScheduledJob's).")
+
+
 class ScheduledJobStatus(CamelModel):
     """What the operator reports: computed from the store, written to the status subresource."""
 
@@ -474,7 +592,15 @@ class ScheduledJobStatus(CamelModel):
         None, max_length=64, description="Duration of the latest finished run, e.g. 1.5s."
     )
     consecutive_failures: int = Field(0, ge=0, description="Dead-lettered runs in a row.")
-    active: int = Field(0, ge=0, description="Occurrences running or waiting to retry.")
+    active: list[JobReference] | None = Field(
+        None,
+        max_length=MAX_ACTIVE_REFS,
+        description="The running Jobs of a job target, as a CronJob lists them (so "
+        "`.status.active[*].name` works as for a CronJob): the newest "
+        f"{MAX_ACTIVE_REFS} at most; absent when none runs, and for other targets. "
+        "activeCount counts every active occurrence.",
+    )
+    active_count: int = Field(0, ge=0, description="Occurrences running or waiting to retry.")
     counters: RunCounters = Field(default_factory=RunCounters)
     conditions: list[Condition] = Field(
         default_factory=list,

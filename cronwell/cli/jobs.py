@@ -33,6 +33,12 @@ def load_or_fail(paths: tuple[Path, ...], *, standalone: bool = False) -> list[A
         except EgressDenied as e:
             raise click.ClickException(str(e)) from None
         for item in loaded:
+            if item.job.spec.target.job is not None:
+                errors.append(SpecError(f"{item.source} (ScheduledJob {item.job.metadata.name})"
+                                        ": spec.target.job runs a Kubernetes Job, and standalone "
+                                        "mode has no cluster: kubectl apply it to a cluster "
+                                        "running cronwell's operator",
+                                        source=item.source))  # fmt: skip
             http = item.job.spec.target.http
             if http is None:
                 continue

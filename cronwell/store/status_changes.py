@@ -45,6 +45,8 @@ class JobStatus:
     schedule_done: bool
     last_schedule_time: datetime | None
     active: int | None
+    active_jobs: list[str] | None
+    """Names of the Jobs (job targets) the running occurrences run: the newest 10."""
     succeeded: int
     dead: int
     skipped: int

@@ -32,7 +32,7 @@ SELECT j.id, j.namespace, j.name, j.generation, j.suspended, j.suspended_reason,
             THEN least(j.next_run_at, nxt.t) END AS next_schedule_time,
        (j.next_run_at IS NULL AND nxt.t IS NULL) AS schedule_done,
        ls.t AS last_schedule_time,
-       c.active, coalesce(t.succeeded_total, 0) AS succeeded,
+       c.active, c.active_jobs, coalesce(t.succeeded_total, 0) AS succeeded,
        coalesce(t.dead_total, 0) AS dead, coalesce(t.skipped_total, 0) AS skipped,
        t.last_successful_at AS last_successful_time, coalesce(t.failed_total, 0) AS failed,
        t.last_failure_at AS last_failure_time, t.last_error,
@@ -53,8 +53,14 @@ LEFT JOIN LATERAL (
     SELECT o.scheduled_for AS t FROM cronwell_occurrences o
     WHERE o.job_id = j.id AND o.started_at IS NOT NULL
     ORDER BY o.scheduled_for DESC LIMIT 1) ls ON true
+-- Active occurrences, and the Jobs (job targets) the running ones' attempts recorded: the
+-- newest 10 by nominal instant (status.active is bounded), from the same rows.
 LEFT JOIN LATERAL (
-    SELECT count(*) AS active FROM cronwell_occurrences o
+    SELECT count(*) AS active,
+           (array_agg(o.job_name ORDER BY o.scheduled_for DESC, o.id DESC)
+                FILTER (WHERE o.state = 'running' AND o.job_fence = o.fence))[1:10]
+               AS active_jobs
+    FROM cronwell_occurrences o
     WHERE o.job_id = j.id
       AND (o.state = 'running' OR (o.state = 'pending' AND o.attempt > 0))) c ON true
 -- The last result: the newest finished occurrence by nominal instant.

@@ -21,6 +21,7 @@ from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 from urllib3.exceptions import HTTPError
 
+from cronwell import kubejson
 from cronwell.errors import ApiUnavailable, CronwellError
 from cronwell.models import GROUP, VERSION
 
@@ -43,6 +44,10 @@ class KubeNotFound(KubeError):
 
 class KubeConflict(KubeError):
     """Optimistic concurrency: the object changed since it was read, or already exists."""
+
+
+class KubeInvalid(KubeError):
+    """The API server refused the object itself (400/422): its message says why."""
 
 
 class KubeUnavailable(KubeError, ApiUnavailable):
@@ -107,6 +112,28 @@ class Kube:
         try:
             return await loop.run_in_executor(pool, functools.partial(fn, *args, **kwargs))
         except (ApiException, HTTPError, OSError) as e:
+            raise _translate(e, what) from e
+
+    async def dry_run_job(self, job: dict[str, Any]) -> None:
+        """Create `job` with dryRun=All and fieldValidation=Strict (the worker's own request,
+        cronwell.kubejson): the API server runs its schema, its rules and the cluster's
+        admission, and stores nothing. KubeInvalid carries its message."""
+        meta = job["metadata"]
+        what = f"dry-run create Job {meta['namespace']}/{meta['name']}"
+        query = [("fieldValidation", "Strict"), ("dryRun", "All")]
+        call = functools.partial(
+            kubejson.request, self.api, "POST", kubejson.jobs_path(meta["namespace"]), query, job
+        )
+        try:
+            await asyncio.get_running_loop().run_in_executor(self._bulk, call)
+        except ApiException as e:
+            if e.status == 409:
+                return  # a Job of that name exists: the rest of it was valid
+            if e.status in (400, 422):
+                message = kubejson.api_message(e) or f"HTTP {e.status}"
+                raise KubeInvalid(message, status=e.status) from None
+            raise _translate(e, what) from e
+        except (HTTPError, OSError) as e:
             raise _translate(e, what) from e
 
     # -- ScheduledJobs

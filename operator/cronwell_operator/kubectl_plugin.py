@@ -325,7 +325,8 @@ def status_lines(obj: dict[str, Any]) -> list[str]:
         f"  last run:    {st.get('lastScheduleTime') or '-'}: {last}",
         f"  last success {st.get('lastSuccessfulTime') or '-'}, last failure "
         f"{st.get('lastFailureTime') or '-'}",
-        f"  active {st.get('active', 0)}, failures in a row {st.get('consecutiveFailures', 0)}; "
+        f"  active {st.get('activeCount', 0)}, "
+        f"failures in a row {st.get('consecutiveFailures', 0)}; "
         + ", ".join(
             f"{k}={counters.get(k, 0)}"
             for k in ("succeeded", "failed", "dead", "missed", "skipped")

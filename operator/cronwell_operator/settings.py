@@ -114,6 +114,12 @@ class WebhookSettings(BaseSettings):
         description="How long the WorkerPool names listed for admission are reused (one "
         "list per few seconds keeps admission fast during a bulk apply).",
     )
+    job_namespaces: list[str] = Field(
+        default_factory=list,
+        description="Namespaces where the workers may create Jobs (the chart's "
+        "jobTarget.namespaces, each with a Role for the workers and the operator): a job "
+        "target elsewhere is refused; '*' allows any (a cluster-wide grant, local runs).",
+    )
     max_occurrences_per_hour: int = Field(
         60_000,
         ge=1,

@@ -10,7 +10,14 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from cronwell.conditions import condition
-from cronwell.models import Condition, LastResult, RunCounters, ScheduledJobStatus
+from cronwell.models import (
+    MAX_ACTIVE_REFS,
+    Condition,
+    JobReference,
+    LastResult,
+    RunCounters,
+    ScheduledJobStatus,
+)
 from cronwell.schedule import format_instant
 
 if TYPE_CHECKING:  # the store's row types only: this module does no I/O
@@ -127,6 +134,8 @@ def build_status(
     else:
         dead = cond("DeadLettered", False, "NoDeadLetters", "the latest run was not dead-lettered")
 
+    # The running Jobs of a job target (names the workers recorded); none for others.
+    refs = [JobReference(name=n, namespace=row.namespace) for n in row.active_jobs or []]
     status = ScheduledJobStatus(
         observed_generation=gen,
         next_schedule_time=_utc(row.next_schedule_time),
@@ -138,7 +147,8 @@ def build_status(
             float(row.last_duration_seconds) if row.last_duration_seconds is not None else None
         ),
         consecutive_failures=failures,
-        active=row.active or 0,
+        active=refs[:MAX_ACTIVE_REFS] or None,
+        active_count=row.active or 0,
         counters=RunCounters(
             succeeded=row.succeeded,
             failed=row.failed,

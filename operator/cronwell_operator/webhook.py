@@ -24,6 +24,14 @@ message names the field and the fix, as `cronwell apply` does (the same
   (WorkerPool `namespaces`/`namespaceSelector`/`handlers`; static pools' from settings).
   Checked when the pool or the handler is new or changed; the workers check again.
 
+- **job**: a `job` target's namespace is one where the workers may create Jobs (setting
+  `webhook_job_namespaces`, the chart's `jobTarget.namespaces`), and the Job the worker
+  would build from `jobTemplate` (kubejob.manifest) passes a server-side dry-run create
+  (the API server's schema with fieldValidation=Strict, its own rules and the cluster's
+  admission). Checked when the job target is new or changed; a dry-run that cannot be
+  made (RBAC, outage) allows with a warning, and the worker reports the API server's
+  answer when it creates the Job.
+
 Secret references (`headers[].valueFrom.secretKeyRef`) have no namespace field: the Secret
 is always in the ScheduledJob's own namespace (the schema forbids anything else).
 
@@ -51,15 +59,17 @@ import logging
 import subprocess
 import tempfile
 import time
+import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import kopf
 import pydantic
 
-from cronwell import cronexpr, tenancy
+from cronwell import cronexpr, kubejob, tenancy
 from cronwell.egress import EgressDenied, EgressPolicy, NamespaceEgress
 from cronwell.errors import CronwellError
 from cronwell.loader import format_validation_error
@@ -68,7 +78,7 @@ from cronwell.models import GROUP, ScheduledJob
 from cronwell.settings import EgressSettings
 from cronwell.store import jobs as store_jobs
 from cronwell.store.db import Database
-from cronwell_operator.kube import Kube, KubeNotFound
+from cronwell_operator.kube import Kube, KubeInvalid, KubeNotFound
 from cronwell_operator.settings import OperatorSettings
 
 log = logging.getLogger(__name__)
@@ -86,7 +96,7 @@ _HINTS = {
 @dataclass(frozen=True)
 class Verdict:
     """One review's answer: `denial` is the message (None: allowed); `reason` the class
-    counted in metrics (none, spec, payload, pool, rate, egress, tenancy; unchecked when a
+    counted in metrics (none, spec, payload, pool, rate, egress, tenancy, job; unchecked when a
     rule could not be evaluated)."""
 
     denial: str | None = None
@@ -217,6 +227,11 @@ class Admission:
             verdict = await self._check_pool(parsed, meta, warnings, known=pool_changed)
             if verdict is not None:
                 return verdict
+        new_job = ((body.get("spec") or {}).get("target") or {}).get("job")
+        if parsed.spec.target.job is not None and new_job != old_target.get("job"):
+            verdict = await self._check_job(parsed, body, warnings)
+            if verdict is not None:
+                return verdict
         rate = await self._check_rate(parsed, body, old_spec, warnings)
         if rate is not None:
             return rate
@@ -245,6 +260,49 @@ class Admission:
             self.egress.for_namespace(ns).check_url(http.url)
         except EgressDenied as e:
             return Verdict(f"ScheduledJob {name}: {e}", "egress")
+        return None
+
+    # -- job target
+
+    async def _check_job(
+        self, job: ScheduledJob, body: Mapping[str, Any], warnings: list[str]
+    ) -> Verdict | None:
+        target = job.spec.target.job
+        assert target is not None
+        name, namespace = job.metadata.name, job.metadata.namespace
+        allowed = self.settings.webhook.job_namespaces
+        if "*" not in allowed and namespace not in allowed:
+            return Verdict(
+                f"ScheduledJob {name}: spec.target.job: the workers may not create Jobs in "
+                f"namespace {namespace}: add {namespace} to jobTarget.namespaces in the chart's "
+                "values (a Role there lets the workers create, get, list, watch and delete "
+                "Jobs) and upgrade the release, then apply again",
+                "job",
+            )
+        uid = (body.get("metadata") or {}).get("uid") or str(uuid.UUID(int=0))
+        occ = kubejob.Occurrence(
+            namespace=namespace,
+            scheduledjob=name,
+            scheduledjob_uid=uid,
+            pool=job.spec.pool,
+            key=f"{uid}:dry-run",
+            scheduled_for=datetime.now(UTC).replace(microsecond=0),
+            attempt=1,
+            fence=1,
+        )
+        try:
+            await self.kube.dry_run_job(kubejob.manifest(target.job_template, occ, 1))
+        except KubeInvalid as e:
+            return Verdict(
+                f"ScheduledJob {name}: spec.target.job.jobTemplate: the API server refuses "
+                f"the Job it makes: {e} (`kubectl explain job.spec` lists the fields)",
+                "job",
+            )
+        except CronwellError as e:
+            warnings.append(
+                f"spec.target.job.jobTemplate not checked (its Job's dry-run failed: {e}): "
+                "the worker reports any refusal at run time"
+            )
         return None
 
     # -- pool

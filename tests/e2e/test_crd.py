@@ -61,7 +61,10 @@ def test_printer_columns_and_status_subresource(kube: Cluster, crd: str, namespa
     kube.kubectl("apply", "-n", namespace, "-f", "-", input=sj("cols", 'schedule: "0 * * * *"\n'
                  "target: {log: {}}"))  # fmt: skip
     status = {
-        "active": 1,
+        "activeCount": 1,
+        "active": [
+            {"apiVersion": "batch/v1", "kind": "Job", "name": "cols-abc", "namespace": namespace}
+        ],
         "lastScheduleTime": "2026-01-01T00:00:00Z",
         "lastResult": "Succeeded",
         "nextScheduleTime": "2030-01-01T01:00:00Z",
@@ -93,9 +96,20 @@ def test_printer_columns_and_status_subresource(kube: Cluster, crd: str, namespa
     # Status written through the main resource is ignored (subresource semantics).
     kube.kubectl(
         "patch", "sj", "cols", "-n", namespace, "--type=merge",
-        "-p", json.dumps({"status": {"active": 99}}),
+        "-p", json.dumps({"status": {"activeCount": 99}}),
     )  # fmt: skip
-    assert get(kube, "sj", "cols", "-n", namespace)["status"]["active"] == 1
+    assert get(kube, "sj", "cols", "-n", namespace)["status"]["activeCount"] == 1
+    # status.active lists Jobs as a CronJob's does: `.status.active[*].name` scripts work.
+    names = kube.kubectl(
+        "get", "sj", "cols", "-n", namespace, "-o", "jsonpath={.status.active[*].name}"
+    ).stdout
+    assert names == "cols-abc"
+    with pytest.raises(KubectlError, match=r"status.active: Too many: 11: must have at most 10"):
+        refs = [{"name": f"cols-{i}", "namespace": namespace} for i in range(11)]
+        kube.kubectl(
+            "patch", "sj", "cols", "-n", namespace, "--subresource=status", "--type=merge",
+            "-p", json.dumps({"status": {"active": refs}}),
+        )  # fmt: skip
 
 
 REJECTED = [
@@ -118,12 +132,13 @@ REJECTED = [
     ),
     pytest.param(
         'schedule: "@daily"\ntarget: {log: {}, handler: {name: x}}',
-        'spec.target: Invalid value: "object": target needs exactly one of http, handler or log',
+        'spec.target: Invalid value: "object": target needs exactly one of http, handler, log '
+        "or job",
         id="two-targets",
     ),
     pytest.param(
         'schedule: "@daily"\ntarget: {}',
-        "target needs exactly one of http, handler or log",
+        "target needs exactly one of http, handler, log or job",
         id="no-target",
     ),
     pytest.param(

@@ -51,7 +51,9 @@ def operator(
     args += ["--webhook-host", "127.0.0.1", "--webhook-cert-dir", str(tmp / "certs")]
     args += ["--pool", "default", "--pool", "batch", "--pool-namespaces", f"batch={ns}"]
     args += ["--webhook-max-occurrences-per-hour", str(RATE_CAP)]
-    op = OperatorProcess(kube.kubeconfig, store, tmp / "operator.log", args=args)
+    # Job targets may run in `ns` only (the chart's jobTarget.namespaces).
+    env = {"CRONWELL_OPERATOR_WEBHOOK_JOB_NAMESPACES": json.dumps([ns])}
+    op = OperatorProcess(kube.kubeconfig, store, tmp / "operator.log", args=args, env=env)
     try:
         op.start().wait_ready(120)
         # kopf creates/patches the ValidatingWebhookConfiguration once its server listens.
@@ -207,6 +209,44 @@ def test_good_specs_and_edits_pass_and_are_reconciled(
     # Metadata-only changes and deletion are never blocked.
     kube.kubectl("annotate", "sj", "good", "-n", ns, "cronwell.dev/trigger=now")
     kube.kubectl("delete", "sj", "good", "-n", ns, "--timeout=60s")
+
+
+def job_target(spec: str) -> str:
+    """A job target whose Job's spec holds `spec` (YAML flow mapping entries) too."""
+    return (
+        'schedule: "@hourly"\ntarget: {job: {jobTemplate: {spec: {' + spec + "template: {spec: "
+        "{restartPolicy: Never, containers: [{name: main, image: report:1}]}}}}}}"
+    )
+
+
+def test_a_job_target_is_checked_by_a_dry_run_of_its_job(
+    kube: Cluster, ns: str, rate_ns: str, operator: OperatorProcess
+) -> None:
+    # A namespace the workers may not create Jobs in: refused, with the fix.
+    stderr = refused(kube, rate_ns, sj("report", job_target("")))
+    assert (
+        DENIED
+        + (
+            f"ScheduledJob report: spec.target.job: the workers may not create Jobs in namespace "
+            f"{rate_ns}: add {rate_ns} to jobTarget.namespaces in the chart's values"
+        )
+        in stderr
+    ), stderr
+    # What only the API server knows: a misspelt field, duplicate container names.
+    stderr = refused(kube, ns, sj("report", job_target("backOffLimit: 2, ")))
+    assert DENIED + "ScheduledJob report: spec.target.job.jobTemplate: the API server " in stderr
+    assert 'strict decoding error: unknown field "spec.backOffLimit"' in stderr, stderr
+    twice = job_target("").replace(
+        "containers: [{name: main, image: report:1}]",
+        "containers: [{name: main, image: report:1}, {name: main, image: report:2}]",
+    )
+    stderr = refused(kube, ns, sj("report", twice))
+    assert "spec.target.job.jobTemplate" in stderr and "Duplicate value" in stderr, stderr
+    # A good one is admitted; the dry-run stored no Job.
+    applied(kube, ns, sj("report", job_target("backoffLimit: 2, ")))
+    jobs = json.loads(kube.kubectl("get", "jobs", "-n", ns, "-o", "json").stdout)["items"]
+    assert jobs == []
+    kube.kubectl("delete", "sj", "report", "-n", ns, "--timeout=60s")
 
 
 def _review(port: int, certs: Path, namespace: str, manifest: str) -> dict[str, Any]:

@@ -80,6 +80,22 @@ def test_apply_refuses_a_cron_that_never_fires_in_one_line(db_url: str, tmp_path
     assert "default/feb30" not in cli("jobs", url=db_url).stdout
 
 
+def test_standalone_refuses_a_job_target(db_url: str, tmp_path: Path) -> None:
+    (tmp_path / "report.yaml").write_text(
+        "apiVersion: cronwell.dev/v1alpha1\nkind: ScheduledJob\nmetadata: {name: report}\n"
+        "spec: {schedule: '@hourly', target: {job: {jobTemplate: {spec: {template: {spec: "
+        "{restartPolicy: Never, containers: [{name: main, image: report:1}]}}}}}}}\n"
+    )
+    r = cli("apply", "-f", str(tmp_path), url=db_url)
+    assert r.returncode == 1 and "Traceback" not in r.stderr
+    assert (
+        f"{tmp_path / 'report.yaml'} (ScheduledJob report): spec.target.job runs a Kubernetes "
+        "Job, and standalone mode has no cluster: kubectl apply it to a cluster running "
+        "cronwell's operator" in r.stderr
+    )
+    assert "default/report" not in cli("jobs", url=db_url).stdout
+
+
 def test_unreachable_database_is_one_clear_line() -> None:
     r = cli("jobs", url="postgresql://nobody:secret@127.0.0.1:1/nothing")
     assert r.returncode == 1
@@ -230,3 +246,45 @@ def test_partition_count_lives_in_the_store(empty_db_url: str, tmp_path: Path) -
     assert "partitions (8)" in status.stdout
     bad = cli("partitions", "set", "0", url=empty_db_url)
     assert bad.returncode == 2 and "Traceback" not in bad.stderr
+
+
+FIXTURES = REPO / "tests" / "fixtures" / "cronjobs"
+
+
+def test_convert_prints_scheduledjobs_that_apply_and_warns_on_stderr(
+    tmp_path: Path,
+) -> None:
+    import yaml
+
+    r = cli("convert", "-f", str(FIXTURES / "hello.yaml"), "-f",
+            str(FIXTURES / "kubectl-get-all-namespaces.yaml"))  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    docs = list(yaml.safe_load_all(r.stdout))
+    assert [d["metadata"]["name"] for d in docs] == ["hello", "report", "cleanup-tmp"]
+    assert all(d["kind"] == "ScheduledJob" and "job" in d["spec"]["target"] for d in docs)
+    assert "warning:" not in r.stdout and "converted 3 CronJob(s)" in r.stderr
+    assert (
+        "kubectl-get-all-namespaces.yaml.items[1] (CronJob cleanup.tmp): metadata.name: "
+        "renamed 'cleanup.tmp' to 'cleanup-tmp'" in r.stderr
+    )
+    # What it prints is what the loader reads (stdin works as a source too).
+    (tmp_path / "out.yaml").write_text(r.stdout)
+    again = subprocess.run(
+        [sys.executable, "-m", "cronwell", "convert", "-f", "-"],
+        input=(FIXTURES / "hello.yaml").read_text(),
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert again.returncode == 0 and yaml.safe_load(again.stdout) == docs[0]
+    from cronwell.loader import load
+
+    loaded, errors = load([tmp_path / "out.yaml"])
+    assert errors == [] and len(loaded) == 3
+
+
+def test_convert_prints_nothing_when_a_document_is_not_a_cronjob(tmp_path: Path) -> None:
+    r = cli("convert", "-f", str(FIXTURES))
+    assert r.returncode == 1 and r.stdout == "" and "Traceback" not in r.stderr
+    assert "stream.yaml#3: ConfigMap settings is not a CronJob" in r.stderr
+    assert "1 document(s) not converted; nothing printed" in r.stderr
+    missing = cli("convert", "-f", str(tmp_path / "nope.yaml"))
+    assert missing.returncode == 1 and f"{tmp_path / 'nope.yaml'}: no such file" in missing.stderr

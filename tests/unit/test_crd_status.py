@@ -39,6 +39,7 @@ def row(**over: Any) -> JobStatus:
         "schedule_done": False,
         "last_schedule_time": None,
         "active": 0,
+        "active_jobs": None,
         "succeeded": 0,
         "dead": 0,
         "skipped": 0,
@@ -243,3 +244,29 @@ def test_a_failing_ready_posts_one_warning_per_transition() -> None:
     # recovering posts no Warning
     ok = status_build.build_status(row(), previous=cron, spec_error=None, now=NOW)
     assert status_build.transition_events(cron, ok) == []
+
+
+def test_active_lists_the_running_jobs_as_a_cronjob_does() -> None:
+    """status.active: object references of the running Jobs (newest first, as the store
+    returns them, at most 10); the count of every active occurrence is activeCount."""
+    names = [f"report-{i}" for i in range(12)]
+    st = status_build.build_status(
+        row(active=14, active_jobs=names, namespace="billing"),
+        previous=None,
+        spec_error=None,
+        now=NOW,
+    )
+    ScheduledJobStatus.model_validate(st)
+    assert st["activeCount"] == 14
+    assert st["active"] == [
+        {"apiVersion": "batch/v1", "kind": "Job", "name": n, "namespace": "billing"}
+        for n in names[:10]
+    ]
+    # Nothing runs as a Job (another target, or between claim and create): the field is
+    # removed (None in a merge patch), the count stays.
+    for none in (None, []):
+        st = status_build.build_status(
+            row(active=2, active_jobs=none), previous=None, spec_error=None, now=NOW
+        )
+        assert st["active"] is None and st["activeCount"] == 2
+    assert status_build.same_status(st, {**st, "active": None})

@@ -161,10 +161,11 @@ def test_a_cronjob_says_how_to_convert_it(tmp_path: Path) -> None:
     )
     result = _apply(f)
     assert result.exit_code == 1
-    assert f"error: {f}#1: kind CronJob is not a ScheduledJob: rewrite it as a ScheduledJob" in (
-        result.output
+    assert (
+        f"error: {f}#1: kind CronJob is not a ScheduledJob: convert it with `cronwell convert "
+        "-f FILE`" in result.output
     )
-    assert "docs/security.md#from-a-cronjob" in result.output
+    assert "docs/migrating-from-cronjob.md" in result.output
     assert "1 invalid document(s); nothing applied" in result.output
     assert "cannot connect" not in result.output  # the good document was not applied either
 

@@ -50,7 +50,7 @@ def errors_for(tmp_path: Path, spec: dict[str, object]) -> str:
         ({"startingDeadlineSeconds": 0}, "spec.startingDeadlineSeconds"),
         ({"schedul": "* * * * *"}, "unknown field 'schedul'"),
         ({"concurrencyPolicy": "Sometimes"}, "spec.concurrencyPolicy: Input should be 'Skip'"),
-        ({"target": {}}, "target needs exactly one of http, handler or log"),
+        ({"target": {}}, "target needs exactly one of http, handler, log or job"),
         ({"target": {"log": {}, "http": {"url": "http://x"}}}, "(got http, log)"),
         ({"target": {"http": {"url": "ftp://x"}}}, "spec.target.http.url"),
         (

@@ -31,6 +31,7 @@ from cronwell.metrics import Metrics
 from cronwell.scheduler import Scheduler
 from cronwell.settings import SchedulerSettings, WorkerSettings
 from cronwell.store import processes
+from cronwell_worker.kubejob import KubeJobs
 from cronwell_worker.outbox import HttpPublisher, Relay, RelaySettings, load_hook
 from cronwell_worker.runtime import Outcome, Worker
 
@@ -110,7 +111,7 @@ def worker(
         async with env.database(max_size=8, migrate_first=True) as db:
             metrics = Metrics()
             metrics.serve(metrics_port)
-            w = Worker(db, settings, metrics=metrics)
+            w = Worker(db, settings, metrics=metrics, kube=KubeJobs(settings.pool, db=db))
             stoppers.append(w.stop)
             if outbox_url is None:
                 await w.run()

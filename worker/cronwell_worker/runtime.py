@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import random
 import time
@@ -56,6 +57,7 @@ from cronwell.store import policies as store_policies
 from cronwell.store.db import Database
 from cronwell.supervise import Backoff, Supervisor
 from cronwell_worker import egress, targets
+from cronwell_worker.kubejob import KubeJobs
 
 log = logging.getLogger("cronwell.worker")
 
@@ -128,10 +130,13 @@ class Worker:
         metrics: Metrics | None = None,
         egress: EgressPolicy | None = None,
         secrets: SecretBox | None = None,
+        kube: KubeJobs | None = None,
     ):
         """`egress` is the cluster's policy (default: CRONWELL_EGRESS_*); `secrets` the key
-        of Secret-backed header values (default: CRONWELL_SECRETS_KEY[_FILE], if set)."""
+        of Secret-backed header values (default: CRONWELL_SECRETS_KEY[_FILE], if set);
+        `kube` runs `job` targets (None: no cluster, as in standalone mode; refused)."""
         self.db = db
+        self.kube = kube
         self.egress = egress if egress is not None else EgressSettings().policy()
         if secrets is None:
             ss = SecretsSettings()
@@ -198,6 +203,8 @@ class Worker:
                 await processes.delete(self.db, self.id)
             for client in self._clients.values():
                 await client.aclose()
+            if self.kube is not None:
+                self.kube.close()
             log.info("worker stopped", extra={"action": "worker_stop", "worker": self.id})
 
     def stop(self) -> None:
@@ -422,6 +429,8 @@ class Worker:
         try:
             if await self._begin(r):
                 await self._attempt(r)
+                if self.kube is not None and r.spec is not None and r.spec.target.job is not None:
+                    self.kube.recorded(r.claimed, r.spec)  # outcome recorded: tidy its Jobs
         finally:
             self._handler_done(r)
             # The same key may have been claimed again meanwhile (a new attempt under a
@@ -505,9 +514,14 @@ class Worker:
             if isinstance(admitted, Exception):
                 raise admitted
             policy, secrets = admitted or await self._admit(c, spec)
-            async with asyncio.timeout(c.timeout_seconds):
+            limit = float(c.timeout_seconds)
+            job = None
+            if spec.target.job is not None:
+                limit += targets.JOB_TIMEOUT_GRACE_SECONDS  # run_job's own timeout goes first
+                job = None if self.kube is None else functools.partial(self.kube.run, c, spec)
+            async with asyncio.timeout(limit):
                 await targets.run(
-                    spec.target, ctx, self._client(spec, policy), c.timeout_seconds, secrets
+                    spec.target, ctx, self._client(spec, policy), c.timeout_seconds, secrets, job
                 )
         except asyncio.CancelledError:
             ctx.cancel()

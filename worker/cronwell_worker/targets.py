@@ -9,7 +9,7 @@ import logging
 import os
 import re
 import threading
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 import httpx
@@ -17,11 +17,18 @@ import httpx
 from cronwell import sdk
 from cronwell.egress import EgressDenied
 from cronwell.errors import LeaseLost
-from cronwell.models import HttpTarget, Target
+from cronwell.models import HttpTarget, JobTarget, Target
 from cronwell.schedule import format_instant
 from cronwell.sdk import Context
 
 log = logging.getLogger("cronwell.job")
+
+JobRunner = Callable[[JobTarget, float], Awaitable[None]]
+"""How this worker runs a `job` target for the attempt at hand (its Kubernetes Job)."""
+
+JOB_TIMEOUT_GRACE_SECONDS = 30.0
+"""How much longer than timeoutSeconds the runtime lets a `job` attempt run: run_job's own
+timeout deletes the overrunning Job first; the runtime's would leave it running."""
 _ENV_REF = re.compile(r"\$\{env:([A-Za-z_][A-Za-z0-9_]*)\}")
 
 
@@ -217,9 +224,21 @@ async def run(
     client: httpx.AsyncClient,
     timeout_seconds: float,
     secrets: Mapping[str, str] | None = None,
+    job: JobRunner | None = None,
 ) -> None:
-    """Run one attempt of `target`."""
-    if target.http is not None:
+    """Run one attempt of `target`. `job` runs a `job` target (None: this worker has no
+    cluster, as in standalone mode, and refuses it)."""
+    if target.job is not None:
+        if job is None:
+            raise TargetError(
+                "a job target runs a Kubernetes Job: standalone mode (no cluster) cannot run "
+                "it; apply the ScheduledJob to a cluster with cronwell's operator and workers",
+                retryable=False,
+                sent=False,
+                reason="InvalidTarget",
+            )
+        await job(target.job, timeout_seconds)
+    elif target.http is not None:
         await run_http(target.http, ctx, client, timeout_seconds, secrets)
     elif target.handler is not None:
         ctx.payload = dict(target.handler.payload)

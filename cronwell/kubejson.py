@@ -1,0 +1,57 @@
+"""Plain JSON requests to the Kubernetes API through a `kubernetes` ApiClient (its
+connection, auth and TLS), for the worker's Jobs and the webhook's dry-run of them.
+
+Not the client's typed methods: those validate a body against the client's own copy of
+the object's schema before sending it (pydantic `validate_call`), which would refuse or
+drop a field that the cluster's Kubernetes knows and the client's does not. Sync: callers
+run it in a thread."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+
+
+def request(
+    api: client.ApiClient,
+    method: str,
+    path: str,
+    query: list[tuple[str, str]] | None = None,
+    body: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """The decoded answer; ApiException (with the body, for `api_message`) on non-2xx."""
+    headers = {"Accept": "application/json"}
+    if body is not None:
+        headers["Content-Type"] = "application/json"
+    params = api.param_serialize(
+        method=method,
+        resource_path=path,
+        query_params=query or [],
+        header_params=headers,
+        body=body,
+        auth_settings=["BearerToken"],
+    )
+    response = api.call_api(*params)
+    response.read()  # type: ignore[no-untyped-call]
+    text = response.data.decode() if response.data else ""
+    if not 200 <= response.status <= 299:
+        raise ApiException(status=response.status, reason=response.reason, body=text)
+    data: dict[str, Any] = json.loads(text) if text else {}
+    return data
+
+
+def api_message(e: ApiException) -> str:
+    """The API server's own message in an error answer ("" when it has none)."""
+    body = e.body.decode() if isinstance(e.body, bytes) else str(e.body or "")
+    try:
+        return str(json.loads(body).get("message", ""))
+    except (ValueError, AttributeError):
+        return ""
+
+
+def jobs_path(namespace: str, name: str | None = None) -> str:
+    path = f"/apis/batch/v1/namespaces/{namespace}/jobs"
+    return f"{path}/{name}" if name else path
