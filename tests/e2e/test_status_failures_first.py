@@ -148,7 +148,8 @@ async def test_with_a_backlog_a_running_job_is_written_after_the_finished_ones(
         order: list[str] = []  # CRs in the order their status appeared (writes are 4 s apart)
         while len(order) < len(names):
             done = task.done()
-            order += sorted(n for n, st in statuses(kube, ns).items() if st and n not in order)
+            shown = statuses(kube, ns)
+            order += sorted(n for n in names if shown.get(n) and n not in order)
             if done:
                 break
             await asyncio.sleep(0.2)
