@@ -71,18 +71,26 @@ RETURNING o.idempotency_key;
 -- name: LeaseReap
 -- Expired leases: the attempt's outcome is unknown. AtLeastOnce re-runs it under the same
 -- key (pending); AtMostOnce never does (dead, Ambiguous); exhausted attempts are dead.
+-- Except a `job` target (AtLeastOnce): its Job runs on without the worker, so it is pending
+-- whatever attempts are left, and the next claim adopts the Job and records how it ends
+-- (a claim past max_attempts only adopts: kubejob.next_step).
 WITH expired AS (
-    SELECT id FROM cronwell_occurrences
-    WHERE state = 'running' AND lease_expires_at < now()
-    ORDER BY lease_expires_at LIMIT %(limit)s FOR UPDATE SKIP LOCKED),
+    SELECT o.id, o.delivery <> 'AtMostOnce'
+                 AND coalesce((SELECT jsonb_typeof(j.spec -> 'target' -> 'job') = 'object'
+                               FROM cronwell_jobs j WHERE j.id = o.job_id), false) AS adopt
+    FROM cronwell_occurrences o
+    WHERE o.state = 'running' AND o.lease_expires_at < now()
+    ORDER BY o.lease_expires_at LIMIT %(limit)s FOR UPDATE OF o SKIP LOCKED),
 reaped AS (
     UPDATE cronwell_occurrences o
-    SET state = CASE WHEN o.delivery = 'AtMostOnce' OR o.attempt >= o.max_attempts
+    SET state = CASE WHEN o.delivery = 'AtMostOnce'
+                          OR (o.attempt >= o.max_attempts AND NOT e.adopt)
                      THEN 'dead' ELSE 'pending' END,
         reason = CASE WHEN o.delivery = 'AtMostOnce' THEN 'Ambiguous'
-                      WHEN o.attempt >= o.max_attempts THEN 'AttemptsExhausted'
+                      WHEN o.attempt >= o.max_attempts AND NOT e.adopt THEN 'AttemptsExhausted'
                       ELSE 'LeaseExpired' END,
-        finished_at = CASE WHEN o.delivery = 'AtMostOnce' OR o.attempt >= o.max_attempts
+        finished_at = CASE WHEN o.delivery = 'AtMostOnce'
+                                OR (o.attempt >= o.max_attempts AND NOT e.adopt)
                            THEN now() END,
         last_error = 'lease expired on worker ' || coalesce(o.worker_id, '?'),
         run_at = now(), lease_expires_at = NULL

@@ -473,6 +473,7 @@ class KubeJobs:
             scheduled_for=c.scheduled_for,
             attempt=c.attempt,
             fence=c.fence,
+            max_attempts=c.max_attempts,
         )
         await run_job(jobs, watcher, target.job_template, occ, timeout_seconds)
 
