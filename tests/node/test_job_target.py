@@ -399,15 +399,12 @@ def test_runs_record_each_jobs_outcome_and_failure_message(node: Node, observed:
     assert last == want
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="known gap: the converted CronJob has retry.maxAttempts 1 and the lease reaper "
-    "counts the killed worker's claim as the attempt, so the instant is dead "
-    "(AttemptsExhausted, lease expired) while its Job runs on to Complete or Failed",
-)
 def test_an_instant_whose_worker_was_killed_records_its_jobs_outcome(
     observed: Observed,
 ) -> None:
+    """The killed worker's claim was the converted CronJob's only attempt (maxAttempts 1);
+    its lease expired, a successor adopted the Job and recorded how it ended (LeaseReap,
+    kubejob.next_step), and no second Job ran (the one-Job test)."""
     wrong = [
         (r["idempotency_key"], r["state"], r["reason"], kubejob.state(job)[0])
         for due in observed.due.values()
