@@ -99,6 +99,9 @@ class Occurrence:
     attempt: int
     """The claim's attempt (every claim counts, lease takeovers too): an annotation only."""
     fence: int
+    max_attempts: int | None = None
+    """The occurrence's attempts (retry.maxAttempts): at most this many Jobs. A claim past it
+    exists only because a lease expired (LeaseReap), to adopt the Job and record its end."""
 
     def selector(self) -> str:
         """Label selector of every Job of this occurrence, whatever its job attempt."""
@@ -230,8 +233,11 @@ def next_step(existing: list[dict[str, Any]], occ: Occurrence) -> Adopt | Create
     watches the Job its predecessor created, it does not start a second one. Only when every
     Job of the key failed does the attempt create the next one, numbered one past the
     highest; racing attempts compute the same number, so the API server lets one through.
+    Never more Jobs than `occ.max_attempts`: past it the last failed Job is adopted, so a
+    claim that took over an expired lease records that Job's failure instead of running
+    the container again.
     """
-    highest = 0
+    highest, last = 0, ""
     for job in existing:
         meta = job.get("metadata") or {}
         if not owned_by(meta, occ):
@@ -242,7 +248,10 @@ def next_step(existing: list[dict[str, Any]], occ: Occurrence) -> Adopt | Create
         n = _job_attempt(meta)
         if adoptable(job):
             return Adopt(str(meta.get("name")))
-        highest = max(highest, n)
+        if n > highest:
+            highest, last = n, str(meta.get("name"))
+    if occ.max_attempts is not None and highest >= occ.max_attempts:
+        return Adopt(last)
     return Create(highest + 1)
 
 

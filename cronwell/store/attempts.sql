@@ -82,22 +82,30 @@ RETURNING o.idempotency_key;
 -- instant) never ran: pending again at its instant, attempt not consumed, no attempt row,
 -- not a failure, and not ambiguous under AtMostOnce. One that started has an unknown
 -- outcome: AtLeastOnce re-runs it under the same key (pending); AtMostOnce never does
--- (dead, Ambiguous); exhausted attempts are dead.
+-- (dead, Ambiguous); exhausted attempts are dead. Except a `job` target (AtLeastOnce): its
+-- Job runs on without the worker, so it is pending whatever attempts are left, and the next
+-- claim adopts the Job and records how it ends (a claim past max_attempts only adopts:
+-- kubejob.next_step).
 WITH expired AS (
-    SELECT id FROM cronwell_occurrences
-    WHERE state = 'running' AND lease_expires_at < now()
-    ORDER BY lease_expires_at LIMIT %(limit)s FOR UPDATE SKIP LOCKED),
+    SELECT o.id, o.delivery <> 'AtMostOnce'
+                 AND coalesce((SELECT jsonb_typeof(j.spec -> 'target' -> 'job') = 'object'
+                               FROM cronwell_jobs j WHERE j.id = o.job_id), false) AS adopt
+    FROM cronwell_occurrences o
+    WHERE o.state = 'running' AND o.lease_expires_at < now()
+    ORDER BY o.lease_expires_at LIMIT %(limit)s FOR UPDATE OF o SKIP LOCKED),
 reaped AS (
     UPDATE cronwell_occurrences o
     SET state = CASE WHEN o.started_at IS NULL THEN 'pending'
-                     WHEN o.delivery = 'AtMostOnce' OR o.attempt >= o.max_attempts
+                     WHEN o.delivery = 'AtMostOnce'
+                          OR (o.attempt >= o.max_attempts AND NOT e.adopt)
                      THEN 'dead' ELSE 'pending' END,
         reason = CASE WHEN o.started_at IS NULL THEN 'NotStarted'
                       WHEN o.delivery = 'AtMostOnce' THEN 'Ambiguous'
-                      WHEN o.attempt >= o.max_attempts THEN 'AttemptsExhausted'
+                      WHEN o.attempt >= o.max_attempts AND NOT e.adopt THEN 'AttemptsExhausted'
                       ELSE 'LeaseExpired' END,
         finished_at = CASE WHEN o.started_at IS NULL THEN NULL
-                           WHEN o.delivery = 'AtMostOnce' OR o.attempt >= o.max_attempts
+                           WHEN o.delivery = 'AtMostOnce'
+                                OR (o.attempt >= o.max_attempts AND NOT e.adopt)
                            THEN now() END,
         attempt = CASE WHEN o.started_at IS NULL THEN o.attempt - 1 ELSE o.attempt END,
         last_error = CASE WHEN o.started_at IS NULL

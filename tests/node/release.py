@@ -60,12 +60,19 @@ def release(
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[dict[str, Any]]:
     ns = f"cronwell-{uuid.uuid4().hex[:6]}"
+    # A namespace of its own for job targets, as users list theirs in jobTarget.namespaces
+    # (the chart's Roles go into it, so it exists before the install).
+    jobs_ns = f"{ns}-jobs"
+    node.kubectl("create", "namespace", jobs_ns)
     helm = Helm(node, tmp_path_factory.mktemp("helm"))
-    ready = chart.helm_install(node, helm, RELEASE, ns, cronwell_image, database["url"])
-    state = {"ns": ns, "helm": helm, "install_seconds": ready}
+    ready = chart.helm_install(
+        node, helm, RELEASE, ns, cronwell_image, database["url"],
+        "--set", f"jobTarget.namespaces={{{jobs_ns}}}",
+    )  # fmt: skip
+    state = {"ns": ns, "jobs_ns": jobs_ns, "helm": helm, "install_seconds": ready}
     try:
         yield state
     finally:
         # No --wait: the node's teardown kills whatever is still terminating.
         helm("uninstall", RELEASE, "--namespace", ns, check=False)
-        node.kubectl("delete", "namespace", ns, "--wait=false", check=False)
+        node.kubectl("delete", "namespace", ns, jobs_ns, "--wait=false", check=False)

@@ -202,6 +202,9 @@ def test_pods_killed_nothing_lost(
         "spec": {
             "schedule": "* * * * * *",
             "concurrencyPolicy": "Allow",  # each call takes 5 s: several in flight
+            # Every occurrence's row is checked: none may be pruned (the default keeps 100,
+            # fewer than a slow run's seconds).
+            "successfulJobsHistoryLimit": 1000,
             "retry": {"maxAttempts": 20, "initialDelaySeconds": 1, "maxDelaySeconds": 5},
             "timeoutSeconds": 10,
             "target": {"http": {"url": f"{base}{path}?delay=5", "method": "POST"}},

@@ -248,6 +248,23 @@ def test_next_step_after_failed_jobs_creates_one_past_the_highest() -> None:
     )
 
 
+def test_next_step_never_makes_more_jobs_than_max_attempts() -> None:
+    """A claim that took over an expired lease past max_attempts (LeaseReap leaves a job
+    target pending) adopts the last failed Job, so its failure is recorded and the
+    container does not run again."""
+    one = occ(attempt=2, max_attempts=1)
+    assert kubejob.next_step([], one) == Create(1)  # the lost claim created none
+    failed = job(one, 1, "Failed")
+    assert kubejob.next_step([failed], one) == Adopt(failed["metadata"]["name"])
+    three = occ(attempt=3, max_attempts=3)
+    assert kubejob.next_step([job(three, 1, "Failed")], three) == Create(2)
+    last = job(three, 3, "Failed")
+    jobs = [job(three, 1, "Failed"), last, job(three, 2, "Failed")]
+    assert kubejob.next_step(jobs, three) == Adopt(last["metadata"]["name"])
+    # A DLQ retry raises max_attempts: new Jobs again.
+    assert kubejob.next_step(jobs, occ(attempt=4, max_attempts=6)) == Create(4)
+
+
 def test_a_job_of_another_key_is_never_adopted() -> None:
     o = occ()
     other = job(occ(key=key(T0 + timedelta(days=1))), 1)

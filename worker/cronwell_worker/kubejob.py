@@ -500,6 +500,7 @@ class KubeJobs:
             scheduled_for=c.scheduled_for,
             attempt=c.attempt,
             fence=c.fence,
+            max_attempts=c.max_attempts,
         )
         if spec.concurrency_policy == ConcurrencyPolicy.REPLACE:
             await self._tidy_logged(c, spec)
