@@ -15,9 +15,8 @@ import pytest
 from cronwell import kubejob
 from cronwell.testing.controlplane import Cluster
 from cronwell_operator.testing import OperatorProcess, sql
-from tests.e2e.test_kubejob import set_status
-from tests.helpers import procs
-from tests.helpers.kube import FAST_STATUS_ARGS, operator_args
+from tests.helpers.kube import running_stack
+from tests.helpers.kube import set_job_status as set_status
 from tests.helpers.wait import eventually
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -44,27 +43,9 @@ def stack(
     kube: Cluster, ns: str, store: str, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[OperatorProcess]:
     logs = tmp_path_factory.mktemp("stack")
-    op = OperatorProcess(
-        kube.kubeconfig, store, logs / "operator.log", args=operator_args(ns, *FAST_STATUS_ARGS)
-    )
-    env = {"CRONWELL_DATABASE_URL": store}
-    scheduler = procs.spawn("scheduler", env=env, log=logs / "scheduler.log")
-    worker = procs.spawn(
-        "worker",
-        "--pool",
-        POOL,
-        env=env | {"KUBECONFIG": str(kube.kubeconfig)},
-        log=logs / "worker.log",
-    )
-    try:
-        op.start().wait_ready(120)
+    env = {"KUBECONFIG": str(kube.kubeconfig)}
+    with running_stack(kube, ns, store, logs, "--pool", POOL, worker_env=env) as op:
         yield op
-        kube.kubectl("delete", "sj", "--all", "-n", ns, "--timeout=60s", check=False)
-    finally:
-        op.stop()
-        for p in (scheduler, worker):
-            procs.stop(p)
-        print("\n--- worker log (tail) ---\n" + (logs / "worker.log").read_text()[-3000:])
 
 
 def jobs(kube: Cluster, ns: str, sj: str = "report") -> list[dict[str, Any]]:

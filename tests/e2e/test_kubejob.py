@@ -16,7 +16,7 @@ import sys
 import time
 import uuid
 from collections.abc import AsyncIterator
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +39,7 @@ from cronwell_worker.kubejob import (
     run_job,
 )
 from cronwell_worker.targets import TargetError
+from tests.helpers.kube import set_job_status as set_status
 from tests.integration.helpers import make_job, scheduler, set_cursor
 
 WORKERS = 12
@@ -110,41 +111,6 @@ async def race(workers: list[CountingJobClient], occ: Occurrence) -> set[str]:
     refs = await asyncio.gather(*(ensure_job(w, TEMPLATE, c) for w, c in pairs))
     assert len({r.uid for r in refs}) == 1
     return {r.name for r in refs}
-
-
-def set_status(kube_api: Any, namespace: str, name: str, outcome: str) -> None:
-    """What the Job controller would write when the Job finishes."""
-    start = datetime.now(UTC).replace(microsecond=0) - timedelta(seconds=5)
-    now = start + timedelta(seconds=4)
-    cond = {
-        "status": "True",
-        "lastProbeTime": now.isoformat(),
-        "lastTransitionTime": now.isoformat(),
-    }
-    if outcome == "Complete":
-        status = {
-            "startTime": start.isoformat(),
-            "completionTime": now.isoformat(),
-            "succeeded": 1,
-            "conditions": [
-                {**cond, "type": "SuccessCriteriaMet", "reason": "CompletionsReached"},
-                {**cond, "type": "Complete", "reason": "CompletionsReached"},
-            ],
-        }
-    else:
-        message = "Job has reached the specified backoff limit"
-        status = {
-            "startTime": start.isoformat(),
-            "failed": 1,
-            "conditions": [
-                {**cond, "type": "FailureTarget", "reason": "BackoffLimitExceeded",
-                 "message": message},
-                {**cond, "type": "Failed", "reason": "BackoffLimitExceeded", "message": message},
-            ],
-        }  # fmt: skip
-    client.BatchV1Api(kube_api).patch_namespaced_job_status(
-        name, namespace, {"status": status}, _content_type="application/merge-patch+json"
-    )
 
 
 def read(kube_api: Any, namespace: str, name: str) -> dict[str, Any]:

@@ -14,8 +14,7 @@ import pytest
 
 from cronwell.testing.controlplane import Cluster
 from cronwell_operator.testing import OperatorProcess, sql, wait_until
-from tests.helpers import procs
-from tests.helpers.kube import FAST_STATUS_ARGS, operator_args
+from tests.helpers.kube import running_stack
 from tests.helpers.wait import eventually
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -26,26 +25,11 @@ def stack(
     kube: Cluster, ns: str, store: str, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[OperatorProcess]:
     logs = tmp_path_factory.mktemp("stack")
-    op = OperatorProcess(
-        kube.kubeconfig, store, logs / "operator.log", args=operator_args(ns, *FAST_STATUS_ARGS)
-    )
-    env = {"CRONWELL_DATABASE_URL": store}
-    scheduler = procs.spawn("scheduler", env=env, log=logs / "scheduler.log")
     # The failing target below is on 127.0.0.1 (denied by default): allowed explicitly, so
     # its attempts fail by connection and are retried, as the test needs.
-    worker = procs.spawn(
-        "worker",
-        env=env | {"CRONWELL_EGRESS_ALLOW_CIDRS": "127.0.0.1/32"},
-        log=logs / "worker.log",
-    )
-    try:
-        op.start().wait_ready(120)
+    env = {"CRONWELL_EGRESS_ALLOW_CIDRS": "127.0.0.1/32"}
+    with running_stack(kube, ns, store, logs, worker_env=env) as op:
         yield op
-        kube.kubectl("delete", "sj", "--all", "-n", ns, "--timeout=60s", check=False)
-    finally:
-        op.stop()
-        for p in (scheduler, worker):
-            procs.stop(p)
 
 
 def apply(kube: Cluster, ns: str, name: str, spec: str) -> str:

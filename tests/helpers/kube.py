@@ -8,6 +8,7 @@ import subprocess
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +18,7 @@ from kubernetes import client
 from cronwell.embedded import EmbeddedPostgres
 from cronwell.testing.controlplane import Cluster, ControlPlaneError, find_assets
 from cronwell_operator.testing import FAST_LEASE_ARGS, OperatorProcess, create_database
+from tests.helpers import procs
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -120,3 +122,62 @@ def running_operator(
         yield op
     finally:
         op.stop()
+
+
+def set_job_status(kube_api: Any, namespace: str, name: str, outcome: str) -> None:
+    """What the Job controller would write when the Job finishes."""
+    start = datetime.now(UTC).replace(microsecond=0) - timedelta(seconds=5)
+    now = start + timedelta(seconds=4)
+    cond = {
+        "status": "True",
+        "lastProbeTime": now.isoformat(),
+        "lastTransitionTime": now.isoformat(),
+    }
+    if outcome == "Complete":
+        status = {
+            "startTime": start.isoformat(),
+            "completionTime": now.isoformat(),
+            "succeeded": 1,
+            "conditions": [
+                {**cond, "type": "SuccessCriteriaMet", "reason": "CompletionsReached"},
+                {**cond, "type": "Complete", "reason": "CompletionsReached"},
+            ],
+        }
+    else:
+        message = "Job has reached the specified backoff limit"
+        status = {
+            "startTime": start.isoformat(),
+            "failed": 1,
+            "conditions": [
+                {**cond, "type": "FailureTarget", "reason": "BackoffLimitExceeded",
+                 "message": message},
+                {**cond, "type": "Failed", "reason": "BackoffLimitExceeded", "message": message},
+            ],
+        }  # fmt: skip
+    client.BatchV1Api(kube_api).patch_namespaced_job_status(
+        name, namespace, {"status": status}, _content_type="application/merge-patch+json"
+    )
+
+
+@contextmanager
+def running_stack(
+    kube: Cluster, ns: str, store: str, logs: Path, *worker_args: str, worker_env: dict[str, str]
+) -> Iterator[OperatorProcess]:
+    """Operator (fast status writes), scheduler and one worker (`worker_args`, environment
+    plus `worker_env`), all on `store`; on the way out the namespace's ScheduledJobs are
+    deleted and the processes stopped, and the worker log's tail is printed."""
+    op = OperatorProcess(
+        kube.kubeconfig, store, logs / "operator.log", args=operator_args(ns, *FAST_STATUS_ARGS)
+    )
+    env = {"CRONWELL_DATABASE_URL": store}
+    scheduler = procs.spawn("scheduler", env=env, log=logs / "scheduler.log")
+    worker = procs.spawn("worker", *worker_args, env=env | worker_env, log=logs / "worker.log")
+    try:
+        op.start().wait_ready(120)
+        yield op
+        kube.kubectl("delete", "sj", "--all", "-n", ns, "--timeout=60s", check=False)
+    finally:
+        op.stop()
+        for p in (scheduler, worker):
+            procs.stop(p)
+        print("\n--- worker log (tail) ---\n" + (logs / "worker.log").read_text()[-3000:])
