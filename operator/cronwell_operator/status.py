@@ -173,71 +173,53 @@ class StatusWriter:
         seen = [r.id for r in rows]
         results: list[bool] = []
         deferred: set[str] = set()
-
-        async def next_chunk(
-            queue: list[str], first: bool
-        ) -> tuple[list[str], dict[str, JobStatus], list[str]]:
-            """The next chunk's jobs and facts, and what is left after it. Runs while the
-            previous chunk is being written, so its reads cost the writer no time."""
-            while queue:
-                if not first:  # failures logged since the pass began jump the queue
-                    late = await status_changes.read_failures(
-                        self.db, limit=s.status.batch_size, skip=skip, seen=seen
-                    )
-                    for r in late:
-                        changes[str(r.job_id)].append(r)
-                        seen.append(r.id)
-                    if late:
-                        head = {str(r.job_id) for r in late}
-                        queue = sorted(head) + [u for u in queue if u not in head]
-                first = False
-                uids, queue = queue[:chunk], queue[chunk:]
-                facts = {
-                    str(r.id): r
-                    for r in await status_changes.job_status(self.db, [uuid.UUID(u) for u in uids])
-                }
-                if queue:
-                    # With more waiting, a job running now would need a second patch when
-                    # it ends: write it once, after the rest of the pass (deferred once).
-                    later = {
-                        u
-                        for u in uids
-                        if u not in deferred and u not in urgent and u in facts and facts[u].active
-                    }
-                    deferred.update(later)
-                    uids = [u for u in uids if u not in later]
-                    queue = queue + sorted(later)
-                if uids:
-                    return uids, facts, queue
-            return [], {}, []
-
-        prep = asyncio.create_task(next_chunk(queue, True))
-        try:
-            while True:
-                uids, facts, queue = await prep
-                if not uids:
-                    break
-                batch = {uid: changes.pop(uid, []) for uid in uids}
-                prep = asyncio.create_task(next_chunk(queue, False))
-                ok = await asyncio.gather(
-                    *(self._write(uid, facts.get(uid), batch[uid]) for uid in uids)
+        while queue:
+            if results:  # failures logged since the pass began jump the queue
+                late = await status_changes.read_failures(
+                    self.db, limit=s.status.batch_size, skip=skip, seen=seen
                 )
-                results += ok
-                now = time.monotonic()
-                for uid, good in zip(uids, ok, strict=True):
-                    if good:
-                        self.backoff.succeeded(uid)
-                    else:
-                        self.backoff.failed(uid, now)
-                        self._touched.add(uid)
-                done = [
-                    c.id for uid, good in zip(uids, ok, strict=True) if good for c in batch[uid]
-                ]
-                if done:
-                    await status_changes.delete(self.db, done)
-                self.stats.rows += len(done)
-        finally:
-            prep.cancel()
+                for r in late:
+                    u = str(r.job_id)
+                    changes[u].append(r)
+                    seen.append(r.id)
+                if late:
+                    first = {str(r.job_id) for r in late}
+                    queue = sorted(first) + [u for u in queue if u not in first]
+            uids, queue = queue[:chunk], queue[chunk:]
+            facts = {
+                str(r.id): r
+                for r in await status_changes.job_status(self.db, [uuid.UUID(u) for u in uids])
+            }
+            if queue:
+                # With more waiting, a job running now would need a second patch when it
+                # ends: write it once, after the rest of the pass (deferred once, not more).
+                later = {
+                    u
+                    for u in uids
+                    if u not in deferred and u not in urgent and u in facts and facts[u].active
+                }
+                if later:
+                    deferred |= later
+                    uids = [u for u in uids if u not in later]
+                    queue += sorted(later)
+                    if not uids:
+                        continue
+            batch = {uid: changes.pop(uid, []) for uid in uids}
+            ok = await asyncio.gather(
+                *(self._write(uid, facts.get(uid), batch[uid]) for uid in uids)
+            )
+            results += ok
+            now = time.monotonic()
+            for uid, good in zip(uids, ok, strict=True):
+                if good:
+                    self.backoff.succeeded(uid)
+                else:
+                    self.backoff.failed(uid, now)
+                    self._touched.add(uid)
+            done = [c.id for uid, good in zip(uids, ok, strict=True) if good for c in batch[uid]]
+            if done:
+                await status_changes.delete(self.db, done)
+            self.stats.rows += len(done)
         # More is waiting only if this pass made progress: a pass where every write failed
         # (the API server is down) waits for the poll interval, not loops at once.
         return len(rows) >= s.status.batch_size and any(results)
