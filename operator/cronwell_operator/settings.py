@@ -77,12 +77,7 @@ class StatusSettings(BaseSettings):
     poll_seconds: float = Field(
         1.0, gt=0, description="Pause between passes when the change log is empty."
     )
-    concurrency: int = Field(
-        16,
-        ge=1,
-        description="Status requests in flight at once (the QPS bounds the rate; this only has "
-        "to cover the API server's latency: 8 held 42 patches/s at 100 QPS on a loaded box).",
-    )
+    concurrency: int = Field(8, ge=1, description="Status requests in flight at once.")
 
 
 class WebhookSettings(BaseSettings):
