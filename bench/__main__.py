@@ -15,6 +15,7 @@ import argparse
 import asyncio
 import json
 import os
+import signal
 import sys
 import time
 from collections.abc import Awaitable
@@ -29,6 +30,7 @@ from bench import (
     forecast,
     growth,
     peer,
+    pgq,
     prescale,
     profile,
     retention,
@@ -55,6 +57,7 @@ SECTIONS = (
     "burst",
     "ceiling",
     "peer",
+    "pgqueuer",
     "sustained",
     "growth",
     "profile",
@@ -100,28 +103,24 @@ def _load(figs: dict[str, Any]) -> str:
     return f"{lb[0]}->{la[0]}" if lb and la else "-"
 
 
-def _table(
-    title: str,
-    before: dict[str, Any],
-    after: dict[str, Any],
-    peer: dict[str, Any],
-    ceil: dict[str, Any],
-) -> None:
+def _table(title: str, cols: dict[str, dict[str, Any]]) -> None:
+    """Figures side by side; ratios of 'after' to every other column."""
+    others = [c for c in cols if c != "after"]
     print(f"\n{title}")
     print(
-        f"{'figure':<32}{'before':>12}{'after':>12}{'peer':>12}{'ceiling':>12}"
-        f"{'aft/bef':>9}{'aft/peer':>9}{'aft/ceil':>9}"
+        f"{'figure':<32}"
+        + "".join(f"{c[:12]:>13}" for c in cols)
+        + "".join(f"{'aft/' + c[:4]:>10}" for c in others)
     )
     for k in COMPARED:
-        a, b, p, c = (d.get(k, "-") for d in (before, after, peer, ceil))
+        vals = {c: d.get(k, "-") for c, d in cols.items()}
         print(
-            f"{k:<32}{a!s:>12}{b!s:>12}{p!s:>12}{c!s:>12}"
-            f"{ratio(b, a):>9}{ratio(b, p):>9}{ratio(b, c):>9}"
+            f"{k:<32}"
+            + "".join(f"{v!s:>13}" for v in vals.values())
+            + "".join(f"{ratio(vals['after'], vals[c]):>10}" for c in others)
         )
-    print(
-        f"{'load avg (1 min) before->after':<32}{_load(before):>12}{_load(after):>12}"
-        f"{_load(peer):>12}{_load(ceil):>12}"
-    )
+    loads = "".join(f"{_load(d):>13}" for d in cols.values())
+    print(f"{'load avg 1 min, before->after':<32}{loads}")
 
 
 def report(results: dict[str, Any], aheads: list[float]) -> None:
@@ -133,12 +132,13 @@ def report(results: dict[str, Any], aheads: list[float]) -> None:
         {(f.get("handler"), f.get("occurrences")) for f in runs},
         key=lambda g: (g[0] != "noop", -g[1]),
     )
-    peer = results.get("peer", {})
+    peer, pgq_ = results.get("peer", {}), results.get("pgqueuer", {})
     for handler, n in groups:
         before = results.get(burst_key(handler, n, before_a), {})
         after = results.get(burst_key(handler, n, after_a), {})
         noop = handler == "noop"
         p = peer if noop and peer.get("occurrences") == n else {}
+        q = pgq_ if noop and pgq_.get("occurrences") == n else {}
         c: dict[str, Any] = next(
             (
                 f
@@ -149,11 +149,9 @@ def report(results: dict[str, Any], aheads: list[float]) -> None:
         )
         _table(
             f"burst of {n} due at T, handler {handler}: before = claim ahead {before_a:g} s,"
-            f" after = {after_a:g} s; peer = {peer.get('system', 'procrastinate')}",
-            before,
-            after,
-            p,
-            c,
+            f" after = {after_a:g} s (peers at their own start: Procrastinate's started event,"
+            " pgqueuer's handler)",
+            {"before": before, "after": after, "procrastinate": p, "pgqueuer": q, "ceiling": c},
         )
         if noop:
             p99, mx = after.get("handler_start_lag_p99_s"), after.get("handler_start_lag_max_s")
@@ -163,14 +161,16 @@ def report(results: dict[str, Any], aheads: list[float]) -> None:
                     f"goal p99 <= {GOAL_P99_S:g} s, all started <= {GOAL_MAX_S:g} s (at the"
                     f" handler): {'meets' if ok else 'MISSES'} (p99 {p99} s, max {mx} s)"
                 )
-            if p:
-                r = after.get("per_second", 0) / max(p.get("per_second", 0) or 0, 1e-9)
+            for name, d in (("Procrastinate", p), ("pgqueuer", q)):
+                if not d.get("per_second"):
+                    continue
+                r = after.get("per_second", 0) / d["per_second"]
                 print(
-                    f"goal cronwell/peer throughput >= {GOAL_PEER_RATIO:g}x:"
-                    f" {'meets' if r >= GOAL_PEER_RATIO else 'MISSES'} ({r:.1f}x; p99"
+                    f"goal cronwell/{name} throughput >= {GOAL_PEER_RATIO:g}x:"
+                    f" {'meets' if r >= GOAL_PEER_RATIO else 'MISSES'} ({r:.1f}x; cronwell p99"
                     f" {after.get('handler_start_lag_p99_s')} s at the handler,"
-                    f" {after.get('start_lag_p99_s')} s started_at, peer"
-                    f" {p.get('start_lag_p99_s')} s)"
+                    f" {after.get('start_lag_p99_s')} s started_at; {name} p99"
+                    f" {d.get('start_lag_p99_s', d.get('handler_start_lag_p99_s'))} s)"
                 )
     print(f"\n{'figure':<72} value")
     for section, figs in results.items():
@@ -251,6 +251,9 @@ async def main() -> None:
     ap.add_argument("--peer-lead", type=float, default=15.0)
     ap.add_argument(
         "--peer-poll", type=float, default=1.0, help="procrastinate fetch polling interval"
+    )
+    ap.add_argument(
+        "--pgqueuer-batch", type=int, default=100, help="pgqueuer: pgq run --batch-size"
     )
     ap.add_argument("--ceiling-batch", type=int, default=500)
     ap.add_argument("--sustained-jobs", default="5000,10000", help="per-second jobs, per run")
@@ -378,15 +381,30 @@ async def main() -> None:
                 for h in handlers:
                     await bursts(h, args.jobs if h == "noop" else args.handler_jobs, args.lead)
             if "ceiling" in only:
-                for n in dict.fromkeys([args.jobs, peer_n] if "peer" in only else [args.jobs]):
+                peers = {"peer", "pgqueuer"} & only
+                for n in dict.fromkeys([args.jobs, peer_n] if peers else [args.jobs]):
                     await burst.prepare_burst(db, n, args.lead)
                     await section(
                         f"ceiling n={n}",
                         ceiling.ceiling(db, url, n, args.workers, args.ceiling_batch),
                     )
+            if ("peer" in only or "pgqueuer" in only) and (
+                peer_n != args.jobs or "burst" not in only
+            ):
+                await bursts("noop", peer_n, args.peer_lead)
+            if "pgqueuer" in only:
+                await section(
+                    "pgqueuer",
+                    pgq.pgqueuer_burst(
+                        url,
+                        peer_n,
+                        args.workers,
+                        args.concurrency,
+                        args.peer_lead,
+                        args.pgqueuer_batch,
+                    ),
+                )
             if "peer" in only:
-                if peer_n != args.jobs or "burst" not in only:
-                    await bursts("noop", peer_n, args.peer_lead)
                 await section(
                     "peer",
                     peer.peer_burst(
@@ -539,12 +557,18 @@ def write_results(
             curves[n][f"cronwell {tag} (claim ahead {a:g} s), started_at"] = kept.get("lags", [])
         elif name == "peer":
             curves.setdefault(n, {})[f"{figs.get('system')}, started event"] = kept.get("lags", [])
+        elif name == "pgqueuer":
+            curves.setdefault(n, {})[f"{figs.get('system')}, at the handler"] = kept.get(
+                "handler", []
+            )
     png = plot(curves, out / "start_lag_cdf.png") if curves else None
     if png:
         print(f"plot: {png}")
 
 
 if __name__ == "__main__":
+    # SIGTERM (a timeout, a kill) unwinds like Ctrl-C: the server and workers are stopped.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     try:
         asyncio.run(main())
     except BenchError as e:  # found mid-run (the server is stopped by then)
