@@ -109,17 +109,17 @@ def _table(title: str, cols: dict[str, dict[str, Any]]) -> None:
     print(f"\n{title}")
     print(
         f"{'figure':<32}"
-        + "".join(f"{c[:12]:>13}" for c in cols)
+        + "".join(f"{c:>14}" for c in cols)
         + "".join(f"{'aft/' + c[:4]:>10}" for c in others)
     )
     for k in COMPARED:
         vals = {c: d.get(k, "-") for c, d in cols.items()}
         print(
             f"{k:<32}"
-            + "".join(f"{v!s:>13}" for v in vals.values())
+            + "".join(f"{v!s:>14}" for v in vals.values())
             + "".join(f"{ratio(vals['after'], vals[c]):>10}" for c in others)
         )
-    loads = "".join(f"{_load(d):>13}" for d in cols.values())
+    loads = "".join(f"{_load(d):>14}" for d in cols.values())
     print(f"{'load avg 1 min, before->after':<32}{loads}")
 
 
@@ -441,18 +441,22 @@ async def main() -> None:
                     growth.growth(db, spec, growth_sizes, args.growth_history, args.growth_reps),
                 )
             if "profile" in only:
-                await section(
-                    "profile",
-                    profile.profile(
+                pdir = args.out / "profile"
+
+                async def profiled() -> dict[str, Any]:
+                    await profile.prepare(db, pdir)
+                    figs = await burst.burst(
                         db,
                         url,
                         args.profile_jobs,
                         args.workers,
                         args.concurrency,
                         args.lead,
-                        args.out / "profile",
-                    ),
-                )
+                        profile=pdir,
+                    )
+                    return await profile.summary(db, figs, pdir)
+
+                await section("profile", profiled())
             if "schedule" in only:
                 await section("schedule", _now(schedule.schedule_bench(args.schedule_calls)))
             if "status" in only:

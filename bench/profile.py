@@ -22,7 +22,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from bench import burst
 from cronwell.store import Database
 
 FRAME = re.compile(r"^(?P<func>.*?) \((?P<path>[^():]+)(?::\d+)?\)$")
@@ -142,14 +141,18 @@ async def _statements(db: Database, n: int, top: int = 12) -> dict[str, Any]:
     }
 
 
-async def profile(
-    db: Database, url: str, n: int, workers: int, concurrency: int, lead: float, pdir: Path
-) -> dict[str, Any]:
-    """The burst under py-spy and pg_stat_statements; the shares and the floor."""
+async def prepare(db: Database, pdir: Path) -> None:
+    """Before the profiled burst: py-spy files of an earlier run deleted, the extension on
+    (the server loads the library when this section runs)."""
     _stacks(pdir, clear=True)
     async with db.connection() as conn:
         await conn.execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
-    figs = await burst.burst(db, url, n, workers, concurrency, lead, profile=pdir)
+
+
+async def summary(db: Database, figs: dict[str, Any], pdir: Path) -> dict[str, Any]:
+    """After the burst (`figs`, run with py-spy writing to `pdir`): the shares, PostgreSQL's
+    time per statement, the CPU per occurrence and the floor it implies."""
+    n = figs["occurrences"]
     stmts = await _statements(db, n)
     cpu_ms = figs.get("worker_cpu_ms_per_occurrence", 0) + figs.get(
         "postgres_cpu_ms_per_occurrence", 0
@@ -157,6 +160,7 @@ async def profile(
     cores = os.cpu_count() or 1
     return {
         "occurrences": n,
+        "claim_ahead_s": figs.get("claim_ahead_s"),
         "per_second_under_py_spy": figs.get("per_second"),
         "start_lag_p99_s": figs.get("start_lag_p99_s"),
         "handler_start_lag_p99_s": figs.get("handler_start_lag_p99_s"),
