@@ -214,12 +214,15 @@ def _settle(fut: asyncio.Future[None], exc: BaseException | None) -> None:
 async def run(
     target: Target,
     ctx: Context,
-    client: httpx.AsyncClient,
+    client: httpx.AsyncClient | None,
     timeout_seconds: float,
     secrets: Mapping[str, str] | None = None,
 ) -> None:
-    """Run one attempt of `target`."""
+    """Run one attempt of `target`; `client`: the egress-checked client an HTTP target
+    needs (None for the others)."""
     if target.http is not None:
+        if client is None:
+            raise TypeError("an HTTP target needs a client")
         await run_http(target.http, ctx, client, timeout_seconds, secrets)
     elif target.handler is not None:
         ctx.payload = dict(target.handler.payload)
