@@ -242,6 +242,9 @@ async def main() -> None:
     )
     ap.add_argument("--handler-jobs", type=int, default=10_000)
     ap.add_argument(
+        "--handler-lead", type=float, default=15.0, help="T = now + this for the variants"
+    )
+    ap.add_argument(
         "--peer-jobs",
         type=int,
         default=10_000,
@@ -379,7 +382,12 @@ async def main() -> None:
                 await section("materialise", burst.materialise(db, args.jobs))
             if "burst" in only:
                 for h in handlers:
-                    await bursts(h, args.jobs if h == "noop" else args.handler_jobs, args.lead)
+                    noop = h == "noop"
+                    await bursts(
+                        h,
+                        args.jobs if noop else args.handler_jobs,
+                        args.lead if noop else args.handler_lead,
+                    )
             if "ceiling" in only:
                 peers = {"peer", "pgqueuer"} & only
                 for n in dict.fromkeys([args.jobs, peer_n] if peers else [args.jobs]):
