@@ -391,7 +391,8 @@ async def main() -> None:
             if "ceiling" in only:
                 peers = {"peer", "pgqueuer"} & only
                 for n in dict.fromkeys([args.jobs, peer_n] if peers else [args.jobs]):
-                    await burst.prepare_burst(db, n, args.lead)
+                    lead = args.lead if n == args.jobs else args.peer_lead
+                    await burst.prepare_burst(db, n, lead)
                     await section(
                         f"ceiling n={n}",
                         ceiling.ceiling(db, url, n, args.workers, args.ceiling_batch),
