@@ -87,9 +87,10 @@ GOAL_P99_S, GOAL_MAX_S, GOAL_PEER_RATIO = 1.0, 2.0, 20.0
 throughput >= 20x Procrastinate's at 10k."""
 
 
-def burst_key(handler: str, n: int, ahead: float) -> str:
-    """The results key of one burst run."""
-    return f"burst {handler} n={n} claim_ahead={ahead:g}s"
+def burst_key(handler: str, n: int, ahead: float, concurrency: int | None = None) -> str:
+    """The results key of one burst run (`concurrency`: the --deep-concurrency run)."""
+    deep = f" concurrency={concurrency}" if concurrency else ""
+    return f"burst {handler} n={n} claim_ahead={ahead:g}s{deep}"
 
 
 def ratio(a: Any, b: Any) -> str:
@@ -123,7 +124,7 @@ def _table(title: str, cols: dict[str, dict[str, Any]]) -> None:
     print(f"{'load avg 1 min, before->after':<32}{loads}")
 
 
-def report(results: dict[str, Any], aheads: list[float]) -> None:
+def report(results: dict[str, Any], aheads: list[float], deep: int = 0) -> None:
     """The side-by-side tables (before = the first --claim-ahead value, after = the last;
     peer and ceiling at the same N), the issue's goals, then every figure."""
     before_a, after_a = aheads[0], aheads[-1]
@@ -151,7 +152,13 @@ def report(results: dict[str, Any], aheads: list[float]) -> None:
             f"burst of {n} due at T, handler {handler}: before = claim ahead {before_a:g} s,"
             f" after = {after_a:g} s (peers at their own start: Procrastinate's started event,"
             " pgqueuer's handler)",
-            {"before": before, "after": after, "procrastinate": p, "pgqueuer": q, "ceiling": c},
+            {"before": before, "after": after}
+            | (
+                {f"after c={deep}": results[dk]}
+                if deep and (dk := burst_key(handler, n, after_a, deep)) in results
+                else {}
+            )
+            | {"procrastinate": p, "pgqueuer": q, "ceiling": c},
         )
         if noop:
             p99, mx = after.get("handler_start_lag_p99_s"), after.get("handler_start_lag_max_s")
@@ -241,6 +248,14 @@ async def main() -> None:
         " the others at --handler-jobs",
     )
     ap.add_argument("--handler-jobs", type=int, default=10_000)
+    ap.add_argument(
+        "--deep-concurrency",
+        type=int,
+        default=0,
+        help="burst: the no-op burst at --jobs once more, claim ahead as 'after', with this"
+        " worker concurrency (a worker claims ahead at most its concurrency: how much a"
+        " deeper claim ahead would give)",
+    )
     ap.add_argument(
         "--handler-lead", type=float, default=15.0, help="T = now + this for the variants"
     )
@@ -355,20 +370,12 @@ async def main() -> None:
         print(f"{name}:", json.dumps(figs), flush=True)
         return figs
 
-    async def bursts(handler: str, n: int, lead: float) -> None:
-        for a in aheads:
+    async def bursts(handler: str, n: int, lead: float, deep: int = 0) -> None:
+        runs = [(a, args.concurrency) for a in aheads] + ([(aheads[-1], deep)] if deep else [])
+        for a, conc in runs:
             await section(
-                burst_key(handler, n, a),
-                burst.burst(
-                    db,
-                    url,
-                    n,
-                    args.workers,
-                    args.concurrency,
-                    lead,
-                    handler=handler,
-                    claim_ahead=a,
-                ),
+                burst_key(handler, n, a, conc if conc != args.concurrency else None),
+                burst.burst(db, url, n, args.workers, conc, lead, handler=handler, claim_ahead=a),
             )
 
     t_all = time.perf_counter()
@@ -387,6 +394,7 @@ async def main() -> None:
                         h,
                         args.jobs if noop else args.handler_jobs,
                         args.lead if noop else args.handler_lead,
+                        args.deep_concurrency if noop else 0,
                     )
             if "ceiling" in only:
                 peers = {"peer", "pgqueuer"} & only
@@ -532,7 +540,7 @@ async def main() -> None:
             "load_after": load_average(),
         }
         write_results(results, lags, aheads, args.out, started)
-    report(results, aheads)
+    report(results, aheads, args.deep_concurrency)
 
 
 async def _now(figs: dict[str, Any]) -> dict[str, Any]:
@@ -564,6 +572,8 @@ def write_results(
         if name.startswith("burst noop "):
             a = figs.get("claim_ahead_s")
             tag = "before" if a == aheads[0] else "after" if a == aheads[-1] else "ahead"
+            if "concurrency=" in name:
+                tag += f", concurrency {figs.get('concurrency_per_worker')}"
             curves.setdefault(n, {})[f"cronwell {tag} (claim ahead {a:g} s), at the handler"] = (
                 kept.get("handler", [])
             )
