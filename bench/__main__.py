@@ -15,8 +15,10 @@ import argparse
 import asyncio
 import json
 import os
+import signal
 import sys
 import time
+from collections.abc import Awaitable
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +30,7 @@ from bench import (
     forecast,
     growth,
     peer,
+    pgq,
     prescale,
     profile,
     retention,
@@ -35,7 +38,16 @@ from bench import (
     status,
     sustained,
 )
-from bench.common import RESULTS, BenchError, bench_server, db_url, worker_env
+from bench.common import (
+    HANDLERS,
+    RESULTS,
+    BenchError,
+    bench_server,
+    db_url,
+    load_average,
+    machine_facts,
+    worker_env,
+)
 from cronwell import jobs
 from cronwell.models import ScheduledJobSpec
 from cronwell.store import Database, migrate
@@ -45,6 +57,7 @@ SECTIONS = (
     "burst",
     "ceiling",
     "peer",
+    "pgqueuer",
     "sustained",
     "growth",
     "profile",
@@ -56,12 +69,28 @@ SECTIONS = (
 )
 COMPARED = (
     "per_second",
+    "handler_start_lag_p50_s",
+    "handler_start_lag_p99_s",
+    "handler_start_lag_max_s",
     "start_lag_p50_s",
     "start_lag_p95_s",
     "start_lag_p99_s",
     "start_lag_max_s",
     "all_succeeded_after_s",
+    "worker_cpu_ms_per_occurrence",
+    "postgres_cpu_ms_per_occurrence",
+    "cpu_floor_s",
+    "workers_ready_before_t_s",
 )
+GOAL_P99_S, GOAL_MAX_S, GOAL_PEER_RATIO = 1.0, 2.0, 20.0
+"""Issue 18's targets: 50k burst p99 start lag <= 1 s, all started <= 2 s; cronwell's
+throughput >= 20x Procrastinate's at 10k."""
+
+
+def burst_key(handler: str, n: int, ahead: float, concurrency: int | None = None) -> str:
+    """The results key of one burst run (`concurrency`: the --deep-concurrency run)."""
+    deep = f" concurrency={concurrency}" if concurrency else ""
+    return f"burst {handler} n={n} claim_ahead={ahead:g}s{deep}"
 
 
 def ratio(a: Any, b: Any) -> str:
@@ -70,40 +99,98 @@ def ratio(a: Any, b: Any) -> str:
     return f"{a / b:.2f}x"
 
 
-def _table(title: str, cw: dict[str, Any], peer: dict[str, Any], ceil: dict[str, Any]) -> None:
+def _load(figs: dict[str, Any]) -> str:
+    lb, la = figs.get("load_before"), figs.get("load_after")
+    return f"{lb[0]}->{la[0]}" if lb and la else "-"
+
+
+def _table(title: str, cols: dict[str, dict[str, Any]]) -> None:
+    """Figures side by side; ratios of 'after' to every other column."""
+    others = [c for c in cols if c != "after"]
     print(f"\n{title}")
     print(
-        f"{'figure':<24}{'cronwell':>12}{'peer':>12}{'ceiling':>12}"
-        f"{'cw/peer':>10}{'cw/ceiling':>12}"
+        f"{'figure':<32}"
+        + "".join(f"{c:>14}" for c in cols)
+        + "".join(f"{'aft/' + c[:4]:>10}" for c in others)
     )
     for k in COMPARED:
-        a, b, c = cw.get(k, "-"), peer.get(k, "-"), ceil.get(k, "-")
-        print(f"{k:<24}{a!s:>12}{b!s:>12}{c!s:>12}{ratio(a, b):>10}{ratio(a, c):>12}")
+        vals = {c: d.get(k, "-") for c, d in cols.items()}
+        print(
+            f"{k:<32}"
+            + "".join(f"{v!s:>14}" for v in vals.values())
+            + "".join(f"{ratio(vals['after'], vals[c]):>10}" for c in others)
+        )
+    loads = "".join(f"{_load(d):>14}" for d in cols.values())
+    print(f"{'load avg 1 min, before->after':<32}{loads}")
 
 
-def report(results: dict[str, Any]) -> None:
-    cw, peer, ceil = (results.get(k, {}) for k in ("burst", "peer", "ceiling"))
-    small = results.get("burst_at_peer_n")
-    if small:
-        _table(f"burst of {small.get('occurrences')} due at T (cronwell vs peer)", small, peer, {})
-        peer = {}
-    if cw:
-        _table(f"burst of {cw.get('occurrences')} due at T", cw, peer, ceil)
-        goal = cw.get("start_lag_p99_s")
-        if isinstance(goal, int | float):
-            verdict = "meets" if goal <= 5 else "MISSES"
-            print(f"goal p99 start lag <= 5 s: {verdict} ({goal} s)")
-    print(f"\n{'figure':<56} value")
+def report(results: dict[str, Any], aheads: list[float], deep: int = 0) -> None:
+    """The side-by-side tables (before = the first --claim-ahead value, after = the last;
+    peer and ceiling at the same N), the issue's goals, then every figure."""
+    before_a, after_a = aheads[0], aheads[-1]
+    runs = [f for k, f in results.items() if k.startswith("burst ")]
+    groups = sorted(
+        {(f.get("handler"), f.get("occurrences")) for f in runs},
+        key=lambda g: (g[0] != "noop", -g[1]),
+    )
+    peer, pgq_ = results.get("peer", {}), results.get("pgqueuer", {})
+    for handler, n in groups:
+        before = results.get(burst_key(handler, n, before_a), {})
+        after = results.get(burst_key(handler, n, after_a), {})
+        noop = handler == "noop"
+        p = peer if noop and peer.get("occurrences") == n else {}
+        q = pgq_ if noop and pgq_.get("occurrences") == n else {}
+        c: dict[str, Any] = next(
+            (
+                f
+                for k, f in results.items()
+                if noop and k.startswith("ceiling") and f.get("occurrences") == n
+            ),
+            {},
+        )
+        _table(
+            f"burst of {n} due at T, handler {handler}: before = claim ahead {before_a:g} s,"
+            f" after = {after_a:g} s (peers at their own start: Procrastinate's started event,"
+            " pgqueuer's handler)",
+            {"before": before, "after": after}
+            | (
+                {f"after c={deep}": results[dk]}
+                if deep and (dk := burst_key(handler, n, after_a, deep)) in results
+                else {}
+            )
+            | {"procrastinate": p, "pgqueuer": q, "ceiling": c},
+        )
+        if noop:
+            p99, mx = after.get("handler_start_lag_p99_s"), after.get("handler_start_lag_max_s")
+            if isinstance(p99, int | float) and isinstance(mx, int | float):
+                ok = p99 <= GOAL_P99_S and mx <= GOAL_MAX_S
+                print(
+                    f"goal p99 <= {GOAL_P99_S:g} s, all started <= {GOAL_MAX_S:g} s (at the"
+                    f" handler): {'meets' if ok else 'MISSES'} (p99 {p99} s, max {mx} s)"
+                )
+            for name, d in (("Procrastinate", p), ("pgqueuer", q)):
+                if not d.get("per_second"):
+                    continue
+                r = after.get("per_second", 0) / d["per_second"]
+                print(
+                    f"goal cronwell/{name} throughput >= {GOAL_PEER_RATIO:g}x:"
+                    f" {'meets' if r >= GOAL_PEER_RATIO else 'MISSES'} ({r:.1f}x; cronwell p99"
+                    f" {after.get('handler_start_lag_p99_s')} s at the handler,"
+                    f" {after.get('start_lag_p99_s')} s started_at; {name} p99"
+                    f" {d.get('start_lag_p99_s', d.get('handler_start_lag_p99_s'))} s)"
+                )
+    print(f"\n{'figure':<72} value")
     for section, figs in results.items():
         for k, v in figs.items():
             if isinstance(v, dict):
                 for k2, v2 in v.items():
-                    print(f"{section + '.' + k + '.' + k2:<56} {v2}")
+                    print(f"{section + '.' + k + '.' + k2:<72} {v2}")
             else:
-                print(f"{section + '.' + k:<56} {v}")
+                print(f"{section + '.' + k:<72} {v}")
 
 
-def plot(lags: dict[str, list[float]], path: Path) -> Path | None:
+def plot(curves: dict[int, dict[str, list[float]]], path: Path) -> Path | None:
+    """One start-lag CDF panel per burst size: {n: {label: lags}}."""
     try:
         import matplotlib
 
@@ -111,20 +198,34 @@ def plot(lags: dict[str, list[float]], path: Path) -> Path | None:
         import matplotlib.pyplot as plt
     except ImportError:
         return None
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    for name, xs in lags.items():
-        if xs:
-            xs = sorted(xs)
-            ax.plot(xs, [(i + 1) / len(xs) for i in range(len(xs))], label=name)
-    ax.axvline(5, color="grey", linestyle=":", label="goal: p99 <= 5 s")
-    ax.axhline(0.99, color="lightgrey", linestyle=":")
-    ax.set_xlabel("start lag (s, database clock)")
-    ax.set_ylabel("fraction of occurrences started")
-    ax.set_title("Start-lag CDF, burst due at T")
-    ax.legend()
+    sizes = sorted(curves, reverse=True)
+    fig, axes = plt.subplots(1, len(sizes), figsize=(6.5 * len(sizes), 4.5), squeeze=False)
+    for ax, n in zip(axes[0], sizes, strict=True):
+        for name, xs in curves[n].items():
+            if xs:
+                xs = sorted(xs)
+                ax.plot(xs, [(i + 1) / len(xs) for i in range(len(xs))], label=name)
+        ax.axvline(GOAL_P99_S, color="grey", linestyle=":", label=f"goal: p99 <= {GOAL_P99_S:g} s")
+        ax.axhline(0.99, color="lightgrey", linestyle=":")
+        ax.set_xscale("symlog", linthresh=1.0)
+        ax.set_xlabel("start lag (s, database clock; symlog)")
+        ax.set_ylabel("fraction of occurrences started")
+        ax.set_title(f"Start-lag CDF, {n} due at T (no-op handler)")
+        ax.legend(fontsize="small", loc="lower right")
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
     return path
+
+
+def _floats(text: str, what: str) -> list[float]:
+    try:
+        vals = [float(x) for x in text.split(",") if x]
+    except ValueError:
+        raise BenchError(f"{what}: comma-separated numbers expected, got {text!r}") from None
+    if not vals or any(v < 0 for v in vals):
+        raise BenchError(f"{what}: one or more numbers >= 0 expected, got {text!r}")
+    return vals
 
 
 async def main() -> None:
@@ -135,19 +236,46 @@ async def main() -> None:
     ap.add_argument("--lead", type=float, default=40.0, help="burst T = now + lead seconds")
     ap.add_argument("--only", default=",".join(SECTIONS), help=f"any of {','.join(SECTIONS)}")
     ap.add_argument(
+        "--claim-ahead",
+        default="0,2",
+        help="burst: run each burst once per worker claim_ahead_seconds value; the first is"
+        " reported as 'before', the last as 'after' (0: claimed once due, the old behaviour)",
+    )
+    ap.add_argument(
+        "--handler",
+        default=",".join(HANDLERS),
+        help=f"burst: handler variants (any of {','.join(HANDLERS)}); noop runs at --jobs,"
+        " the others at --handler-jobs",
+    )
+    ap.add_argument("--handler-jobs", type=int, default=10_000)
+    ap.add_argument(
+        "--deep-concurrency",
+        type=int,
+        default=0,
+        help="burst: the no-op burst at --jobs once more, claim ahead as 'after', with this"
+        " worker concurrency (a worker claims ahead at most its concurrency: how much a"
+        " deeper claim ahead would give)",
+    )
+    ap.add_argument(
+        "--handler-lead", type=float, default=15.0, help="T = now + this for the variants"
+    )
+    ap.add_argument(
         "--peer-jobs",
         type=int,
         default=10_000,
         help="burst size for the peer (0: same as --jobs); when it differs, cronwell's burst"
-        " is also run at this size so the ratios compare like with like",
+        " and the ceiling are also run at this size so the ratios compare like with like",
     )
     ap.add_argument("--peer-lead", type=float, default=15.0)
     ap.add_argument(
         "--peer-poll", type=float, default=1.0, help="procrastinate fetch polling interval"
     )
+    ap.add_argument(
+        "--pgqueuer-batch", type=int, default=100, help="pgqueuer: pgq run --batch-size"
+    )
     ap.add_argument("--ceiling-batch", type=int, default=500)
-    ap.add_argument("--sustained-jobs", type=int, default=2000)
-    ap.add_argument("--sustained-seconds", type=float, default=40.0)
+    ap.add_argument("--sustained-jobs", default="5000,10000", help="per-second jobs, per run")
+    ap.add_argument("--sustained-seconds", type=float, default=60.0)
     ap.add_argument("--sustained-warmup", type=float, default=10.0)
     ap.add_argument("--growth-sizes", default="10000,100000,1000000")
     ap.add_argument("--growth-history", type=int, default=1, help="succeeded occurrences per job")
@@ -187,6 +315,15 @@ async def main() -> None:
     growth_sizes = [int(x) for x in args.growth_sizes.split(",") if x]
     retention_jobs = 10_000 if full else args.retention_jobs
     try:  # sizes a section cannot measure: say so before PostgreSQL starts
+        aheads = _floats(args.claim_ahead, "--claim-ahead")
+        handlers = [h for h in args.handler.split(",") if h]
+        bad = set(handlers) - set(HANDLERS)
+        if bad or not handlers:
+            raise BenchError(
+                f"--handler: unknown {', '.join(sorted(bad)) or '(none)'}; any of"
+                f" {','.join(HANDLERS)}"
+            )
+        sustained_jobs = [int(x) for x in _floats(args.sustained_jobs, "--sustained-jobs")]
         if "growth" in only:
             growth.check(growth_sizes)
         if "retention" in only:
@@ -199,49 +336,95 @@ async def main() -> None:
             raise BenchError(f"profile needs py-spy ({burst.PY_SPY}): pip install -e '.[bench]'")
     except BenchError as e:
         ap.exit(2, f"{ap.prog}: error: {e}\n")  # one line, no usage block
-    server = bench_server()
+    # pg_stat_statements only when profiling: where PostgreSQL's time goes, per statement.
+    server = bench_server(statements="profile" in only)
     url = server.start()
-    results: dict[str, Any] = {"machine": {"cpus": os.cpu_count()}}
-    lags: dict[str, list[float]] = {}
+    started = time.time()
+    results: dict[str, Any] = {
+        "run": {
+            "started_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)),
+            "load_before": load_average(),
+        },
+        "machine": {"cpus": os.cpu_count()},
+    }
+    lags: dict[str, dict[str, list[float]]] = {}
     args.out.mkdir(parents=True, exist_ok=True)
 
-    def done(name: str, figs: dict[str, Any]) -> None:
-        if "_lags" in figs:
-            lags[name] = figs.pop("_lags")
+    async def section(name: str, aw: Awaitable[dict[str, Any]]) -> dict[str, Any]:
+        """Run one section, keep its figures with the load average around it."""
+        lb, t0 = load_average(), time.perf_counter()
+        figs = await aw
+        figs |= {
+            "section_seconds": round(time.perf_counter() - t0, 1),
+            "load_before": lb,
+            "load_after": load_average(),
+        }
+        # _lags, _handler_lags: raw lists, kept for start_lags.json and the plot
+        kept = {
+            k.strip("_").removesuffix("_lags"): figs.pop(k)
+            for k in [k for k in figs if k.startswith("_")]
+        }
+        if kept:
+            lags[name] = kept
         results[name] = figs
         print(f"{name}:", json.dumps(figs), flush=True)
+        return figs
+
+    async def bursts(handler: str, n: int, lead: float, deep: int = 0) -> None:
+        runs = [(a, args.concurrency) for a in aheads] + ([(aheads[-1], deep)] if deep else [])
+        for a, conc in runs:
+            await section(
+                burst_key(handler, n, a, conc if conc != args.concurrency else None),
+                burst.burst(db, url, n, args.workers, conc, lead, handler=handler, claim_ahead=a),
+            )
 
     t_all = time.perf_counter()
+    peer_n = args.peer_jobs or args.jobs
     try:
         async with Database(url, max_size=4) as db:
             await migrate(db)
+            results["machine"] = await machine_facts(db, sys.argv)
+            results["machine"]["args"] = {k: str(v) for k, v in vars(args).items()}
             if "materialise" in only:
-                done("materialise", await burst.materialise(db, args.jobs))
+                await section("materialise", burst.materialise(db, args.jobs))
             if "burst" in only:
-                done(
-                    "burst",
-                    await burst.burst(
-                        db, url, args.jobs, args.workers, args.concurrency, args.lead
-                    ),
-                )
+                for h in handlers:
+                    noop = h == "noop"
+                    await bursts(
+                        h,
+                        args.jobs if noop else args.handler_jobs,
+                        args.lead if noop else args.handler_lead,
+                        args.deep_concurrency if noop else 0,
+                    )
             if "ceiling" in only:
-                await burst.prepare_burst(db, args.jobs, args.lead)
-                done(
-                    "ceiling",
-                    await ceiling.ceiling(db, url, args.jobs, args.workers, args.ceiling_batch),
-                )
-            peer_n = args.peer_jobs or args.jobs
-            if "peer" in only and peer_n != args.jobs:
-                done(
-                    "burst_at_peer_n",
-                    await burst.burst(
-                        db, url, peer_n, args.workers, args.concurrency, args.peer_lead
+                peers = {"peer", "pgqueuer"} & only
+                for n in dict.fromkeys([args.jobs, peer_n] if peers else [args.jobs]):
+                    lead = args.lead if n == args.jobs else args.peer_lead
+                    await burst.prepare_burst(db, n, lead)
+                    await section(
+                        f"ceiling n={n}",
+                        ceiling.ceiling(db, url, n, args.workers, args.ceiling_batch),
+                    )
+            if ("peer" in only or "pgqueuer" in only) and (
+                peer_n != args.jobs or "burst" not in only
+            ):
+                await bursts("noop", peer_n, args.peer_lead)
+            if "pgqueuer" in only:
+                await section(
+                    "pgqueuer",
+                    pgq.pgqueuer_burst(
+                        url,
+                        peer_n,
+                        args.workers,
+                        args.concurrency,
+                        args.peer_lead,
+                        args.pgqueuer_batch,
                     ),
                 )
             if "peer" in only:
-                done(
+                await section(
                     "peer",
-                    await peer.peer_burst(
+                    peer.peer_burst(
                         url,
                         peer_n,
                         args.workers,
@@ -251,85 +434,84 @@ async def main() -> None:
                     ),
                 )
             if "sustained" in only:
-                done(
-                    "sustained",
-                    await sustained.sustained(
-                        db,
-                        worker_env(url),
-                        args.sustained_jobs,
-                        args.workers,
-                        args.concurrency,
-                        args.sustained_seconds,
-                        args.sustained_warmup,
-                    ),
-                )
+                for n in sustained_jobs:
+                    await section(
+                        f"sustained n={n}",
+                        sustained.sustained(
+                            db,
+                            worker_env(url),
+                            n,
+                            args.workers,
+                            args.concurrency,
+                            args.sustained_seconds,
+                            args.sustained_warmup,
+                        ),
+                    )
             if "growth" in only:
                 spec = jobs.spec_document(
                     ScheduledJobSpec.model_validate(
                         {"schedule": "* * * * *", "target": {"handler": {"name": "bench.noop"}}}
                     )
                 )
-                done(
+                await section(
                     "growth",
-                    await growth.growth(
-                        db, spec, growth_sizes, args.growth_history, args.growth_reps
-                    ),
+                    growth.growth(db, spec, growth_sizes, args.growth_history, args.growth_reps),
                 )
             if "profile" in only:
                 pdir = args.out / "profile"
-                for f in pdir.glob("worker-*.txt"):
-                    f.unlink()
-                figs = await burst.burst(
-                    db,
-                    url,
-                    args.profile_jobs,
-                    args.workers,
-                    args.concurrency,
-                    args.lead,
-                    profile=pdir,
-                )
-                prof = profile.analyse(sorted(pdir.glob("worker-*.txt")))
-                done(
-                    "profile",
-                    {
-                        "occurrences": args.profile_jobs,
-                        "per_second_under_py_spy": figs.get("per_second"),
-                        "start_lag_p99_s": figs.get("start_lag_p99_s"),
-                    }
-                    | prof,
-                )
+
+                async def profiled() -> dict[str, Any]:
+                    await profile.prepare(db, pdir)
+                    figs = await burst.burst(
+                        db,
+                        url,
+                        args.profile_jobs,
+                        args.workers,
+                        args.concurrency,
+                        args.lead,
+                        profile=pdir,
+                    )
+                    return await profile.summary(db, figs, pdir)
+
+                await section("profile", profiled())
             if "schedule" in only:
-                done("schedule", schedule.schedule_bench(args.schedule_calls))
+                await section("schedule", _now(schedule.schedule_bench(args.schedule_calls)))
             if "status" in only:
                 # Its own database (the operator migrates it), a local control plane.
                 with psycopg.connect(url, autocommit=True) as conn:
                     conn.execute("DROP DATABASE IF EXISTS cronwell_status_bench")
                     conn.execute("CREATE DATABASE cronwell_status_bench")
                 qps = [float(q) for q in args.status_qps.split(",") if q]
-                settings = await asyncio.to_thread(
-                    status.run, db_url(url, "cronwell_status_bench"), args.status_jobs, qps
-                )
-                done("status", {"settings": settings})
+
+                async def status_run() -> dict[str, Any]:
+                    settings = await asyncio.to_thread(
+                        status.run, db_url(url, "cronwell_status_bench"), args.status_jobs, qps
+                    )
+                    return {"settings": settings}
+
+                await section("status", status_run())
             if "prescale" in only:
-                figs = await prescale.prescale(
-                    db,
-                    url,
-                    args.prescale_n,
-                    args.prescale_concurrency,
-                    args.prescale_duration,
-                    args.prescale_max_workers,
-                    args.lead,
+                figs = await section(
+                    "prescale",
+                    prescale.prescale(
+                        db,
+                        url,
+                        args.prescale_n,
+                        args.prescale_concurrency,
+                        args.prescale_duration,
+                        args.prescale_max_workers,
+                        args.lead,
+                    ),
                 )
-                done("prescale", figs)
                 prescale.report(figs)
             if "retention" in only:
 
                 def doc(spec: dict[str, Any]) -> dict[str, Any]:
                     return jobs.spec_document(ScheduledJobSpec.model_validate(spec))
 
-                done(
+                await section(
                     "retention",
-                    await retention.retention(
+                    retention.retention(
                         db,
                         # 10 dead runs kept: the limit is reached within the simulated days
                         doc(
@@ -347,25 +529,69 @@ async def main() -> None:
                 )
             if "forecast" in only:
                 sizes = [int(x) for x in args.forecast_sizes.split(",") if x]
-                done("forecast", await forecast.forecast_bench(db, sizes))
+                await section("forecast", forecast.forecast_bench(db, sizes))
+    except BaseException as e:
+        results["run"]["error"] = f"{type(e).__name__}: {e}"[:500]
+        raise
     finally:
         server.stop("fast")
-    results["machine"]["total_seconds"] = round(time.perf_counter() - t_all, 1)
-    (args.out / "bench.json").write_text(json.dumps(results, indent=2))
-    if lags:
-        (args.out / "start_lags.json").write_text(json.dumps(lags))
-        cdf = {
-            f"{k} (n={results[k].get('occurrences')})": v
-            for k, v in lags.items()
-            if k in ("burst", "burst_at_peer_n", "peer")
+        results["run"] |= {
+            "total_seconds": round(time.perf_counter() - t_all, 1),
+            "load_after": load_average(),
         }
-        png = plot(cdf, args.out / "start_lag_cdf.png") if cdf else None
-        if png:
-            print(f"plot: {png}")
-    report(results)
+        write_results(results, lags, aheads, args.out, started)
+    report(results, aheads, args.deep_concurrency)
+
+
+async def _now(figs: dict[str, Any]) -> dict[str, Any]:
+    """A section computed without awaiting anything, as an awaitable for `section`."""
+    return figs
+
+
+def write_results(
+    results: dict[str, Any],
+    lags: dict[str, dict[str, list[float]]],
+    aheads: list[float],
+    out: Path,
+    started: float,
+) -> None:
+    """One results file per run (run-<UTC start>.json), latest.json = this run (the one to
+    commit), the raw lags and the CDF plot."""
+    text = json.dumps(results, indent=2)
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(started))
+    (out / f"run-{stamp}.json").write_text(text)
+    (out / "latest.json").write_text(text)
+    print(f"results: {out / f'run-{stamp}.json'} (= {out / 'latest.json'})")
+    if not lags:
+        return
+    (out / "start_lags.json").write_text(json.dumps(lags))
+    curves: dict[int, dict[str, list[float]]] = {}
+    for name, kept in lags.items():
+        figs = results[name]
+        n = figs.get("occurrences")
+        if name.startswith("burst noop "):
+            a = figs.get("claim_ahead_s")
+            tag = "before" if a == aheads[0] else "after" if a == aheads[-1] else "ahead"
+            if "concurrency=" in name:
+                tag += f", concurrency {figs.get('concurrency_per_worker')}"
+            curves.setdefault(n, {})[f"cronwell {tag} (claim ahead {a:g} s), at the handler"] = (
+                kept.get("handler", [])
+            )
+            curves[n][f"cronwell {tag} (claim ahead {a:g} s), started_at"] = kept.get("lags", [])
+        elif name == "peer":
+            curves.setdefault(n, {})[f"{figs.get('system')}, started event"] = kept.get("lags", [])
+        elif name == "pgqueuer":
+            curves.setdefault(n, {})[f"{figs.get('system')}, at the handler"] = kept.get(
+                "handler", []
+            )
+    png = plot(curves, out / "start_lag_cdf.png") if curves else None
+    if png:
+        print(f"plot: {png}")
 
 
 if __name__ == "__main__":
+    # SIGTERM (a timeout, a kill) unwinds like Ctrl-C: the server and workers are stopped.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     try:
         asyncio.run(main())
     except BenchError as e:  # found mid-run (the server is stopped by then)

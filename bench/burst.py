@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import subprocess
 import sys
 import tempfile
@@ -23,6 +24,7 @@ from typing import Any
 import psutil
 
 from bench.common import (
+    HANDLERS,
     handler_lags,
     lag_stats,
     seed,
@@ -85,13 +87,14 @@ async def materialise(db: Database, n: int) -> dict[str, Any]:
     }
 
 
-async def prepare_burst(db: Database, n: int, lead: float) -> None:
-    """n occurrences due at T = now + lead, materialised by one scheduler (not measured)."""
+async def prepare_burst(db: Database, n: int, lead: float, handler: str = "noop") -> None:
+    """n occurrences due at T = now + lead, materialised by one scheduler (not measured);
+    `handler`: a key of HANDLERS."""
     await seed(
         db,
         n,
         f"date_trunc('second', now()) + interval '{int(lead)} seconds'",
-        {"handler": {"name": "bench.noop"}},
+        {"handler": {"name": HANDLERS[handler]}},
     )
     s = Scheduler(db, SchedulerSettings(partitions=16, horizon_seconds=lead + 5))
     await partitions.ensure_leases(db, partitions=16)
@@ -110,12 +113,19 @@ async def burst(
     concurrency: int,
     lead: float,
     profile: Path | None = None,
+    *,
+    handler: str = "noop",
+    claim_ahead: float | None = None,
 ) -> dict[str, Any]:
-    """Materialise n occurrences due at T = now + lead, then let worker processes run them.
+    """Materialise n occurrences due at T = now + lead, then let worker processes run them
+    with `handler` (a key of HANDLERS) and `claim_ahead` seconds of claim ahead (None: the
+    worker's default; 0: claimed only once due, the behaviour before claim ahead).
     With `profile`, py-spy samples every worker process (raw collapsed stacks there)."""
-    await prepare_burst(db, n, lead)
+    await prepare_burst(db, n, lead, handler)
     starts_dir = Path(tempfile.mkdtemp(prefix="cronwell-bench-starts-"))
     env = worker_env(url) | {"CRONWELL_BENCH_STARTS": str(starts_dir)}
+    if claim_ahead is not None:
+        env["CRONWELL_CLAIM_AHEAD_SECONDS"] = f"{claim_ahead:g}"
     procs = [
         subprocess.Popen(  # noqa: ASYNC220 - started once, before timing
             worker_argv(concurrency, "cronwell_bench_noop"),
@@ -125,17 +135,22 @@ async def burst(
         for _ in range(workers)
     ]
     spies: list[subprocess.Popen[bytes]] = []
-    pg_cpu0 = _postgres_cpu()
     try:
         nd = await claims.next_due(db, pool="default")
         assert nd.next_due is not None, "the burst's occurrences are not pending"
         due_in = (nd.next_due - nd.db_now).total_seconds()
         if due_in < 1:
             print(f"warning: materialisation left only {due_in:.2f}s before T", file=sys.stderr)
+        # CPU is counted (and py-spy samples, and pg_stat_statements counts) from a little
+        # before the claims ahead of T: worker start-up (imports) is not the burst's cost.
+        ahead = 2.0 if claim_ahead is None else claim_ahead
+        await asyncio.sleep(max(0.0, due_in - ahead - 1.5))
+        cpu0 = sum(_cpu(p.pid) for p in procs)
+        pg_cpu0 = _postgres_cpu()
         if profile is not None:
-            # Sample from just before T: worker start-up (imports) is not the hot path.
+            async with db.connection() as conn:
+                await conn.execute("SELECT pg_stat_statements_reset()")
             profile.mkdir(parents=True, exist_ok=True)  # noqa: ASYNC240
-            await asyncio.sleep(max(0.0, due_in - 1.0))
             spies = [
                 subprocess.Popen(  # noqa: ASYNC220
                     [
@@ -167,8 +182,18 @@ async def burst(
             if done >= n:
                 break
             await asyncio.sleep(0.25)
-        worker_cpu = sum(_cpu(p.pid) for p in procs)
+        worker_cpu_all = sum(_cpu(p.pid) for p in procs)
+        worker_cpu = worker_cpu_all - cpu0
         pg_cpu = _postgres_cpu() - pg_cpu0
+        async with db.connection() as conn:
+            # When the last worker registered (start-up done), against T: a worker still
+            # importing at T adds its start-up to every lag (seen at load 13: 6 s).
+            cur = await conn.execute(
+                "SELECT extract(epoch FROM %s - max(started_at))::float8 AS s"
+                " FROM cronwell_processes WHERE role = 'worker' AND pid = ANY(%s)",
+                (nd.next_due, [p.pid for p in procs]),
+            )
+            ready = (await cur.fetchone() or {"s": None})["s"]
     finally:
         for p in procs:
             p.terminate()
@@ -186,11 +211,15 @@ async def burst(
         )
         successes = (await cur.fetchone() or {"n": 0})["n"]
     if done_after is None:
-        return {"occurrences": n, "succeeded": 0}
+        return {"occurrences": n, "handler": handler, "claim_ahead_s": claim_ahead, "succeeded": 0}
     offset = await wall_clock_offset(db)
     at_handler = handler_lags(starts_dir, offset)
+    cpu_ms = 1000 * (worker_cpu + pg_cpu) / n
+    cores = os.cpu_count() or 1
     return {
         "occurrences": n,
+        "handler": handler,
+        "claim_ahead_s": claim_ahead,
         "succeeded": len(lags),
         "success_attempt_rows": successes,
         "workers": workers,
@@ -199,9 +228,15 @@ async def burst(
         "handler_starts": len(at_handler),
         **lag_stats(at_handler, "handler_start_lag"),
         "db_minus_wall_clock_s": round(offset, 4),
+        "workers_ready_before_t_s": None if ready is None else round(ready, 2),
         "all_succeeded_after_s": round(done_after, 3),
         "worker_cpu_ms_per_occurrence": round(1000 * worker_cpu / n, 3),
+        "worker_cpu_ms_per_occurrence_with_startup": round(1000 * worker_cpu_all / n, 3),
         "postgres_cpu_ms_per_occurrence": round(1000 * pg_cpu / n, 3),
+        # The physical floor of this run: its CPU (workers + PostgreSQL) spread over every
+        # core with nothing else running; no start order beats it for the last occurrence.
+        "cpu_floor_s": round(cpu_ms * n / 1000 / cores, 3),
         "per_second": round(len(lags) / max(done_after, 1e-3)),
         "_lags": lags,
+        "_handler_lags": at_handler,
     }

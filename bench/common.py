@@ -26,10 +26,10 @@ ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results"
 
 NOOP_MODULE = """
-import atexit, os, time
+import asyncio, atexit, os, time
 import cronwell
 
-# With CRONWELL_BENCH_STARTS set, the handler writes its own start (wall clock) and its
+# With CRONWELL_BENCH_STARTS set, each handler writes its own start (wall clock) and its
 # nominal instant: the lag measured where it happens, not by cronwell's columns. Kept in
 # memory and written at exit (a write per call would be the bench's own overhead).
 _DIR = os.environ.get("CRONWELL_BENCH_STARTS")
@@ -41,12 +41,31 @@ def _write():
         with open(os.path.join(_DIR, f"{os.getpid()}.txt"), "a") as f:
             f.write("".join(_starts))
 
-@cronwell.handler("bench.noop")
-async def noop(ctx):
+def _mark(ctx):
     if _DIR:
         _starts.append(f"{time.time()!r} {ctx.scheduled_for.timestamp()!r}\\n")
-    return None
+
+@cronwell.handler("bench.noop")
+async def noop(ctx):
+    _mark(ctx)
+
+@cronwell.handler("bench.cpu1ms")
+async def cpu1ms(ctx):
+    # 1 ms of CPU on the event loop, as a handler doing real work in Python would.
+    _mark(ctx)
+    end = time.thread_time() + 0.001
+    while time.thread_time() < end:
+        pass
+
+@cronwell.handler("bench.io50ms")
+async def io50ms(ctx):
+    # 50 ms of waiting (simulated I/O): holds a slot, costs no CPU.
+    _mark(ctx)
+    await asyncio.sleep(0.05)
 """
+
+HANDLERS = {"noop": "bench.noop", "cpu1ms": "bench.cpu1ms", "io50ms": "bench.io50ms"}
+"""The burst's handler variants (`--handler`): name -> handler of NOOP_MODULE."""
 
 
 def worker_argv(concurrency: int, module: str | None = None) -> list[str]:
@@ -55,12 +74,13 @@ def worker_argv(concurrency: int, module: str | None = None) -> list[str]:
     return argv + (["--import", module] if module else [])
 
 
-def bench_server() -> EmbeddedPostgres:
-    """The benchmarks' own PostgreSQL (a temporary directory, room for many workers)."""
-    return EmbeddedPostgres(
-        Path(tempfile.mkdtemp(prefix="cronwell-bench-")),
-        settings={"max_connections": "300", "shared_buffers": "512MB"},
-    )
+def bench_server(statements: bool = False) -> EmbeddedPostgres:
+    """The benchmarks' own PostgreSQL (a temporary directory, room for many workers);
+    `statements`: with pg_stat_statements loaded (time per statement, for `profile`)."""
+    settings = {"max_connections": "300", "shared_buffers": "512MB"}
+    if statements:
+        settings["shared_preload_libraries"] = "pg_stat_statements"
+    return EmbeddedPostgres(Path(tempfile.mkdtemp(prefix="cronwell-bench-")), settings=settings)
 
 
 async def timed_due_scan(db: Database, conn: Conn, holder: str) -> tuple[float, list[Any]]:
@@ -212,3 +232,66 @@ async def timed_claim(
         "claim.claim_batch": t4 - t3,
     }
     return {k: 1000 * v for k, v in steps.items()}, started
+
+
+def load_average() -> list[float]:
+    """The 1, 5 and 15 minute load averages (the machine is shared: read figures with it)."""
+    return [round(x, 2) for x in os.getloadavg()]
+
+
+def _version(dist: str) -> str | None:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(dist)
+    except PackageNotFoundError:
+        return None
+
+
+def _git(*args: str) -> str | None:
+    try:
+        out = subprocess.run(
+            ["git", *args], cwd=ROOT, capture_output=True, text=True, check=True, timeout=10
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip()
+
+
+def _cpu_model() -> str | None:
+    import platform
+
+    info = Path("/proc/cpuinfo")
+    if info.exists():
+        for line in info.read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    return platform.processor() or None
+
+
+async def machine_facts(db: Database, argv: list[str]) -> dict[str, Any]:
+    """What a figure depends on besides the code: the machine, the versions, the commit and
+    the exact arguments of the run."""
+    import platform
+
+    import psutil
+
+    async with db.connection() as conn:
+        cur = await conn.execute("SELECT current_setting('server_version') AS v")
+        pg = (await cur.fetchone() or {"v": None})["v"]
+    status = _git("status", "--porcelain", "--untracked-files=no")
+    return {
+        "cpus": os.cpu_count(),
+        "cpu_model": _cpu_model(),
+        "memory_gb": round(psutil.virtual_memory().total / 2**30, 1),
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "postgresql": pg,
+        "versions": {
+            d: _version(d)
+            for d in ("cronwell", "psycopg", "procrastinate", "pgqueuer", "matplotlib", "py-spy")
+        },
+        "git_commit": _git("rev-parse", "HEAD"),
+        "git_dirty": bool(status) if status is not None else None,
+        "argv": argv,
+    }

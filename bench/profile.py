@@ -1,18 +1,28 @@
-"""Profile shares from py-spy raw (collapsed) stacks of the burst's worker processes.
+"""Profile: where a burst's time goes, in the workers and in PostgreSQL.
 
-Each line of a raw file is `frame;frame;...;leaf COUNT`, a frame `func (path:line)`.
-Reported: share of samples idle (event loop waiting in select/epoll), self time by
-package/module (leaf frame), and inclusive time of cronwell functions and a few known
-costs (pydantic validation, psycopg, prometheus metrics, logging, asyncio task creation).
+The burst again (`--profile-jobs`, the worker's default claim ahead) with py-spy sampling
+each worker process from just before T, and pg_stat_statements (the bench server loads it
+when this section runs) reset just before it. Reported:
+
+- from py-spy's raw (collapsed) stacks (each line `frame;frame;...;leaf COUNT`, a frame
+  `func (path:line)`): share of samples idle (event loop waiting in select/epoll), self
+  time by package/module (leaf frame), inclusive time of cronwell functions and a few
+  known costs (pydantic validation, psycopg, prometheus metrics, logging, asyncio tasks);
+- PostgreSQL: execution time per statement (top by total), per occurrence of the burst;
+- CPU per occurrence (workers, PostgreSQL: psutil) and the physical floor it implies:
+  CPU-seconds per occurrence x N / cores, and that floor at 50,000.
 """
 
 from __future__ import annotations
 
+import os
 import re
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+from cronwell.store import Database
 
 FRAME = re.compile(r"^(?P<func>.*?) \((?P<path>[^():]+)(?::\d+)?\)$")
 
@@ -90,3 +100,74 @@ def analyse(files: list[Path], top: int = 15) -> dict[str, Any]:
         "busy_inclusive_pct_cronwell_functions": share(incl_fn),
         "busy_inclusive_pct_known_costs": share(incl_marker),
     }
+
+
+def _stacks(pdir: Path, clear: bool = False) -> list[Path]:
+    """py-spy's files of the last profile (`clear`: delete those of an earlier one)."""
+    files = sorted(pdir.glob("worker-*.txt"))
+    if clear:
+        for f in files:
+            f.unlink()
+    return files
+
+
+async def _statements(db: Database, n: int, top: int = 12) -> dict[str, Any]:
+    """PostgreSQL's execution time per statement since the reset, top by total."""
+    async with db.connection() as conn:
+        cur = await conn.execute(
+            "SELECT calls, total_exec_time AS ms, rows, left(regexp_replace(query, '\\s+', ' ',"
+            " 'g'), 160) AS query FROM pg_stat_statements"
+            " WHERE query NOT ILIKE '%%pg_stat_statements%%'"
+            " ORDER BY total_exec_time DESC LIMIT %s",
+            (top,),
+        )
+        rows = await cur.fetchall()
+        cur = await conn.execute(
+            "SELECT coalesce(sum(total_exec_time), 0) AS ms FROM pg_stat_statements"
+        )
+        total = float((await cur.fetchone() or {"ms": 0})["ms"])
+    return {
+        "exec_ms_per_occurrence_all_statements": round(total / n, 4),
+        "top_statements": [
+            {
+                "exec_ms_per_occurrence": round(float(r["ms"]) / n, 4),
+                "calls": r["calls"],
+                "rows": r["rows"],
+                "ms_per_call": round(float(r["ms"]) / max(r["calls"], 1), 3),
+                "query": r["query"],
+            }
+            for r in rows
+        ],
+    }
+
+
+async def prepare(db: Database, pdir: Path) -> None:
+    """Before the profiled burst: py-spy files of an earlier run deleted, the extension on
+    (the server loads the library when this section runs)."""
+    _stacks(pdir, clear=True)
+    async with db.connection() as conn:
+        await conn.execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
+
+
+async def summary(db: Database, figs: dict[str, Any], pdir: Path) -> dict[str, Any]:
+    """After the burst (`figs`, run with py-spy writing to `pdir`): the shares, PostgreSQL's
+    time per statement, the CPU per occurrence and the floor it implies."""
+    n = figs["occurrences"]
+    stmts = await _statements(db, n)
+    cpu_ms = figs.get("worker_cpu_ms_per_occurrence", 0) + figs.get(
+        "postgres_cpu_ms_per_occurrence", 0
+    )
+    cores = os.cpu_count() or 1
+    return {
+        "occurrences": n,
+        "claim_ahead_s": figs.get("claim_ahead_s"),
+        "per_second_under_py_spy": figs.get("per_second"),
+        "start_lag_p99_s": figs.get("start_lag_p99_s"),
+        "handler_start_lag_p99_s": figs.get("handler_start_lag_p99_s"),
+        "all_succeeded_after_s": figs.get("all_succeeded_after_s"),
+        "worker_cpu_ms_per_occurrence": figs.get("worker_cpu_ms_per_occurrence"),
+        "postgres_cpu_ms_per_occurrence": figs.get("postgres_cpu_ms_per_occurrence"),
+        "cpu_floor_s": figs.get("cpu_floor_s"),
+        "cpu_floor_at_50000_s": round(cpu_ms * 50_000 / 1000 / cores, 2),
+        "postgres": stmts,
+    } | analyse(_stacks(pdir))

@@ -4,7 +4,8 @@ J jobs with a per-second cron (`* * * * * *`, seconds first) and a no-op handler
 `cronwell scheduler` process and W `cronwell worker` processes, for D seconds. Throughput
 is counted over the steady window (after a warm-up) from the database: occurrences
 finished per second, against occurrences offered (scheduled_for in the window); start lag
-of those offered; backlog (due but unstarted) at the end.
+of those offered (`started_at`); backlog (due but unstarted) at the end. The target is
+every job once a second: finished/s = offered/s, no backlog (issue 18: 10,000/s, p99 <= 1 s).
 """
 
 from __future__ import annotations
@@ -96,7 +97,7 @@ async def sustained(
         "steady_window_s": round(window, 1),
         "offered_per_second": round(r["offered"] / window),
         "per_second": round(r["finished"] / window),
-        "target_per_second": 1000,
+        "target_per_second": n_jobs,
         "backlog_at_end": r["backlog_at_end"],
         "skipped_overlap": r["skipped"],
     }

@@ -221,12 +221,13 @@ def _settle(fut: asyncio.Future[None], exc: BaseException | None) -> None:
 async def run(
     target: Target,
     ctx: Context,
-    client: httpx.AsyncClient,
+    client: httpx.AsyncClient | None,
     timeout_seconds: float,
     secrets: Mapping[str, str] | None = None,
     job: JobRunner | None = None,
 ) -> None:
-    """Run one attempt of `target`. `job` runs a `job` target (None: this worker has no
+    """Run one attempt of `target`. `client`: the egress-checked client an HTTP target
+    needs (None for the others); `job` runs a `job` target (None: this worker has no
     cluster, as in standalone mode, and refuses it)."""
     if target.job is not None:
         if job is None:
@@ -239,6 +240,8 @@ async def run(
             )
         await job(target.job, timeout_seconds)
     elif target.http is not None:
+        if client is None:
+            raise TypeError("an HTTP target needs a client")
         await run_http(target.http, ctx, client, timeout_seconds, secrets)
     elif target.handler is not None:
         ctx.payload = dict(target.handler.payload)
