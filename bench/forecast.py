@@ -89,7 +89,7 @@ async def seed(db: Database, size: int) -> float:
 
 
 async def old_path(db: Database, start: datetime) -> dict[str, PoolForecast]:
-    """The forecast as `forecast_pools` computed it before issue 18 (its clock read aside:
+    """The forecast as `fleet_forecast` computed it before issue 18 (its clock read aside:
     `start` is given so both paths forecast the same buckets)."""
     js = [
         ForecastJob(str(r.id), r.pool, r.spec, r.p90_seconds)

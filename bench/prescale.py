@@ -4,7 +4,7 @@
     .venv/bin/python -m bench --only prescale --prescale-n 10000
 
 N jobs whose cron fires at one instant T (seconds field, so T is seconds away) are seeded
-in a fresh store. The operator's forecast (`forecast_pools` + `plan_replicas`, the code the
+in a fresh store. The operator's forecast (`Forecaster.forecast` + `plan_replicas`, the code the
 pre-scaler runs) is asked how many replicas the pool needs for it, with
 concurrencyPerReplica = the workers' --concurrency and defaultDurationSeconds = the
 handler's duration. Then the burst runs twice on fresh data, each time with the worker
@@ -43,7 +43,7 @@ from bench.common import (
     worker_argv,
     worker_env,
 )
-from cronwell.fleet_forecast import forecast_pools
+from cronwell.fleet_forecast import Forecaster
 from cronwell.forecast import plan_replicas, upcoming_burst
 from cronwell.scheduler import Scheduler
 from cronwell.settings import SchedulerSettings
@@ -104,7 +104,7 @@ def check(max_workers: int) -> None:
 
 async def plan(db: Database, spec: WorkerPoolSpec, horizon: float) -> dict[str, Any]:
     """What the pre-scaler would do for the seeded burst (pool `default`)."""
-    forecasts = await forecast_pools(db, horizon, pools={"default": spec})
+    forecasts = await Forecaster().forecast(db, horizon, pools={"default": spec})
     pf = forecasts["default"]
     p = plan_replicas(pf, spec, pf.start)
     burst = upcoming_burst(pf, p, spec)

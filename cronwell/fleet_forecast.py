@@ -54,7 +54,12 @@ class Forecaster:
         history: int = HISTORY_RUNS,
         slo_seconds: float = DEFAULT_SLO_SECONDS,
     ) -> dict[str, PoolForecast]:
-        """See `forecast_pools`."""
+        """Forecast every pool (or `pool`) from the store, starting at the database's now
+        truncated to the second (so buckets, and burst times, fall on whole seconds and stay
+        the same from one forecast to the next): live jobs with their p90 durations, plus each
+        pool's backlog of due pending occurrences; concurrency per bucket uses each pool's SLO
+        and default duration from `pools` (WorkerPool specs); other pools use `slo_seconds` and
+        the default duration."""
         pools = pools or {}
         exact = await clock.now(db)
         now = exact.replace(microsecond=0)
@@ -104,31 +109,3 @@ class Forecaster:
             slo = spec.start_slo_seconds if spec else slo_seconds
             concurrency_timeline(pf, slo, self.cache.memo)
         return out
-
-
-async def forecast_pools(
-    db: Database,
-    horizon_seconds: float,
-    *,
-    pool: str | None = None,
-    resolution: float = 1.0,
-    pools: Mapping[str, WorkerPoolSpec] | None = None,
-    history: int = HISTORY_RUNS,
-    slo_seconds: float = DEFAULT_SLO_SECONDS,
-    forecaster: Forecaster | None = None,
-) -> dict[str, PoolForecast]:
-    """Forecast every pool (or `pool`) from the store, starting at the database's now
-    truncated to the second (so buckets, and burst times, fall on whole seconds and stay
-    the same from one forecast to the next): live jobs with their p90 durations, plus each
-    pool's backlog of due pending occurrences; concurrency per bucket uses each pool's SLO
-    and default duration from `pools` (WorkerPool specs); other pools use `slo_seconds` and
-    the default duration. A loop passes its `forecaster` (kept state: incremental)."""
-    return await (forecaster or Forecaster()).forecast(
-        db,
-        horizon_seconds,
-        pool=pool,
-        resolution=resolution,
-        pools=pools,
-        history=history,
-        slo_seconds=slo_seconds,
-    )

@@ -1,7 +1,7 @@
 """Demand forecast per worker pool, the concurrency it needs, and the replicas to plan.
 
-Pure logic (no I/O): `fleet_forecast.forecast_pools` reads the store and calls it. The
-operator's WorkerPool loop calls `forecast_pools` then `plan_replicas` and scales the pool's
+Pure logic (no I/O): `fleet_forecast.Forecaster.forecast` reads the store and calls it. The
+operator's WorkerPool loop calls `Forecaster.forecast` then `plan_replicas` and scales the pool's
 Deployment ahead of bursts.
 
 The model, precisely:

@@ -62,7 +62,7 @@ def forecast_cmd(
 
     async def go() -> dict[str, forecast.PoolForecast]:
         async with env.database() as db:
-            return await fleet_forecast.forecast_pools(
+            return await fleet_forecast.Forecaster().forecast(
                 db, horizon_s, pool=pool, slo_seconds=spec.start_slo_seconds
             )
 

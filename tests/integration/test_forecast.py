@@ -1,4 +1,4 @@
-"""forecast_pools on a real PostgreSQL: live jobs, p90 durations from history, backlog;
+"""Forecaster.forecast on a real PostgreSQL: live jobs, p90 durations from history, backlog;
 and `cronwell forecast` as users run it."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from cronwell import jobs
-from cronwell.fleet_forecast import Forecaster, forecast_pools
+from cronwell.fleet_forecast import Forecaster
 from cronwell.forecast import (
     DEFAULT_SLO_SECONDS,
     HISTORY_RUNS,
@@ -73,7 +73,7 @@ async def test_forecast_pools_from_the_store(db: Database) -> None:
             {"scaleTargetRef": {"name": "w"}, "startSLOSeconds": 2, "concurrencyPerReplica": 1}
         )
     }
-    out = await forecast_pools(db, 600, pools=pools)
+    out = await Forecaster().forecast(db, 600, pools=pools)
     assert set(out) == {"default", "reports"}
     rep, dflt = out["reports"], out["default"]
     assert abs((rep.start - now).total_seconds()) < 5
@@ -90,7 +90,7 @@ async def test_forecast_pools_from_the_store(db: Database) -> None:
     plan = plan_replicas(rep, pools["reports"], now)
     assert plan.replicas == 2 and plan.next_burst is not None and plan.next_burst.size >= 5
 
-    only = await forecast_pools(db, 60, pool="default")
+    only = await Forecaster().forecast(db, 60, pool="default")
     assert set(only) == {"default"} and math.isclose(only["default"].resolution, 1.0)
 
 
@@ -101,7 +101,7 @@ async def test_a_materialised_one_shot_burst_still_counts(db: Database) -> None:
     at = (now + timedelta(seconds=40)).replace(microsecond=0)
     for i in range(5):
         await make_job(db, f"once-{i}", runAt=at.isoformat(), pool="burst")
-    before = await forecast_pools(db, 120, pool="burst")
+    before = await Forecaster().forecast(db, 120, pool="burst")
     s = await scheduler(db, horizon_seconds=60)
     assert await s.materialise_until_idle() == 5
     async with db.connection() as conn:
@@ -110,7 +110,7 @@ async def test_a_materialised_one_shot_burst_still_counts(db: Database) -> None:
         )
         row = await cur.fetchone()
     assert row is not None and row["n"] == 5  # nothing left to materialise
-    after = await forecast_pools(db, 120, pool="burst")
+    after = await Forecaster().forecast(db, 120, pool="burst")
     assert sum(before["burst"].counts) == sum(after["burst"].counts) == 5
     assert after["burst"].backlog == 0
 
