@@ -6,6 +6,7 @@ the Job controller by patching each Job's status to Complete or Failed."""
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -275,3 +276,27 @@ def test_history_limits_delete_the_oldest_finished_jobs(
         f"only {c2} and {d} left of {seen}",
         timeout=60,
     )
+
+
+def test_suspend_stops_creating_jobs(
+    kube: Cluster, ns: str, store: str, stack: OperatorProcess
+) -> None:
+    """A suspended ScheduledJob creates no Job: once the store has the suspension, no
+    occurrence of it is due (every 3 s otherwise), so no Job appears in the 9 s after."""
+    apply(kube, ns, "paused")
+    eventually(stack, lambda: job_names(kube, ns, "paused"), "a first Job", timeout=60)
+    suspend(kube, ns, "paused")
+
+    def suspended_in_store() -> bool:
+        rows = sql(
+            store,
+            "SELECT suspended FROM cronwell_jobs WHERE namespace = %s AND name = 'paused'",
+            (ns,),
+        )
+        return bool(rows and rows[0]["suspended"])
+
+    eventually(stack, suspended_in_store, "the suspension in the store", timeout=30)
+    time.sleep(4)  # an occurrence claimed just before the suspension makes its Job meanwhile
+    before = job_names(kube, ns, "paused")
+    time.sleep(9)  # three instants of the schedule
+    assert job_names(kube, ns, "paused") == before
