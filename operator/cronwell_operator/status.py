@@ -11,7 +11,8 @@ alter a job's status (see migration 0002). The writer, running only in the leade
    the last status seen or written), and posts Events for dead letters, missed runs and
    failed attempts (one Event per reason per job per pass, with a count); with more jobs
    waiting than one chunk, failures go first and a job still running goes last in the
-   pass, so that a burst's CRs are patched once each (when their run has ended), not twice;
+   pass, and one whose run began less than SETTLE_SECONDS ago waits for a later pass, so
+   that a burst's CRs are patched once each (when their run has ended), not twice;
 4. deletes the rows it handled; rows of a job whose patch failed stay, and that job backs
    off (exponentially, per job): its rows are skipped by the next reads, so a job that
    keeps failing never blocks the jobs behind it, and a pass where every write failed
@@ -52,6 +53,10 @@ from cronwell_operator.settings import OperatorSettings
 from cronwell_operator.status_build import build_status, events_for, same_status, transition_events
 
 log = logging.getLogger(__name__)
+
+#: How long a job whose run has just begun may wait for its end before it is written as
+#: running (the last chunk of a pass; see pass_once).
+SETTLE_SECONDS = 2.0
 
 
 def is_failure(change: StatusChange) -> bool:
@@ -204,6 +209,23 @@ class StatusWriter:
                     queue += sorted(later)
                     if not uids:
                         continue
+            else:
+                # The pass's last chunk: a running job whose changes were all logged moments
+                # ago (a burst's run) is left to a later pass, its rows kept, so that it is
+                # patched once, when its run has ended, not once running and once done. Not
+                # for long: once its oldest change is SETTLE_SECONDS old it is written.
+                young = {
+                    u
+                    for u in uids
+                    if u not in urgent
+                    and u in facts
+                    and facts[u].active
+                    and self._oldest_change_age(changes.get(u)) < SETTLE_SECONDS
+                }
+                if young:
+                    uids = [u for u in uids if u not in young]
+                    if not uids:
+                        continue
             batch = {uid: changes.pop(uid, []) for uid in uids}
             ok = await asyncio.gather(
                 *(self._write(uid, facts.get(uid), batch[uid]) for uid in uids)
@@ -223,6 +245,15 @@ class StatusWriter:
         # More is waiting only if this pass made progress: a pass where every write failed
         # (the API server is down) waits for the poll interval, not loops at once.
         return len(rows) >= s.status.batch_size and any(results)
+
+    def _oldest_change_age(self, changes: list[StatusChange] | None) -> float:
+        """Seconds since the job's oldest unwritten change (the database's clock): the
+        oldest, so that a job that is always running (a per-second cron) still waits at
+        most SETTLE_SECONDS; infinite for a job with none (touched by a handler)."""
+        if not changes:
+            return float("inf")
+        oldest = min(c.changed_at for c in changes).timestamp()
+        return time.time() + self._clock_offset - oldest
 
     async def _write(self, uid: str, row: JobStatus | None, changes: list[StatusChange]) -> bool:
         """Bring one CR's status up to date; False to retry it next pass."""

@@ -1,6 +1,7 @@
 """Status write-back puts failures first: a dead letter logged behind a backlog of
 successes is on its CR before them, and so is one logged while a pass is writing them. And
-with a backlog, a job still running is written after the finished ones (once, not twice).
+with a backlog, a job still running is written after the finished ones (once, not twice),
+and one whose run has just begun waits for its end, but not for long.
 
 The writer runs in this process against the real API server and store, slowed to one
 request per 4 s (`--status-qps 0.25 --status-burst 1 --status-concurrency 1`): which CRs
@@ -157,3 +158,40 @@ async def test_with_a_backlog_a_running_job_is_written_after_the_finished_ones(
     assert order[-1] == running, order
     shown = statuses(kube, ns)[running]
     assert shown["lastScheduleTime"] and "lastSuccessfulTime" not in shown  # it shows the run
+
+
+async def test_a_run_that_just_began_is_written_once_when_it_has_ended_not_twice(
+    kube: Cluster, ns: str, store: str
+) -> None:
+    async with Database(store) as db:
+        writer, uids = await setup(db, kube, ns, ["fresh"])
+        await finish(db, uids["fresh"], "running")
+        await writer.pass_once()
+        assert writer.stats.patches == 0 and not statuses(kube, ns)["fresh"]
+        async with db.connection() as conn:  # its change stays in the log for a later pass
+            cur = await conn.execute("SELECT count(*) AS n FROM cronwell_status_changes")
+            assert (await cur.fetchone())["n"] == 1  # type: ignore[index]
+            await conn.execute(
+                "UPDATE cronwell_occurrences SET state = 'succeeded', finished_at = now()"
+                " WHERE job_id = %s",
+                (uids["fresh"],),
+            )
+        await writer.pass_once()
+    assert writer.stats.patches == 1
+    assert statuses(kube, ns)["fresh"]["lastSuccessfulTime"]
+
+
+async def test_a_run_that_began_seconds_ago_is_written_as_running(
+    kube: Cluster, ns: str, store: str
+) -> None:
+    async with Database(store) as db:
+        writer, uids = await setup(db, kube, ns, ["slow"])
+        await finish(db, uids["slow"], "running")
+        async with db.connection() as conn:  # logged SETTLE_SECONDS and more ago
+            await conn.execute(
+                "UPDATE cronwell_status_changes SET changed_at = now() - interval '10 seconds'"
+            )
+        await writer.pass_once()
+    assert writer.stats.patches == 1
+    shown = statuses(kube, ns)["slow"]
+    assert shown["lastScheduleTime"] and "lastSuccessfulTime" not in shown
