@@ -22,6 +22,11 @@ run them, and a watch on the CRs records when each status shows the run
 - floor_s = CRs / QPS (one patch per changed CR is the least the writer can do at that rate)
   and over_floor_pct: how much longer than that the writer took, from the first success to
   the last status shown;
+- api_server_patches_per_s: what this API server takes from plain client threads (as many
+  as the writer's concurrency, one small status merge patch per CR, 10 s, just before the
+  burst, the operator's watch open): on one machine its share of the cores can be below
+  the QPS. floor_here_s = CRs / min(QPS, that rate) and over_floor_here_pct: the writer's
+  own overhead on this machine;
 - failures first: `--failing` more CRs (default 10) whose target always fails (a refused
   connection, one attempt: dead-lettered at once), due at the same T among the N successes.
   failure_on_cr_max_s: from a failure's finished_at to its CR showing lastFailureTime, the
@@ -56,9 +61,12 @@ from bench.common import RESULTS, ROOT, stop_all, worker_argv
 from cronwell.embedded import EmbeddedPostgres, free_port
 from cronwell.models import GROUP, VERSION
 from cronwell.testing.controlplane import ControlPlane, find_assets
+from cronwell_operator.settings import StatusSettings
 from cronwell_operator.testing import OperatorProcess, sql, wait_until
 
 NS = "bench"
+#: The operator's status requests in flight (its default), also the raw probe's threads.
+STATUS_CONCURRENCY = StatusSettings.model_fields["concurrency"].default
 PLURAL = "scheduledjobs"
 SPEC = {"schedule": "0 0 1 1 *", "target": {"log": {"message": "bench"}}}
 #: Always fails at once: nothing listens on port 9 (discard); one attempt, then dead-lettered.
@@ -112,6 +120,29 @@ def create_crs(api: client.ApiClient, n: int, failing: int, threads: int = 8) ->
     with ThreadPoolExecutor(threads) as pool:
         list(pool.map(one, wanted))
     return time.monotonic() - t0
+
+
+def raw_patch_rate(api: client.ApiClient, names: list[str], threads: int, seconds: float) -> float:
+    """Status patches per second this API server takes, here and now, from `threads` plain
+    client threads (the same kubernetes client, no operator logic), a merge patch of one
+    status field per CR, for at most `seconds`: on one machine the API server's share of
+    the cores, not the QPS setting, may be what bounds a writer."""
+    custom = client.CustomObjectsApi(api)
+    body = {"status": {"lastScheduleTime": "2000-01-01T00:00:00Z"}}  # never the bench's T
+    stop_at = time.monotonic() + seconds
+
+    def one(name: str) -> int:
+        if time.monotonic() > stop_at:
+            return 0
+        custom.patch_namespaced_custom_object_status(
+            GROUP, VERSION, NS, PLURAL, name, body, _content_type="application/merge-patch+json"
+        )
+        return 1
+
+    t0 = time.monotonic()
+    with ThreadPoolExecutor(threads) as pool:
+        done = sum(pool.map(one, names))
+    return done / (time.monotonic() - t0)
 
 
 class Converged:
@@ -224,6 +255,12 @@ def one_setting(
             return seen >= n + failing and backlog == 0
 
         wait_until(resumed, timeout, "the operator resumed every CR", interval=1, check=op._alive)
+        # What the API server takes here, with the operator's watch and one like the bench's
+        # open (the measured run has both): the floor on this machine.
+        probe_watch = Converged(api, "", n).start()
+        raw = raw_patch_rate(api, [f"j{i:06d}" for i in range(n)], STATUS_CONCURRENCY, 10.0)
+        probe_watch.stop.set()
+        log(f"qps={qps:g}: this API server takes {raw:.0f} status patches/s")
         m0 = scrape(port)
         with psycopg.connect(url, autocommit=True) as conn:
             t_burst: datetime = conn.execute(  # type: ignore[index]
@@ -292,6 +329,7 @@ def one_setting(
         fail_lags = sorted(watcher.failed_at[k] - v for k, v in failed_done.items())
         last_fail_shown = max(watcher.failed_at.values(), default=0.0)
         floor = (n + failing) / qps
+        floor_here = (n + failing) / min(qps, raw)
         m1 = scrape(port)
         req = {k: v - api_requests(m0)[k] for k, v in api_requests(m1).items()}
         window = t_all - float(runs["first"])  # from the first success to the last status
@@ -309,6 +347,9 @@ def one_setting(
             "floor_s": round(floor, 1),
             "writer_window_s": round(window, 1),
             "over_floor_pct": round((window / floor - 1) * 100, 1),
+            "api_server_patches_per_s": round(raw, 1),
+            "floor_here_s": round(floor_here, 1),
+            "over_floor_here_pct": round((window / floor_here - 1) * 100, 1),
             "failing": failing,
             "failure_on_cr_p50_s": round(fail_lags[len(fail_lags) // 2], 1) if fail_lags else None,
             "failure_on_cr_max_s": round(fail_lags[-1], 1) if fail_lags else None,

@@ -55,8 +55,9 @@ from cronwell_operator.status_build import build_status, events_for, same_status
 log = logging.getLogger(__name__)
 
 #: How long a job whose run has just begun may wait for its end before it is written as
-#: running (the last chunk of a pass; see pass_once).
-SETTLE_SECONDS = 2.0
+#: running (see pass_once). Above the workers' claim ahead (2 s by default): an occurrence
+#: claimed ahead is logged as running before its instant, and most runs end soon after it.
+SETTLE_SECONDS = 5.0
 
 
 def is_failure(change: StatusChange) -> bool:
@@ -195,37 +196,24 @@ class StatusWriter:
                 str(r.id): r
                 for r in await status_changes.job_status(self.db, [uuid.UUID(u) for u in uids])
             }
-            if queue:
-                # With more waiting, a job running now would need a second patch when it
-                # ends: write it once, after the rest of the pass (deferred once, not more).
-                later = {
-                    u
-                    for u in uids
-                    if u not in deferred and u not in urgent and u in facts and facts[u].active
-                }
-                if later:
-                    deferred |= later
-                    uids = [u for u in uids if u not in later]
-                    queue += sorted(later)
-                    if not uids:
-                        continue
-            else:
-                # The pass's last chunk: a running job whose changes were all logged moments
-                # ago (a burst's run) is left to a later pass, its rows kept, so that it is
-                # patched once, when its run has ended, not once running and once done. Not
-                # for long: once its oldest change is SETTLE_SECONDS old it is written.
-                young = {
-                    u
-                    for u in uids
-                    if u not in urgent
-                    and u in facts
-                    and facts[u].active
-                    and self._oldest_change_age(changes.get(u)) < SETTLE_SECONDS
-                }
-                if young:
-                    uids = [u for u in uids if u not in young]
-                    if not uids:
-                        continue
+            # A running job would need a second patch when its run ends. With more waiting,
+            # it is written once, after the rest of the pass (deferred once, not more); when
+            # it comes round again (or in the last chunk) and its changes were all logged
+            # moments ago (a burst's run), it is left to a later pass, its rows kept. Not for
+            # long: once its oldest change is SETTLE_SECONDS old it is written as running.
+            active = {u for u in uids if u not in urgent and u in facts and facts[u].active}
+            later = {u for u in active if u not in deferred} if queue else set()
+            young = {
+                u
+                for u in active - later
+                if self._oldest_change_age(changes.get(u)) < SETTLE_SECONDS
+            }
+            if later or young:
+                deferred |= later
+                queue += sorted(later)
+                uids = [u for u in uids if u not in later and u not in young]
+                if not uids:
+                    continue
             batch = {uid: changes.pop(uid, []) for uid in uids}
             ok = await asyncio.gather(
                 *(self._write(uid, facts.get(uid), batch[uid]) for uid in uids)
