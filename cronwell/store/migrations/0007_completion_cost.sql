@@ -18,10 +18,14 @@
 -- inserted. TRUNCATE fires no delete trigger: truncate cronwell_attempts with it.
 ALTER TABLE cronwell_attempts DROP CONSTRAINT cronwell_attempts_occurrence_id_fkey;
 
+-- The ids as one array, not a join with old_rows: plpgsql plans the statement once per
+-- session and keeps the plan, and a join planned for a first large delete (a hash join over
+-- a sequential scan of cronwell_attempts) would scan the whole table again for every later
+-- delete of one occurrence; `= ANY (ARRAY(...))` is an index scan whatever the size.
 CREATE FUNCTION cronwell_attempts_occurrence_deleted() RETURNS trigger
 LANGUAGE plpgsql AS $$
 BEGIN
-    DELETE FROM cronwell_attempts a USING old_rows o WHERE a.occurrence_id = o.id;
+    DELETE FROM cronwell_attempts WHERE occurrence_id = ANY (ARRAY(SELECT id FROM old_rows));
     RETURN NULL;
 END $$;
 
