@@ -34,10 +34,13 @@ att AS (
                                    outcome, started_at, finished_at)
     SELECT id, idempotency_key, attempt, fence, worker_id, 'succeeded', started_at, finished_at
     FROM done),
+-- A success resets its job's failures. One scan of the small partial index
+-- cronwell_jobs_failing (0007) with the batch's job ids as one array, not a lookup per job
+-- (the array form keeps that plan whatever the estimates; `IN (SELECT ...)` flips between
+-- plans with the index's statistics).
 jobs AS (
     UPDATE cronwell_jobs j SET consecutive_failures = 0
-    FROM (SELECT DISTINCT job_id FROM done) d
-    WHERE j.id = d.job_id AND j.consecutive_failures <> 0)
+    WHERE j.consecutive_failures <> 0 AND j.id = ANY (ARRAY(SELECT job_id FROM done)))
 SELECT idempotency_key, job_id, overlap FROM done;
 
 -- name: OccurrenceFail

@@ -30,7 +30,8 @@ WHERE j.id = o.job_id AND o.state = 'dead' AND j.deleted_at IS NULL
 RETURNING o.idempotency_key, o.pool, o.run_at, o.attempt, o.max_attempts;
 
 -- name: DeadPurge
--- Deletes dead occurrences finished longer ago than the cutoff (their attempts cascade).
+-- Deletes dead occurrences finished longer ago than the cutoff (their attempts go with them:
+-- the trigger cronwell_attempts_occurrence_delete, 0007).
 DELETE FROM cronwell_occurrences o USING cronwell_jobs j
 WHERE j.id = o.job_id AND o.state = 'dead'
   AND o.finished_at < now() - make_interval(secs => %(older_than)s)

@@ -2,9 +2,10 @@
 
 -- name: HistoryLimitPrune
 -- Per-job history limits for the jobs after `after` in uid order (`jobs` of them): deletes
--- at most `limit` finished occurrences (their attempts cascade) beyond the newest
--- successfulJobsHistoryLimit succeeded ones and failedJobsHistoryLimit of each other final
--- state. Returns the last job examined (NULL: the sweep is over) and the rows deleted.
+-- at most `limit` finished occurrences beyond the newest successfulJobsHistoryLimit
+-- succeeded ones and failedJobsHistoryLimit of each other final state (their attempts go
+-- with them: the trigger cronwell_attempts_occurrence_delete, 0007). Returns the last job
+-- examined (NULL: the sweep is over) and the rows deleted.
 WITH js AS (
     SELECT id, coalesce((spec ->> 'successfulJobsHistoryLimit')::int, 100) AS ok_keep,
            coalesce((spec ->> 'failedJobsHistoryLimit')::int, 100) AS bad_keep
@@ -23,8 +24,9 @@ gone AS (
 SELECT (SELECT max(id::text)::uuid FROM js) AS last_job, (SELECT count(*) FROM gone) AS deleted;
 
 -- name: HistoryRetentionPrune
--- Store-wide retention: at most `limit` finished occurrences (attempts cascade) of deleted
--- and one-shot jobs that finished longer than `retention` seconds ago, oldest first.
+-- Store-wide retention: at most `limit` finished occurrences of deleted and one-shot jobs
+-- that finished longer than `retention` seconds ago, oldest first (their attempts go with
+-- them: the trigger cronwell_attempts_occurrence_delete, 0007).
 DELETE FROM cronwell_occurrences
 WHERE id IN (SELECT o.id FROM cronwell_occurrences o JOIN cronwell_jobs j ON j.id = o.job_id
              WHERE o.finished_at < now() - make_interval(secs => %(retention)s)

@@ -15,7 +15,7 @@ from cronwell.models import ScheduledJobSpec
 from cronwell.scheduler import Scheduler
 from cronwell.sdk import Context
 from cronwell.settings import SchedulerSettings
-from cronwell.store import status_changes
+from cronwell.store import dead, status_changes
 from cronwell.store.db import Database
 from tests.helpers.store import fail_dead
 
@@ -127,6 +127,53 @@ async def test_retention_prunes_deleted_and_one_shot_jobs_only(db: Database) -> 
     await sql(db, "UPDATE cronwell_occurrences SET finished_at = now() - interval '8 days'")
     # younger than the retention: kept
     assert (await (await _pruner(db, retention_seconds=9 * 86400)).prune_once()).retention == 0
+
+
+async def _attempt_keys(db: Database) -> list[str]:
+    """Keys of all attempt rows, whether their occurrence still exists or not."""
+    rows = await sql(db, "SELECT idempotency_key FROM cronwell_attempts ORDER BY id")
+    return [r["idempotency_key"] for r in rows]
+
+
+async def test_deleting_occurrences_deletes_their_attempts(db: Database) -> None:
+    """Attempts have no foreign key to their occurrence (0007: its per-row check was the
+    costliest part of a completion); a statement trigger deletes them with it. Every
+    delete path that meets occurrences with attempts leaves none behind: history limits,
+    retention, the dead-letter purge, and a plain DELETE."""
+    keep = await make_job(db, "keep", schedule="0 0 1 1 *", successfulJobsHistoryLimit=1)
+    gone = await make_job(db, "gone", schedule="0 0 1 1 *")
+    dlq = await make_job(db, "dlq", schedule="0 0 1 1 *", retry={"maxAttempts": 1})
+    for j in (keep, gone, dlq):
+        await _past_occurrences(db, j.id, 2)
+    claimed = await dispatch.claim(db, pool="default", worker_id="w", limit=50, lease_seconds=60)
+    assert len(claimed) == 6
+    for c in claimed:
+        if c.job_id == dlq.id:
+            assert await fail_dead(db, c.key, c.fence) == "dead"
+    assert len(await dispatch.succeed(db, [(c.key, c.fence) for c in claimed])) == 4
+    assert sorted(await _attempt_keys(db)) == sorted(c.key for c in claimed)
+    await jobs.delete_job(db, namespace="default", name="gone")
+    await sql(
+        db,
+        "UPDATE cronwell_occurrences SET finished_at = now() - interval '8 days' "
+        "WHERE job_id = ANY(%s)",
+        [gone.id, dlq.id],
+    )
+
+    res = await (await _pruner(db)).prune_once()  # history limits, then retention
+
+    assert (res.history, res.retention) == (1, 2)
+    left = {o["idempotency_key"] for o in await occurrences(db)}
+    assert len(left) == 3  # keep's newest, dlq's two dead
+    assert sorted(await _attempt_keys(db)) == sorted(left)
+
+    purged = await dead.purge(db, older_than_seconds=86400, namespace="default", name="dlq")
+    assert len(purged) == 2
+    (newest,) = {o["idempotency_key"] for o in await occurrences(db)}
+    assert await _attempt_keys(db) == [newest]
+
+    await sql(db, "DELETE FROM cronwell_occurrences")
+    assert await _attempt_keys(db) == []
 
 
 async def test_a_death_by_lease_expiry_counts_toward_suspend_after_failures(db: Database) -> None:
