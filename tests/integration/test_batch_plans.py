@@ -1,0 +1,66 @@
+"""The fenced batch statements (heartbeats, starts, completions, releases) keep their plan
+whatever the table's statistics say: each key's row by the unique key index, then the rows
+by primary key. In a burst the statistics are taken while every row is pending; a join with
+unnest() planned from them scanned the running rows and matched each one against the whole
+key list (189 ms for one batch of 341 starts). A plan-shape check, not a timing one: the
+generic plan (psycopg prepares a statement after five executions) under stale statistics."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from cronwell.store._queries import q
+from cronwell.store.db import Database
+
+TYPES = {"keys": "text[]", "fences": "bigint[]", "lease": "float8", "worker_id": "text"}
+BATCHES = ["OccurrenceHeartbeat", "OccurrenceStartBatch", "OccurrenceSucceedBatch",
+           "OccurrenceRelease"]  # fmt: skip
+
+
+def prepared(sql: str) -> tuple[str, list[str]]:
+    """The named query with $n placeholders, and its parameter names in order."""
+    names: list[str] = []
+
+    def sub(m: re.Match[str]) -> str:
+        if m.group(1) not in names:
+            names.append(m.group(1))
+        return f"${names.index(m.group(1)) + 1}"
+
+    return re.sub(r"%\((\w+)\)s", sub, sql), names
+
+
+@pytest.mark.parametrize("name", BATCHES)
+async def test_batch_statement_reads_rows_by_key_and_id_under_stale_statistics(
+    db: Database, name: str
+) -> None:
+    async with db.connection() as conn:
+        await conn.execute(
+            "INSERT INTO cronwell_jobs (id, namespace, name, spec, spec_hash, pool, partition)"
+            " SELECT gen_random_uuid(), 'plans', 'j' || i, '{}'::jsonb, 'h', 'default', 0"
+            " FROM generate_series(1, 5000) i"
+        )
+        await conn.execute(
+            "INSERT INTO cronwell_occurrences (idempotency_key, job_id, pool, scheduled_for,"
+            " run_at, state, overlap, delivery, max_attempts, timeout_seconds)"
+            " SELECT id::text, id, 'default', now(), now(), 'pending', 'Skip', 'AtLeastOnce',"
+            " 1, 60 FROM cronwell_jobs WHERE namespace = 'plans'"
+        )
+        await conn.execute("ANALYZE cronwell_occurrences")  # every row pending
+        await conn.execute(
+            "UPDATE cronwell_occurrences SET state = 'running', attempt = 1,"
+            " fence = nextval('cronwell_fence'), worker_id = 'w', claimed_at = now(),"
+            " lease_expires_at = now() + interval '1 hour'"
+            " WHERE id IN (SELECT id FROM cronwell_occurrences ORDER BY id LIMIT 1000)"
+        )
+        body, params = prepared(q(name))
+        await conn.execute("SET plan_cache_mode = force_generic_plan")
+        await conn.execute(f"PREPARE batch({', '.join(TYPES[p] for p in params)}) AS {body}")
+        args = ", ".join("NULL" for _ in params)
+        cur = await conn.execute(f"EXPLAIN EXECUTE batch({args})")
+        plan = "\n".join(str(next(iter(r.values()))) for r in await cur.fetchall())
+        await conn.execute("DEALLOCATE batch")
+        await conn.execute("RESET plan_cache_mode")
+    assert "Index Scan using cronwell_occurrences_key" in plan, plan
+    assert "Index Scan using cronwell_occurrences_pkey on cronwell_occurrences o" in plan, plan
