@@ -44,6 +44,7 @@ from bench.common import (
     BenchError,
     bench_server,
     db_url,
+    discard,
     load_average,
     machine_facts,
     worker_env,
@@ -534,7 +535,7 @@ async def main() -> None:
         results["run"]["error"] = f"{type(e).__name__}: {e}"[:500]
         raise
     finally:
-        server.stop("fast")
+        discard(server)
         results["run"] |= {
             "total_seconds": round(time.perf_counter() - t_all, 1),
             "load_after": load_average(),

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -81,6 +82,13 @@ def bench_server(statements: bool = False) -> EmbeddedPostgres:
     if statements:
         settings["shared_preload_libraries"] = "pg_stat_statements"
     return EmbeddedPostgres(Path(tempfile.mkdtemp(prefix="cronwell-bench-")), settings=settings)
+
+
+def discard(server: EmbeddedPostgres) -> None:
+    """Stop a bench's own PostgreSQL and delete its directory: a run's data is up to
+    gigabytes (a 1M-job forecast, 50k bursts), and /tmp filled up after a few runs."""
+    server.stop("fast")
+    shutil.rmtree(server.data_dir, ignore_errors=True)
 
 
 async def timed_due_scan(db: Database, conn: Conn, holder: str) -> tuple[float, list[Any]]:

@@ -36,6 +36,7 @@ from bench.common import (
     RESULTS,
     BenchError,
     bench_server,
+    discard,
     lag_stats,
     seed,
     stop_all,
@@ -248,7 +249,7 @@ async def main() -> None:
                 args.max_workers, args.lead,
             )  # fmt: skip
     finally:
-        server.stop("fast")
+        discard(server)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "prescale.json").write_text(json.dumps(figs, indent=2))
     print(json.dumps(figs))

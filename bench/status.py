@@ -57,7 +57,7 @@ import psycopg
 from kubernetes import client, config, watch
 from prometheus_client.parser import text_string_to_metric_families
 
-from bench.common import RESULTS, ROOT, stop_all, worker_argv
+from bench.common import RESULTS, ROOT, discard, stop_all, worker_argv
 from cronwell.embedded import EmbeddedPostgres, free_port
 from cronwell.models import GROUP, VERSION
 from cronwell.testing.controlplane import ControlPlane, find_assets
@@ -485,7 +485,7 @@ def main() -> None:
             args.failing,
         )
     finally:
-        server.stop("fast")
+        discard(server)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({"machine": {"cpus": os.cpu_count()}, "status": results}))
 
