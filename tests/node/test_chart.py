@@ -249,11 +249,12 @@ def test_pods_killed_nothing_lost(
         return next(p for p in pods if p["metadata"]["name"] in holders)
 
     def busy_worker(pods: list[dict[str, Any]]) -> dict[str, Any]:
-        """A worker with an attempt of the job in flight (so the kill cuts one)."""
+        """A worker with an attempt of the job in flight (so the kill cuts one): started,
+        not only claimed ahead of its instant (that one is given back, never redelivered)."""
         busy = (
             "SELECT p.hostname FROM cronwell_occurrences o"
             " JOIN cronwell_processes p ON p.id = o.worker_id"
-            " WHERE o.job_id = %s AND o.state = 'running'"
+            " WHERE o.job_id = %s AND o.state = 'running' AND o.started_at IS NOT NULL"
         )
         deadline = time.monotonic() + 30
         with psycopg.connect(database["local"], autocommit=True) as conn:
