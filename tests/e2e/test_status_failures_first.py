@@ -160,12 +160,18 @@ async def test_with_a_backlog_a_running_job_is_written_after_the_finished_ones(
     assert shown["lastScheduleTime"] and "lastSuccessfulTime" not in shown  # it shows the run
 
 
+async def running_job(db: Database, kube: Cluster, ns: str, name: str) -> tuple[StatusWriter, str]:
+    """A writer and one CR whose job has a run that has just begun (logged now); its uid."""
+    writer, uids = await setup(db, kube, ns, [name])
+    await finish(db, uids[name], "running")
+    return writer, uids[name]
+
+
 async def test_a_run_that_just_began_is_written_once_when_it_has_ended_not_twice(
     kube: Cluster, ns: str, store: str
 ) -> None:
     async with Database(store) as db:
-        writer, uids = await setup(db, kube, ns, ["fresh"])
-        await finish(db, uids["fresh"], "running")
+        writer, uid = await running_job(db, kube, ns, "fresh")
         await writer.pass_once()
         assert writer.stats.patches == 0 and not statuses(kube, ns)["fresh"]
         async with db.connection() as conn:  # its change stays in the log for a later pass
@@ -174,7 +180,7 @@ async def test_a_run_that_just_began_is_written_once_when_it_has_ended_not_twice
             await conn.execute(
                 "UPDATE cronwell_occurrences SET state = 'succeeded', finished_at = now()"
                 " WHERE job_id = %s",
-                (uids["fresh"],),
+                (uid,),
             )
         await writer.pass_once()
     assert writer.stats.patches == 1
@@ -185,8 +191,7 @@ async def test_a_run_that_began_seconds_ago_is_written_as_running(
     kube: Cluster, ns: str, store: str
 ) -> None:
     async with Database(store) as db:
-        writer, uids = await setup(db, kube, ns, ["slow"])
-        await finish(db, uids["slow"], "running")
+        writer, _ = await running_job(db, kube, ns, "slow")
         async with db.connection() as conn:  # logged SETTLE_SECONDS and more ago
             await conn.execute(
                 "UPDATE cronwell_status_changes SET changed_at = now() - interval '10 seconds'"
