@@ -29,6 +29,7 @@ from bench.common import (
     lag_stats,
     seed,
     succeeded_lags,
+    unfinished,
     wall_clock_offset,
     worker_argv,
     worker_env,
@@ -173,13 +174,7 @@ async def burst(
             ]
         deadline = time.monotonic() + due_in + 300
         while time.monotonic() < deadline:
-            async with db.connection() as conn:
-                cur = await conn.execute(
-                    "SELECT count(*) FILTER (WHERE state = 'succeeded') AS done FROM "
-                    "cronwell_occurrences"
-                )
-                done = (await cur.fetchone() or {"done": 0})["done"]
-            if done >= n:
+            if not await unfinished(db):
                 break
             await asyncio.sleep(0.25)
         worker_cpu_all = sum(_cpu(p.pid) for p in procs)

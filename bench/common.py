@@ -91,6 +91,21 @@ def discard(server: EmbeddedPostgres) -> None:
     shutil.rmtree(server.data_dir, ignore_errors=True)
 
 
+async def unfinished(db: Database) -> bool:
+    """Whether any occurrence is still pending or running: the first row of the claim's and
+    the reaper's partial indexes (the ORDER BYs are theirs). The count of succeeded rows
+    this replaces read the whole table (26 ms at 50k, four times a second): 7 % of the
+    PostgreSQL time the burst measures."""
+    async with db.connection() as conn:
+        cur = await conn.execute(
+            "SELECT EXISTS (SELECT FROM cronwell_occurrences WHERE state = 'pending'"
+            "               ORDER BY pool, run_at LIMIT 1)"
+            " OR EXISTS (SELECT FROM cronwell_occurrences WHERE state = 'running'"
+            "            ORDER BY lease_expires_at LIMIT 1) AS busy"
+        )
+        return bool((await cur.fetchone() or {"busy": False})["busy"])
+
+
 async def timed_due_scan(db: Database, conn: Conn, holder: str) -> tuple[float, list[Any]]:
     """The scheduler's due scan of partition 0 (up to 500 jobs, 30 s ahead), in ms."""
     return await timed(

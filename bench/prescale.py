@@ -41,6 +41,7 @@ from bench.common import (
     seed,
     stop_all,
     succeeded_lags,
+    unfinished,
     worker_argv,
     worker_env,
 )
@@ -149,12 +150,7 @@ async def run_burst(
         # Bounded: the slowest case drains n * duration / concurrency seconds after T.
         deadline = time.monotonic() + lead + 60 + n * duration / concurrency * 1.5
         while time.monotonic() < deadline:
-            async with db.connection() as conn:
-                cur = await conn.execute(
-                    "SELECT count(*) AS done FROM cronwell_occurrences WHERE state = 'succeeded'"
-                )
-                done = (await cur.fetchone() or {"done": 0})["done"]
-            if done >= n:
+            if not await unfinished(db):
                 break
             await asyncio.sleep(0.5)
     finally:

@@ -19,6 +19,7 @@ from collections import defaultdict
 from collections.abc import Container, Sequence
 from dataclasses import dataclass, fields, replace
 from datetime import datetime
+from operator import attrgetter
 from typing import Any
 
 from cronwell.models import ConcurrencyPolicy
@@ -57,9 +58,12 @@ def claimed_from_row(
     the monotonic instant the claim statement returned (default: now)."""
     at = time.monotonic() if received is None else received
     due = at + (r.run_at - r.db_now).total_seconds()
-    return Claimed(
-        **{f.name: getattr(r, f.name) for f in fields(Started)}, spec=spec, due_monotonic=due
-    )
+    return Claimed(*_started_values(r), spec, due)  # type: ignore[call-arg]
+
+
+# Started's fields in order, as one tuple: Claimed's fields begin with them (a burst
+# converts every claimed row; a dict per row was measurable there).
+_started_values = attrgetter(*(f.name for f in fields(Started)))
 
 
 def plan_ahead(ahead: list[Candidate], due: list[Candidate], active: list[Active]) -> list[int]:
@@ -101,8 +105,12 @@ def decide_overlap(
         if a.id not in cand_ids:
             act[a.job_id].append(a)
     for job_id, cands in by_job.items():
+        others = act.get(job_id)
+        if not others and len(cands) == 1:
+            run.append(cands[0].id)  # nothing active, one candidate: every policy runs it
+            continue
+        others = others or []
         policy = cands[0].overlap
-        others = act[job_id]
         busy_key = next((a.idempotency_key for a in others if a.state != "waiting"), None)
         waiting = sum(1 for a in others if a.state == "waiting")
         # A retry of the active occurrence resumes before anything newer.

@@ -84,13 +84,24 @@ class Env:
 
 
 def run(coro: Coroutine[Any, Any, T]) -> T:
-    """Run a command's coroutine; CronwellErrors become one clear line, never a traceback."""
+    """Run a command's coroutine; CronwellErrors become one clear line, never a traceback.
+    On uvloop when it is installed (a dependency on Linux), as `kopf run` does: its event
+    loop costs a worker less CPU per occurrence than asyncio's."""
     try:
-        return asyncio.run(coro)
+        with asyncio.Runner(loop_factory=_uvloop()) as runner:
+            return runner.run(coro)
     except CronwellError as e:
         raise click.ClickException(str(e)) from None
     except pydantic.ValidationError as e:
         raise invalid_setting(e) from None
+
+
+def _uvloop() -> Callable[[], asyncio.AbstractEventLoop] | None:
+    try:
+        import uvloop
+    except ImportError:
+        return None
+    return uvloop.new_event_loop
 
 
 S = TypeVar("S", bound=pydantic.BaseModel)

@@ -3,16 +3,20 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import re
 from collections.abc import AsyncIterator, Iterator, Mapping
-from typing import Any, LiteralString, TypeVar
+from typing import TYPE_CHECKING, Any, LiteralString, TypeVar
 
 import psycopg
-from psycopg.rows import AsyncRowFactory, DictRow, class_row, dict_row
+from psycopg.rows import AsyncRowFactory, BaseRowFactory, DictRow, RowMaker, class_row, dict_row
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
 from cronwell.errors import DatabaseError, DatabaseUnavailable, UniqueViolation
 from cronwell.store._queries import q
+
+if TYPE_CHECKING:
+    from psycopg._cursor_base import BaseCursor  # as psycopg.rows imports it
 
 Conn = psycopg.AsyncConnection[DictRow]
 R = TypeVar("R")
@@ -21,6 +25,22 @@ R = TypeVar("R")
 def redact(url: str) -> str:
     """The URL with its password hidden, for error messages and logs."""
     return re.sub(r"(://[^:/@]+:)[^@]*@", r"\1***@", url)
+
+
+def dataclass_row(cls: type[R]) -> BaseRowFactory[R]:
+    """Rows as `cls` (a dataclass) instances: positionally when the columns are its fields
+    in order, by name otherwise. psycopg's class_row builds a dict per row: 9 % of a worker's
+    busy time in the 50k burst's profile, whose claims return their rows in field order."""
+    names = tuple(f.name for f in dataclasses.fields(cls))  # type: ignore[arg-type]
+    by_name = class_row(cls)
+
+    def factory(cursor: BaseCursor[Any, Any]) -> RowMaker[R]:
+        cols = tuple(c.name for c in cursor.description or ())
+        if cols and cols == names[: len(cols)]:
+            return lambda values: cls(*values)
+        return by_name(cursor)
+
+    return factory
 
 
 class Database:
@@ -111,9 +131,9 @@ class Database:
         Only the store's per-table modules call this; everyone else calls their functions."""
         self.statements += 1
         if conn is not None:
-            return await _rows(conn, class_row(row), q(name), params)
+            return await _rows(conn, dataclass_row(row), q(name), params)
         async with self.connection() as c:
-            return await _rows(c, class_row(row), q(name), params)
+            return await _rows(c, dataclass_row(row), q(name), params)
 
     async def row(
         self,

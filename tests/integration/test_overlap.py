@@ -134,6 +134,23 @@ def test_decide_overlap_with_an_active_occurrence(
     assert (run, [s[1] for s in settle if s[0] != 99]) == expected
 
 
+@pytest.mark.parametrize("policy", ["Skip", "BufferOne", "BufferAll", "Replace"])
+@pytest.mark.parametrize("attempt", [0, 1])
+def test_decide_overlap_runs_a_lone_candidate_of_an_idle_job_whatever_its_policy(
+    policy: str, attempt: int
+) -> None:
+    """The common case of a burst (one occurrence per job, nothing of it active): it runs,
+    nothing is settled; an active occurrence of another job, or the candidate itself
+    listed as active, changes nothing; one of its own job does."""
+    job, other = uuid.uuid4(), uuid.uuid4()
+    cand = _cand(1, job, policy, attempt)
+    idle = [Active(9, other, "running", "k9"), Active(1, job, "pending", "k1")]
+    assert decide_overlap([cand], idle) == ([1], [])
+    run, settle = decide_overlap([cand], [Active(8, job, "running", "k8")])
+    assert 1 not in run or policy == "Replace"
+    assert settle
+
+
 def test_decide_overlap_retry_resumes_before_newer() -> None:
     job = uuid.uuid4()
     run, settle = decide_overlap([_cand(1, job, "Skip", attempt=2), _cand(2, job, "Skip")], [])

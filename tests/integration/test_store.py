@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from dataclasses import dataclass
 from typing import Any
 
 import psycopg
@@ -12,6 +13,7 @@ from cronwell import partitions
 from cronwell.errors import DatabaseUnavailable, PartitionMismatch, SchemaMissing, SchemaTooNew
 from cronwell.store import Database, claims, leases, migrate
 from cronwell.store._queries import q
+from cronwell.store.db import dataclass_row
 from cronwell.store.migrate import SCHEMA_VERSION, check_schema, record, schema_present
 
 
@@ -133,3 +135,29 @@ async def test_claim_start_and_spec_fetch_read_jobs_by_primary_key(db: Database)
     assert "cronwell_jobs_pkey" in start and "Seq Scan" not in start, start
     specs = await _plan(db, "JobSpecBatch", {"ids": list({r.job_id for r in rows})[:5]})
     assert "cronwell_jobs_pkey" in specs and "Seq Scan" not in specs, specs
+
+
+@dataclass(frozen=True, slots=True)
+class _Pair:
+    a: int
+    b: str = "default"
+
+
+async def test_rows_are_built_by_field_name_whatever_the_column_order(db: Database) -> None:
+    """dataclass_row passes values positionally only when the columns are the fields in
+    order: a query naming them in another order still fills each field by its name."""
+    async with db.connection() as conn:
+        for sql, want in (
+            ("SELECT 1 AS a, 'x' AS b", _Pair(1, "x")),  # field order: positional
+            ("SELECT 'x' AS b, 1 AS a", _Pair(1, "x")),  # another order: by name
+            ("SELECT 1 AS a", _Pair(1)),  # a prefix of the fields: the rest default
+            ("SELECT 'x' AS b", None),  # a required field missing: an error, not a guess
+        ):
+            async with conn.cursor(row_factory=dataclass_row(_Pair)) as cur:
+                if want is None:
+                    with pytest.raises(TypeError):
+                        await cur.execute(sql)
+                        await cur.fetchall()
+                    continue
+                await cur.execute(sql)
+                assert await cur.fetchall() == [want], sql
