@@ -125,7 +125,7 @@ def _table(title: str, cols: dict[str, dict[str, Any]]) -> None:
     print(f"{'load avg 1 min, before->after':<32}{loads}")
 
 
-def report(results: dict[str, Any], aheads: list[float], deep: int = 0) -> None:
+def report(results: dict[str, Any], aheads: list[float]) -> None:
     """The side-by-side tables (before = the first --claim-ahead value, after = the last;
     peer and ceiling at the same N), the issue's goals, then every figure."""
     before_a, after_a = aheads[0], aheads[-1]
@@ -149,16 +149,18 @@ def report(results: dict[str, Any], aheads: list[float], deep: int = 0) -> None:
             ),
             {},
         )
+        deep_key = burst_key(handler, n, after_a) + " concurrency="
+        deeper = {
+            f"after c={k.removeprefix(deep_key)}": f
+            for k, f in results.items()
+            if k.startswith(deep_key)
+        }
         _table(
             f"burst of {n} due at T, handler {handler}: before = claim ahead {before_a:g} s,"
             f" after = {after_a:g} s (peers at their own start: Procrastinate's started event,"
             " pgqueuer's handler)",
             {"before": before, "after": after}
-            | (
-                {f"after c={deep}": results[dk]}
-                if deep and (dk := burst_key(handler, n, after_a, deep)) in results
-                else {}
-            )
+            | deeper
             | {"procrastinate": p, "pgqueuer": q, "ceiling": c},
         )
         if noop:
@@ -253,9 +255,10 @@ async def main() -> None:
         "--deep-concurrency",
         type=int,
         default=0,
-        help="burst: the no-op burst at --jobs once more, claim ahead as 'after', with this"
-        " worker concurrency (a worker claims ahead at most its concurrency: how much a"
-        " deeper claim ahead would give)",
+        help="burst: each no-op burst (at --jobs and at --peer-jobs) once more, claim ahead"
+        " as 'after', with enough worker concurrency to claim all of it ahead, at most this"
+        " (a worker claims ahead at most its concurrency: how much a deeper claim ahead"
+        " gives)",
     )
     ap.add_argument(
         "--handler-lead", type=float, default=15.0, help="T = now + this for the variants"
@@ -371,8 +374,12 @@ async def main() -> None:
         print(f"{name}:", json.dumps(figs), flush=True)
         return figs
 
-    async def bursts(handler: str, n: int, lead: float, deep: int = 0) -> None:
-        runs = [(a, args.concurrency) for a in aheads] + ([(aheads[-1], deep)] if deep else [])
+    async def bursts(handler: str, n: int, lead: float, deep: bool = False) -> None:
+        """One run per claim ahead; with `deep`, one more at the last claim ahead with
+        enough concurrency to claim all n ahead (at most --deep-concurrency)."""
+        conc = min(args.deep_concurrency, -(-n // args.workers))
+        runs = [(a, args.concurrency) for a in aheads]
+        runs += [(aheads[-1], conc)] if deep and conc > args.concurrency else []
         for a, conc in runs:
             await section(
                 burst_key(handler, n, a, conc if conc != args.concurrency else None),
@@ -395,7 +402,7 @@ async def main() -> None:
                         h,
                         args.jobs if noop else args.handler_jobs,
                         args.lead if noop else args.handler_lead,
-                        args.deep_concurrency if noop else 0,
+                        noop,
                     )
             if "ceiling" in only:
                 peers = {"peer", "pgqueuer"} & only
@@ -409,7 +416,7 @@ async def main() -> None:
             if ("peer" in only or "pgqueuer" in only) and (
                 peer_n != args.jobs or "burst" not in only
             ):
-                await bursts("noop", peer_n, args.peer_lead)
+                await bursts("noop", peer_n, args.peer_lead, deep=True)
             if "pgqueuer" in only:
                 await section(
                     "pgqueuer",
@@ -541,7 +548,7 @@ async def main() -> None:
             "load_after": load_average(),
         }
         write_results(results, lags, aheads, args.out, started)
-    report(results, aheads, args.deep_concurrency)
+    report(results, aheads)
 
 
 async def _now(figs: dict[str, Any]) -> dict[str, Any]:
