@@ -377,9 +377,9 @@ async def main() -> None:
     async def bursts(handler: str, n: int, lead: float, deep: bool = False) -> None:
         """One run per claim ahead; with `deep`, one more at the last claim ahead with
         enough concurrency to claim all n ahead (at most --deep-concurrency)."""
-        conc = min(args.deep_concurrency, -(-n // args.workers))
+        deepest = min(args.deep_concurrency, -(-n // args.workers))
         runs = [(a, args.concurrency) for a in aheads]
-        runs += [(aheads[-1], conc)] if deep and conc > args.concurrency else []
+        runs += [(aheads[-1], deepest)] if deep and deepest > args.concurrency else []
         for a, conc in runs:
             await section(
                 burst_key(handler, n, a, conc if conc != args.concurrency else None),

@@ -105,11 +105,10 @@ def decide_overlap(
         if a.id not in cand_ids:
             act[a.job_id].append(a)
     for job_id, cands in by_job.items():
-        others = act.get(job_id)
+        others = act[job_id]
         if not others and len(cands) == 1:
             run.append(cands[0].id)  # nothing active, one candidate: every policy runs it
             continue
-        others = others or []
         policy = cands[0].overlap
         busy_key = next((a.idempotency_key for a in others if a.state != "waiting"), None)
         waiting = sum(1 for a in others if a.state == "waiting")
