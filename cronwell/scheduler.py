@@ -32,7 +32,7 @@ from cronwell.settings import SchedulerSettings
 from cronwell.store import gauges, leases, materialise, processes
 from cronwell.store.db import Database
 from cronwell.store.migrate import check_schema
-from cronwell.supervise import Supervisor, repeat
+from cronwell.supervise import Supervisor, repeat, wait_event
 
 log = logging.getLogger(__name__)
 
@@ -375,8 +375,7 @@ class Scheduler:
         async def step() -> float:
             await self.materialise_until_idle()
             self._wake.clear()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), self.settings.tick_seconds)
+            await wait_event(self._wake, self.settings.tick_seconds)
             return 0.0
 
         await repeat("materialisation pass", step, interval_seconds=self.settings.tick_seconds)

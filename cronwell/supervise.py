@@ -8,6 +8,9 @@ model): a task that dies is noticed at once, not when the process shuts down.
   logged with its traceback, the others are cancelled and the error is raised, so the
   process exits non-zero and Kubernetes restarts it instead of it limping on (a worker
   whose self-fencing watchdog died must not keep claiming).
+- `wait_event()` waits for an event at most so long. Not `asyncio.wait_for`: on Python 3.11
+  it swallows a cancellation that arrives as the awaited thing completes (CPython
+  gh-86296), and a loop cancelled at shutdown then runs on forever. Ruff bans it here.
 """
 
 from __future__ import annotations
@@ -70,6 +73,20 @@ async def repeat(
             await asyncio.sleep(0)
 
 
+async def wait_event(event: asyncio.Event, seconds: float | None) -> bool:
+    """Wait until `event` is set or `seconds` pass (None: no limit); True when it is set.
+    A cancellation always propagates (see the module's docstring)."""
+    if seconds is None:
+        await event.wait()
+        return True
+    try:
+        async with asyncio.timeout(seconds):
+            await event.wait()
+    except TimeoutError:
+        return event.is_set()
+    return True
+
+
 class Supervisor:
     """The background tasks of one process, watched while they run."""
 
@@ -109,8 +126,36 @@ class Supervisor:
             )
             raise exc
 
-    async def stop(self) -> None:
-        """Cancel every task and wait for them to end."""
-        for t in self.tasks:
-            t.cancel()
+    async def stop(self, seconds: float = 10.0) -> None:
+        """Cancel every task and wait for them to end, cancelling again each second a task
+        that swallowed its cancellation (third-party code on Python 3.11 can: see
+        `wait_event`). One still running after `seconds` is logged by name and left behind:
+        a process stopping must not hang on it."""
+        deadline = asyncio.get_running_loop().time() + seconds
+        pending = {t for t in self.tasks if not t.done()}
+        while pending:
+            for t in pending:
+                t.cancel()
+            left = deadline - asyncio.get_running_loop().time()
+            if left <= 0:
+                log.error(
+                    f"background tasks of {self.owner} ignored their cancellation; "
+                    "leaving them behind",
+                    extra={
+                        "action": "task_stuck",
+                        "tasks": sorted(t.get_name() for t in pending),
+                    },
+                )
+                return
+            _, pending = await asyncio.wait(pending, timeout=min(1.0, left))
+            if pending:
+                log.warning(
+                    f"background tasks of {self.owner} still running after their "
+                    "cancellation; cancelling them again",
+                    extra={
+                        "action": "task_cancel_again",
+                        "tasks": sorted(t.get_name() for t in pending),
+                    },
+                )
+        # Retrieve the tasks' exceptions, so none is reported as never retrieved.
         await asyncio.gather(*self.tasks, return_exceptions=True)

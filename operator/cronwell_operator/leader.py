@@ -25,13 +25,13 @@ patches are recomputed from the store, so an overlap costs duplicate work, not w
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from datetime import UTC, datetime
 
 from kubernetes import client
 
+from cronwell.supervise import wait_event
 from cronwell_operator.kube import Kube, KubeConflict, KubeError
 from cronwell_operator.settings import OperatorSettings
 
@@ -137,8 +137,7 @@ class LeaderElector:
                 log.warning(
                     "lease attempt failed", extra={"action": "lease_error", "error": str(e)}
                 )
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), self.s.retry_period_seconds)
+            await wait_event(stop, self.s.retry_period_seconds)
         return False
 
     async def keep(self) -> None:
@@ -146,9 +145,8 @@ class LeaderElector:
         while True:
             await asyncio.sleep(self.s.retry_period_seconds)
             try:
-                ok = await asyncio.wait_for(
-                    self.try_acquire_or_renew(), self.s.renew_deadline_seconds
-                )
+                async with asyncio.timeout(self.s.renew_deadline_seconds):
+                    ok = await self.try_acquire_or_renew()
             except (KubeError, TimeoutError) as e:
                 log.warning(
                     "lease renewal failed", extra={"action": "lease_error", "error": str(e)}

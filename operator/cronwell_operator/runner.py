@@ -46,7 +46,8 @@ class _Kopf:
         if not self.stop.done():
             self.stop.set_result(None)
         with contextlib.suppress(asyncio.TimeoutError, asyncio.CancelledError, Exception):
-            await asyncio.wait_for(self.task, timeout)
+            async with asyncio.timeout(timeout):
+                await self.task
 
 
 class Operator:

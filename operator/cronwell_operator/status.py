@@ -31,7 +31,6 @@ gauge at 1.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 import uuid
@@ -46,7 +45,7 @@ from cronwell.metrics import Metrics
 from cronwell.store import gauges, status_changes
 from cronwell.store.db import Database
 from cronwell.store.status_changes import JobStatus, StatusChange
-from cronwell.supervise import repeat
+from cronwell.supervise import repeat, wait_event
 from cronwell_operator.kube import CRef, Kube, KubeError, KubeNotFound
 from cronwell_operator.ratelimit import JobBackoff, TokenBucket
 from cronwell_operator.settings import OperatorSettings
@@ -141,8 +140,7 @@ class StatusWriter:
                 raise
             if not busy:
                 self._wake.clear()
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._wake.wait(), self.settings.status.poll_seconds)
+                await wait_event(self._wake, self.settings.status.poll_seconds)
             return 0.0
 
         try:

@@ -19,14 +19,25 @@ def cli(
     *args: str, url: str | None = None, timeout: float = 120
 ) -> subprocess.CompletedProcess[str]:
     pre = ["--database-url", url] if url else []
-    return subprocess.run(
-        [sys.executable, "-m", "cronwell", *pre, *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        cwd=REPO,
-        check=False,
-    )
+    try:
+        return subprocess.run(
+            [sys.executable, "-m", "cronwell", *pre, *args],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            cwd=REPO,
+            check=False,
+        )
+    except subprocess.TimeoutExpired as e:
+        # The end of its output says where it hung (pytest's repr would elide it).
+        def tail(b: bytes | str | None) -> str:
+            text = b.decode(errors="replace") if isinstance(b, bytes) else (b or "")
+            return "\n".join(text.splitlines()[-40:])
+
+        pytest.fail(
+            f"cronwell {' '.join(args)} still running after {timeout:g}s\n"
+            f"--- stdout (end)\n{tail(e.stdout)}\n--- stderr (end)\n{tail(e.stderr)}"
+        )
 
 
 def test_apply_reports_bad_files_and_applies_nothing(db_url: str, tmp_path: Path) -> None:

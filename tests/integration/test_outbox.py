@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 
 import pytest
 from click.testing import CliRunner, Result
@@ -162,6 +163,28 @@ async def test_http_relay_retries_with_backoff_and_keeps_the_key(db: Database) -
     first = f"job:2026-01-01T00:00:00Z:outbox:{ids[0]}"
     assert [s[0] for s in sent] == [first, f"job:2026-01-01T00:00:00Z:outbox:{ids[1]}", first]
     assert sent[0][1]["payload"] == {"i": 0} and sent[0][1]["idempotencyKey"] == first
+
+
+@pytest.mark.parametrize("kind", ["async", "sync"])
+async def test_a_publisher_past_its_timeout_is_a_failed_publish_retried_later(
+    db: Database, kind: str
+) -> None:
+    await _messages(db, 1)
+
+    async def hangs(m: OutboxMessage) -> None:
+        await asyncio.sleep(30)
+
+    def blocks(m: OutboxMessage) -> None:  # a thread cannot be stopped: it runs out alone
+        time.sleep(0.5)
+
+    relay = Relay(
+        db, hangs if kind == "async" else blocks, RelaySettings(publish_timeout_seconds=0.1)
+    )
+    async with asyncio.timeout(10):
+        assert await relay.publish_once() == (0, 1)
+    (row,) = await sql(db, "SELECT published_at, attempts, last_error FROM cronwell_outbox")
+    assert row["published_at"] is None and row["attempts"] == 1
+    assert row["last_error"] == "not published within 0.1s (publish timeout)"
 
 
 class _Crash(BaseException):

@@ -4,12 +4,13 @@ stops the process; the status writer's per-job backoff."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 
 import pytest
 
 from cronwell.errors import DatabaseUnavailable
-from cronwell.supervise import Backoff, Supervisor, repeat
+from cronwell.supervise import Backoff, Supervisor, repeat, wait_event
 from cronwell_operator.ratelimit import JobBackoff
 
 
@@ -68,6 +69,88 @@ async def test_supervisor_returns_when_stopped() -> None:
     asyncio.get_running_loop().call_later(0.01, stop.set)
     await asyncio.wait_for(sup.wait(stop.wait()), 5)
     await sup.stop()
+
+
+async def test_wait_event_passes_on_a_cancellation_that_arrives_as_the_event_is_set() -> None:
+    """The shape of the scheduler's and the worker's loops. `asyncio.wait_for` on Python 3.11
+    returns the event's result here and the cancelled loop runs on forever (gh-86296)."""
+    wake = asyncio.Event()
+    rounds = 0
+
+    async def loop() -> None:
+        nonlocal rounds
+        while True:
+            wake.clear()
+            await wait_event(wake, 1.0)
+            rounds += 1
+
+    task = asyncio.create_task(loop())
+    await asyncio.sleep(0.01)
+    wake.set()
+    await asyncio.sleep(0)  # the event's waiter completes; the loop has not resumed yet
+    task.cancel()
+    done, _ = await asyncio.wait([task], timeout=3)
+    assert done and task.cancelled(), f"the cancelled loop ran {rounds} more round(s)"
+
+
+async def test_wait_event_says_whether_the_event_was_set() -> None:
+    ev = asyncio.Event()
+    assert await wait_event(ev, 0.01) is False
+    asyncio.get_running_loop().call_later(0.01, ev.set)
+    assert await wait_event(ev, 5) is True
+    assert await wait_event(ev, None) is True
+
+
+async def test_stop_cancels_again_a_task_that_swallowed_its_cancellation(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    swallowed = 0
+
+    async def swallows_once() -> None:
+        nonlocal swallowed
+        while True:
+            try:
+                await asyncio.sleep(3600)
+            except asyncio.CancelledError:
+                swallowed += 1
+                if swallowed > 1:
+                    raise
+
+    sup = Supervisor("test process")
+    task = sup.spawn(swallows_once(), "stubborn")
+    await asyncio.sleep(0)
+    with caplog.at_level(logging.WARNING):
+        async with asyncio.timeout(5):
+            await sup.stop()
+    assert task.cancelled() and swallowed == 2
+    (rec,) = [r for r in caplog.records if "cancelling them again" in r.getMessage()]
+    assert rec.tasks == ["stubborn"]  # type: ignore[attr-defined]
+
+
+async def test_stop_leaves_behind_a_task_that_never_ends_and_names_it(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    release = asyncio.Event()
+
+    async def never_ends() -> None:
+        while not release.is_set():
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.sleep(3600)
+
+    sup = Supervisor("test process")
+    sup.spawn(asyncio.sleep(3600), "idle")
+    stuck = sup.spawn(never_ends(), "deaf")
+    await asyncio.sleep(0)
+    with caplog.at_level(logging.ERROR):
+        async with asyncio.timeout(5):
+            await sup.stop(seconds=0.3)
+    (rec,) = [r for r in caplog.records if "ignored their cancellation" in r.getMessage()]
+    assert rec.tasks == ["deaf"]  # type: ignore[attr-defined]
+    assert sup.tasks[0].cancelled() and not stuck.done()
+    release.set()
+    stuck.cancel()
+    await asyncio.wait([stuck], timeout=5)
+    assert stuck.done()
 
 
 def test_a_failing_job_backs_off_alone() -> None:

@@ -31,6 +31,7 @@ from cronwell.metrics import Metrics
 from cronwell.scheduler import Scheduler
 from cronwell.settings import SchedulerSettings, WorkerSettings
 from cronwell.store import processes
+from cronwell.supervise import wait_event
 from cronwell_worker.kubejob import KubeJobs
 from cronwell_worker.outbox import HttpPublisher, Relay, RelaySettings, load_hook
 from cronwell_worker.runtime import Outcome, Worker
@@ -128,7 +129,8 @@ def worker(
                     # Cancelled mid-batch, its transaction rolls back: those messages are
                     # published again later (at least once).
                     with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(relay_task, 15.0)
+                        async with asyncio.timeout(15.0):
+                            await relay_task
             finally:
                 await publisher.aclose()
 
@@ -337,8 +339,7 @@ def dev(
                 f"running 1 scheduler and {len(ws)} worker(s) for pools "
                 f"{', '.join(serve)}" + (f" for {duration:g}s" if duration else " (Ctrl-C to stop)")
             )
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), duration or None)
+            await wait_event(stop, duration or None)
             sched.stop()
             for w in ws:
                 w.stop()

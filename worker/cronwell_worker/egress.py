@@ -39,9 +39,8 @@ class Backend(httpcore.AsyncNetworkBackend):
             return [literal]
         loop = asyncio.get_running_loop()
         try:
-            infos = await asyncio.wait_for(
-                loop.getaddrinfo(host, port, type=socket.SOCK_STREAM), timeout
-            )
+            async with asyncio.timeout(timeout):
+                infos = await loop.getaddrinfo(host, port, type=socket.SOCK_STREAM)
         except (OSError, TimeoutError) as e:
             raise httpcore.ConnectError(f"cannot resolve {host}: {e}") from e
         found: list[IPAddress] = []

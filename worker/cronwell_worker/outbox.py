@@ -15,7 +15,6 @@ itself is kept by the relay process that saw the failure (another relay may retr
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import importlib
 import inspect
 import json
@@ -33,7 +32,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from cronwell.errors import EXPECTED_ERRORS, CronwellError
 from cronwell.store import outbox
 from cronwell.store.db import Database
-from cronwell.supervise import Backoff
+from cronwell.supervise import Backoff, wait_event
 
 log = logging.getLogger("cronwell.outbox")
 
@@ -172,10 +171,14 @@ class Relay:
 
     async def _call(self, m: OutboxMessage) -> None:
         timeout = self.settings.publish_timeout_seconds
-        if _is_async(self.publish):
-            await asyncio.wait_for(self.publish(m), timeout)  # type: ignore[arg-type]
-        else:
-            await asyncio.wait_for(asyncio.to_thread(self.publish, m), timeout)
+        try:
+            async with asyncio.timeout(timeout):
+                if _is_async(self.publish):
+                    await self.publish(m)  # type: ignore[misc]
+                else:
+                    await asyncio.to_thread(self.publish, m)
+        except TimeoutError:
+            raise PublishError(f"not published within {timeout:g}s (publish timeout)") from None
 
     async def publish_once(self) -> tuple[int, int]:
         """One pass: lock a batch, publish it, mark it. Returns (published, failed)."""
@@ -243,8 +246,7 @@ class Relay:
                     extra={"action": "outbox_relay_failed"},
                 )
             if delay > 0:
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._stop.wait(), delay)
+                await wait_event(self._stop, delay)
         log.info("outbox relay stopped", extra={"action": "outbox_relay_stop"})
 
     async def drain(self, timeout_seconds: float) -> int:

@@ -55,7 +55,7 @@ from cronwell.settings import EgressSettings, SecretsSettings, WorkerSettings
 from cronwell.store import claims, job_secrets, notify, processes
 from cronwell.store import policies as store_policies
 from cronwell.store.db import Database
-from cronwell.supervise import Backoff, Supervisor
+from cronwell.supervise import Backoff, Supervisor, wait_event
 from cronwell_worker import egress, targets
 from cronwell_worker.kubejob import KubeJobs
 
@@ -195,7 +195,8 @@ class Worker:
             self._stopping.set()
             self._wake.set()
             with contextlib.suppress(Exception, asyncio.CancelledError):
-                await asyncio.wait_for(claim, 10)
+                async with asyncio.timeout(10):
+                    await claim
             await self._drain()
             await tasks.stop()
             await self._flush()
@@ -301,8 +302,7 @@ class Worker:
                     extra={"action": "claim_failed"},
                 )
             if delay > 0 and not self._stopping.is_set():
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._wake.wait(), min(delay, s.poll_seconds))
+                await wait_event(self._wake, min(delay, s.poll_seconds))
 
     def _free_slots(self) -> int:
         """How many more occurrences to claim now. A slot frees when its handler returns,
@@ -718,7 +718,8 @@ class Worker:
             await asyncio.sleep(lease / 3)
             try:
                 # A hung renewal must not hold up the next one (the watchdog self-fences).
-                await asyncio.wait_for(self.heartbeat_once(), lease / 2)
+                async with asyncio.timeout(lease / 2):
+                    await self.heartbeat_once()
             except TimeoutError:
                 log.warning("heartbeat timed out", extra={"action": "heartbeat_failed"})
 
