@@ -42,6 +42,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -494,4 +495,6 @@ if __name__ == "__main__" and len(sys.argv) == 4 and sys.argv[1] == "--raw-probe
     # internal: `python -m bench.status --raw-probe KUBECONFIG N` prints raw_patch_rate
     print(raw_patch_rate(sys.argv[2], int(sys.argv[3]), STATUS_CONCURRENCY))
 elif __name__ == "__main__":
+    # SIGTERM (a timeout, a kill) unwinds like Ctrl-C: its PostgreSQL is stopped and removed.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     main()
