@@ -131,31 +131,30 @@ class Supervisor:
         that swallowed its cancellation (third-party code on Python 3.11 can: see
         `wait_event`). One still running after `seconds` is logged by name and left behind:
         a process stopping must not hang on it."""
-        deadline = asyncio.get_running_loop().time() + seconds
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + seconds
         pending = {t for t in self.tasks if not t.done()}
         while pending:
             for t in pending:
                 t.cancel()
-            left = deadline - asyncio.get_running_loop().time()
-            if left <= 0:
-                log.error(
-                    f"background tasks of {self.owner} ignored their cancellation; "
-                    "leaving them behind",
-                    extra={
-                        "action": "task_stuck",
-                        "tasks": sorted(t.get_name() for t in pending),
-                    },
-                )
-                return
+            left = max(0.0, deadline - loop.time())
             _, pending = await asyncio.wait(pending, timeout=min(1.0, left))
-            if pending:
-                log.warning(
-                    f"background tasks of {self.owner} still running after their "
-                    "cancellation; cancelling them again",
-                    extra={
-                        "action": "task_cancel_again",
-                        "tasks": sorted(t.get_name() for t in pending),
-                    },
-                )
+            if not pending:
+                break
+            give_up = loop.time() >= deadline
+            (log.error if give_up else log.warning)(
+                f"background tasks of {self.owner} "
+                + (
+                    "ignored their cancellation; leaving them behind"
+                    if give_up
+                    else "still running after their cancellation; cancelling them again"
+                ),
+                extra={
+                    "action": "task_stuck" if give_up else "task_cancel_again",
+                    "tasks": sorted(t.get_name() for t in pending),
+                },
+            )
+            if give_up:
+                return
         # Retrieve the tasks' exceptions, so none is reported as never retrieved.
         await asyncio.gather(*self.tasks, return_exceptions=True)
