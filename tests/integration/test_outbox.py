@@ -165,7 +165,7 @@ async def test_http_relay_retries_with_backoff_and_keeps_the_key(db: Database) -
     assert sent[0][1]["payload"] == {"i": 0} and sent[0][1]["idempotencyKey"] == first
 
 
-@pytest.mark.parametrize("kind", ["async", "sync"])
+@pytest.mark.parametrize("kind", ["async", "sync", "its own timeout"])
 async def test_a_publisher_past_its_timeout_is_a_failed_publish_retried_later(
     db: Database, kind: str
 ) -> None:
@@ -177,14 +177,20 @@ async def test_a_publisher_past_its_timeout_is_a_failed_publish_retried_later(
     def blocks(m: OutboxMessage) -> None:  # a thread cannot be stopped: it runs out alone
         time.sleep(0.5)
 
-    relay = Relay(
-        db, hangs if kind == "async" else blocks, RelaySettings(publish_timeout_seconds=0.1)
-    )
+    async def times_out(m: OutboxMessage) -> None:
+        raise TimeoutError("the broker did not answer")
+
+    hook = {"async": hangs, "sync": blocks, "its own timeout": times_out}[kind]
+    relay = Relay(db, hook, RelaySettings(publish_timeout_seconds=0.1))
     async with asyncio.timeout(10):
         assert await relay.publish_once() == (0, 1)
     (row,) = await sql(db, "SELECT published_at, attempts, last_error FROM cronwell_outbox")
     assert row["published_at"] is None and row["attempts"] == 1
-    assert row["last_error"] == "not published within 0.1s (publish timeout)"
+    assert row["last_error"] == (
+        "TimeoutError: the broker did not answer"
+        if kind == "its own timeout"
+        else "not published within 0.1s (publish timeout)"
+    )
 
 
 class _Crash(BaseException):

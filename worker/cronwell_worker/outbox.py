@@ -171,13 +171,16 @@ class Relay:
 
     async def _call(self, m: OutboxMessage) -> None:
         timeout = self.settings.publish_timeout_seconds
+        deadline = asyncio.timeout(timeout)
         try:
-            async with asyncio.timeout(timeout):
+            async with deadline:
                 if _is_async(self.publish):
                     await self.publish(m)  # type: ignore[misc]
                 else:
                     await asyncio.to_thread(self.publish, m)
         except TimeoutError:
+            if not deadline.expired():
+                raise  # the publisher's own timeout, with its own message
             raise PublishError(f"not published within {timeout:g}s (publish timeout)") from None
 
     async def publish_once(self) -> tuple[int, int]:
