@@ -76,9 +76,6 @@ async def repeat(
 async def wait_event(event: asyncio.Event, seconds: float | None) -> bool:
     """Wait until `event` is set or `seconds` pass (None: no limit); True when it is set.
     A cancellation always propagates (see the module's docstring)."""
-    if seconds is None:
-        await event.wait()
-        return True
     try:
         async with asyncio.timeout(seconds):
             await event.wait()
