@@ -8,6 +8,12 @@ database clock at the claim) and records the start. Overlap must be decided at t
 so an occurrence of a serialised job is claimed ahead only when nothing of its job is active
 or due before it: claimed, it is itself the job's active occurrence, so nothing of the job
 can start before it. Otherwise it stays pending and is decided when it is due.
+
+Claimers skip each other's locked candidates (SKIP LOCKED), so one may see a serialised
+job's later occurrence while another holds the earlier one; deciding the later one then
+would run (or claim ahead) occurrences out of order and skip the earlier one as
+"overlapping" what came after it. Such a candidate is held back (`hold_back`): left
+pending, untouched, until the earlier one is decided.
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ from cronwell.store.claims import Active, Candidate, Started
 from cronwell.store.db import Conn, Database
 
 SERIAL = {p.value for p in ConcurrencyPolicy} - {ConcurrencyPolicy.ALLOW.value}
+SERIAL_ORDER = sorted(SERIAL)  # as a query parameter
 BUFFERED = {ConcurrencyPolicy.BUFFER_ONE.value, ConcurrencyPolicy.BUFFER_ALL.value}
 
 
@@ -64,6 +71,23 @@ def claimed_from_row(
 # Started's fields in order, as one tuple: Claimed's fields begin with them (a burst
 # converts every claimed row; a dict per row was measurable there).
 _started_values = attrgetter(*(f.name for f in fields(Started)))
+
+
+def hold_back(cands: list[Candidate]) -> list[Candidate]:
+    """The candidates this claim may decide: without those of a serialised job at or after
+    one whose previous occurrence is still pending but not among `cands` (another claimer
+    holds it)."""
+    ids = {c.id for c in cands}
+    first_held: dict[uuid.UUID, datetime] = {}
+    for c in cands:
+        if c.pending_before is not None and c.pending_before not in ids:
+            at = first_held.get(c.job_id)
+            first_held[c.job_id] = c.scheduled_for if at is None else min(at, c.scheduled_for)
+    if not first_held:
+        return cands
+    return [
+        c for c in cands if c.job_id not in first_held or c.scheduled_for < first_held[c.job_id]
+    ]
 
 
 def plan_ahead(ahead: list[Candidate], due: list[Candidate], active: list[Active]) -> list[int]:
@@ -163,8 +187,15 @@ async def claim(
     Specs are fetched only for hashes not in `known_specs` (one job per hash): in a burst of
     jobs sharing a spec, one spec is read and parsed, not one per occurrence."""
     async with db.transaction() as conn:
-        cands = await claims.candidates(
-            db, pool=pool, limit=limit, ahead_seconds=ahead_seconds, conn=conn
+        cands = hold_back(
+            await claims.candidates(
+                db,
+                pool=pool,
+                limit=limit,
+                serial=SERIAL_ORDER,
+                ahead_seconds=ahead_seconds,
+                conn=conn,
+            )
         )
         if not cands:
             return []

@@ -25,6 +25,9 @@ class Candidate:
     run_at: datetime
     due: bool
     """Its instant has come (False: it is claimable only ahead of its instant)."""
+    pending_before: int | None = None
+    """Serialised jobs: the job's previous occurrence (nominal order) when it is still
+    pending and never attempted; None otherwise."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,14 +96,21 @@ class NextDue:
 
 
 async def candidates(
-    db: Database, *, pool: str, limit: int, ahead_seconds: float = 0.0, conn: Conn | None = None
+    db: Database,
+    *,
+    pool: str,
+    limit: int,
+    serial: Sequence[str],
+    ahead_seconds: float = 0.0,
+    conn: Conn | None = None,
 ) -> list[Candidate]:
     """Pending occurrences of `pool` due within `ahead_seconds`, oldest first, locked
-    against other claimers."""
+    against other claimers; `serial`: the overlap policies that serialise a job's
+    occurrences (their candidates carry `pending_before`)."""
     return await db.rows(
         Candidate,
         "OccurrenceClaimCandidates",
-        {"pool": pool, "limit": limit, "ahead": ahead_seconds},
+        {"pool": pool, "limit": limit, "ahead": ahead_seconds, "serial": list(serial)},
         conn,
     )
 

@@ -3,14 +3,24 @@
 
 -- name: OccurrenceClaimCandidates
 -- Pending occurrences of a pool due now or within the next `ahead` seconds (claim ahead),
--- oldest first, locked against other workers; `due`: its instant has come.
-SELECT id, job_id, overlap, attempt, scheduled_for, run_at, run_at <= now() AS due
-FROM cronwell_occurrences
-WHERE pool = %(pool)s AND state = 'pending'
-  AND run_at <= now() + make_interval(secs => %(ahead)s)
-ORDER BY run_at
+-- oldest first, locked against other workers; `due`: its instant has come. For a job whose
+-- overlap policy serialises its occurrences (`serial`), `pending_before` is the id of the occurrence
+-- just before it (nominal order) when that one is still pending and never attempted: if
+-- another claimer holds it (SKIP LOCKED hid it), this one must wait for it to be decided
+-- (dispatch.hold_back). One probe of the job index per such candidate.
+SELECT o.id, o.job_id, o.overlap, o.attempt, o.scheduled_for, o.run_at, o.run_at <= now() AS due,
+       CASE WHEN o.overlap = ANY(%(serial)s::text[]) THEN
+           (SELECT CASE WHEN p.state = 'pending' AND p.attempt = 0 THEN p.id END
+            FROM cronwell_occurrences p
+            WHERE p.job_id = o.job_id AND p.scheduled_for < o.scheduled_for
+            ORDER BY p.scheduled_for DESC LIMIT 1)
+       END AS pending_before
+FROM cronwell_occurrences o
+WHERE o.pool = %(pool)s AND o.state = 'pending'
+  AND o.run_at <= now() + make_interval(secs => %(ahead)s)
+ORDER BY o.run_at
 LIMIT %(limit)s
-FOR UPDATE SKIP LOCKED;
+FOR UPDATE OF o SKIP LOCKED;
 
 -- name: JobLockBatch
 -- Locks the jobs whose overlap policy serialises their occurrences (claims and

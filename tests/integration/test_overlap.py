@@ -209,3 +209,44 @@ async def test_overlap_of_an_occurrence_claimed_ahead_is_decided_at_its_instant(
     await due_in(db, c_key, 0.0)
     assert await _claim_ahead(db) == []
     assert await state_is(db, c_key, "skipped")
+
+
+def test_hold_back_leaves_a_job_behind_the_earlier_occurrence_another_claimer_holds() -> None:
+    held, mine, allow = (uuid.uuid4() for _ in range(3))
+    at = datetime(2026, 1, 1)
+
+    def cand(i: int, job: uuid.UUID, policy: str, before: int | None) -> Candidate:
+        return Candidate(i, job, policy, 0, at.replace(second=i), at, False, before)
+
+    cands = [
+        cand(2, held, "Skip", before=1),  # #1 is pending and not here: another claimer has it
+        cand(3, held, "Skip", before=None),  # after #2: held back with it
+        cand(5, mine, "Skip", before=4),  # #4 is pending and here: decided in this claim
+        cand(4, mine, "Skip", before=None),
+        cand(6, allow, "Allow", before=None),
+    ]
+    assert [c.id for c in dispatch.hold_back(cands)] == [5, 4, 6]
+
+
+@pytest.mark.parametrize("due", [False, True], ids=["ahead", "due"])
+async def test_a_serialised_job_runs_in_order_while_another_claimer_holds_its_earlier_occurrence(
+    db: Database, due: bool
+) -> None:
+    """Skip: A and B pending, nothing active. Another claimer has A locked (SKIP LOCKED hides
+    it), so this claim sees only B: B stays pending (neither claimed ahead nor run), and
+    once A is free A runs and B is decided behind it: skipped at its instant. Before the
+    fix B was claimed while A waited, and A was then skipped as overlapping B."""
+    await make_job(db, "ov", schedule=FAR_FUTURE, concurrencyPolicy="Skip")
+    a_key = await trigger(db, "ov")
+    b_key = await trigger(db, "ov")
+    await due_in(db, a_key, 0.0 if due else 20.0)
+    await due_in(db, b_key, 0.0 if due else 30.0)
+    async with db.transaction() as other:  # a concurrent claim with A among its candidates
+        await other.execute(
+            "SELECT id FROM cronwell_occurrences WHERE idempotency_key = %s FOR UPDATE", (a_key,)
+        )
+        assert await _claim_ahead(db) == []
+        assert await state_is(db, b_key, "pending")
+    (a,) = await _claim_ahead(db)
+    assert a.key == a_key
+    assert await state_is(db, b_key, "skipped" if due else "pending")

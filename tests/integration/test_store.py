@@ -9,7 +9,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from cronwell import partitions
+from cronwell import dispatch, partitions
 from cronwell.errors import DatabaseUnavailable, PartitionMismatch, SchemaMissing, SchemaTooNew
 from cronwell.store import Database, claims, leases, migrate
 from cronwell.store._queries import q
@@ -105,7 +105,7 @@ ANALYZE;
 
 async def test_hot_queries_are_index_range_scans(db: Database) -> None:
     """With 50k jobs and 100k occurrences, the due scan, the claim and the reaper read
-    their partial indexes (range scans), never the whole table."""
+    their indexes (range scans), never the whole table."""
     async with db.connection() as conn:
         await conn.execute(_FILL)  # type: ignore[arg-type]
     due = await _plan(
@@ -115,9 +115,13 @@ async def test_hot_queries_are_index_range_scans(db: Database) -> None:
     )
     assert "cronwell_jobs_due" in due, due
     claim = await _plan(
-        db, "OccurrenceClaimCandidates", {"pool": "default", "limit": 100, "ahead": 2.0}
+        db,
+        "OccurrenceClaimCandidates",
+        {"pool": "default", "limit": 100, "ahead": 2.0, "serial": dispatch.SERIAL_ORDER},
     )
     assert "cronwell_occurrences_claim" in claim, claim
+    # a serialised candidate's previous occurrence: one probe of the job's index
+    assert "cronwell_occurrences_job" in claim, claim
     reap = await _plan(db, "LeaseReap", {"limit": 100})
     assert "cronwell_occurrences_lease" in reap, reap
 
@@ -127,7 +131,7 @@ async def test_claim_start_and_spec_fetch_read_jobs_by_primary_key(db: Database)
     for every batch (a third of the statement's time in a burst)."""
     async with db.connection() as conn:
         await conn.execute(_FILL)  # type: ignore[arg-type]
-    rows = await claims.candidates(db, pool="default", limit=500)
+    rows = await claims.candidates(db, pool="default", limit=500, serial=dispatch.SERIAL_ORDER)
     assert len(rows) == 500
     start = await _plan(
         db, "OccurrenceClaimBatch", {"ids": [r.id for r in rows], "worker_id": "w", "lease": 60}
