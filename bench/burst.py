@@ -12,7 +12,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 import subprocess
 import sys
@@ -21,12 +20,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-import psutil
-
 from bench.common import (
     HANDLERS,
+    cpu_seconds,
     handler_lags,
     lag_stats,
+    postgres_cpu_seconds,
     seed,
     succeeded_lags,
     unfinished,
@@ -40,21 +39,6 @@ from cronwell.store import Database, claims, partitions
 
 PY_SPY = Path(sys.executable).parent / "py-spy"
 """The sampler of the `profile` section (the `bench` extra installs it)."""
-
-
-def _cpu(pid: int) -> float:
-    t = psutil.Process(pid).cpu_times()
-    return float(t.user + t.system)
-
-
-def _postgres_cpu() -> float:
-    """CPU seconds of every postgres process on the machine (the bench's server)."""
-    total = 0.0
-    for p in psutil.process_iter(["name"]):
-        if p.info["name"] == "postgres":
-            with contextlib.suppress(psutil.Error):
-                total += _cpu(p.pid)
-    return total
 
 
 async def _keep_leases(s: Scheduler) -> None:
@@ -146,8 +130,8 @@ async def burst(
         # before the claims ahead of T: worker start-up (imports) is not the burst's cost.
         ahead = 2.0 if claim_ahead is None else claim_ahead
         await asyncio.sleep(max(0.0, due_in - ahead - 1.5))
-        cpu0 = sum(_cpu(p.pid) for p in procs)
-        pg_cpu0 = _postgres_cpu()
+        cpu0 = sum(cpu_seconds(p.pid) for p in procs)
+        pg_cpu0 = postgres_cpu_seconds()
         if profile is not None:
             async with db.connection() as conn:
                 await conn.execute("SELECT pg_stat_statements_reset()")
@@ -177,9 +161,9 @@ async def burst(
             if not await unfinished(db):
                 break
             await asyncio.sleep(0.25)
-        worker_cpu_all = sum(_cpu(p.pid) for p in procs)
+        worker_cpu_all = sum(cpu_seconds(p.pid) for p in procs)
         worker_cpu = worker_cpu_all - cpu0
-        pg_cpu = _postgres_cpu() - pg_cpu0
+        pg_cpu = postgres_cpu_seconds() - pg_cpu0
         async with db.connection() as conn:
             # When the last worker registered (start-up done), against T: a worker still
             # importing at T adds its start-up to every lag (seen at load 13: 6 s).

@@ -3,6 +3,7 @@ the worker environment, process stopping, start-lag figures and the timed claim.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -15,7 +16,7 @@ from collections.abc import Awaitable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
-from cronwell import jobs
+from cronwell import dispatch, jobs
 from cronwell.embedded import EmbeddedPostgres
 from cronwell.models import ScheduledJobSpec
 from cronwell.store import Database, claims, clock, materialise
@@ -236,7 +237,9 @@ async def timed_claim(
     candidates, job row locks, active occurrences, the claim. Milliseconds of each step
     (`claim.<step>`) and of all four (`claim`), and the started occurrences."""
     t0 = time.perf_counter()
-    cands = await claims.candidates(db, pool="default", limit=limit, conn=conn)
+    cands = await claims.candidates(
+        db, pool="default", limit=limit, serial=dispatch.SERIAL_ORDER, conn=conn
+    )
     t1 = time.perf_counter()
     ids = sorted({c.job_id for c in cands})
     await claims.lock_jobs(db, ids, conn=conn)
@@ -255,6 +258,26 @@ async def timed_claim(
         "claim.claim_batch": t4 - t3,
     }
     return {k: 1000 * v for k, v in steps.items()}, started
+
+
+def cpu_seconds(pid: int) -> float:
+    """CPU seconds (user + system) the process has used so far."""
+    import psutil
+
+    t = psutil.Process(pid).cpu_times()
+    return float(t.user + t.system)
+
+
+def postgres_cpu_seconds() -> float:
+    """CPU seconds of every postgres process on the machine (the bench's server)."""
+    import psutil
+
+    total = 0.0
+    for p in psutil.process_iter(["name"]):
+        if p.info["name"] == "postgres":
+            with contextlib.suppress(psutil.Error):
+                total += cpu_seconds(p.pid)
+    return total
 
 
 def load_average() -> list[float]:
