@@ -27,7 +27,7 @@ class Candidate:
     """Its instant has come (False: it is claimable only ahead of its instant)."""
     pending_before: int | None = None
     """Serialised jobs: the job's previous occurrence (nominal order) when it is still
-    pending and never attempted; None otherwise."""
+    pending in this pool and never attempted; None otherwise."""
 
 
 @dataclass(frozen=True, slots=True)

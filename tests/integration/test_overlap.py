@@ -250,3 +250,17 @@ async def test_a_serialised_job_runs_in_order_while_another_claimer_holds_its_ea
     (a,) = await _claim_ahead(db)
     assert a.key == a_key
     assert await state_is(db, b_key, "skipped" if due else "pending")
+
+
+async def test_a_job_moved_to_another_pool_does_not_wait_on_its_old_pools_occurrence(
+    db: Database,
+) -> None:
+    """A's pool has no workers any more (the job moved): B, in the new pool, is not held
+    behind A, which only the old pool's workers could decide."""
+    await make_job(db, "ov", schedule=FAR_FUTURE, concurrencyPolicy="Skip")
+    a_key = await trigger(db, "ov")
+    await make_job(db, "ov", schedule=FAR_FUTURE, concurrencyPolicy="Skip", pool="moved")
+    b_key = await trigger(db, "ov")
+    (b,) = await dispatch.claim(db, pool="moved", worker_id="w", limit=10, lease_seconds=30)
+    assert b.key == b_key
+    assert await state_is(db, a_key, "pending")
