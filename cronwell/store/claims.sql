@@ -4,11 +4,11 @@
 -- name: OccurrenceClaimCandidates
 -- Pending occurrences of a pool due now or within the next `ahead` seconds (claim ahead),
 -- oldest first, locked against other workers; `due`: its instant has come. For a job whose
--- overlap policy serialises its occurrences (`serial`), `pending_before` is the id of the occurrence
--- just before it (nominal order) when that one is still pending in the same pool and never
--- attempted: if another claimer holds it (SKIP LOCKED hid it), this one must wait for it to
--- be decided (dispatch.hold_back). Not across pools: a job moved to another pool must not
--- wait on its old pool's workers. One probe of the job index per such candidate.
+-- overlap policy serialises its occurrences (`serial`), `pending_before` is the id of the
+-- occurrence just before it (nominal order) when that one is still pending in the same pool
+-- and never attempted: if another claimer holds it (SKIP LOCKED hid it), this one must wait
+-- for it to be decided (dispatch.hold_back). Not across pools: a job moved to another pool
+-- must not wait on its old pool's workers. One probe of the job index per such candidate.
 SELECT o.id, o.job_id, o.overlap, o.attempt, o.scheduled_for, o.run_at, o.run_at <= now() AS due,
        CASE WHEN o.overlap = ANY(%(serial)s::text[]) THEN
            (SELECT CASE WHEN p.state = 'pending' AND p.attempt = 0 AND p.pool = o.pool
