@@ -167,12 +167,14 @@ async def wall_clock_offset(db: Database) -> float:
 
 def handler_lags(starts_dir: Path, offset: float) -> list[float]:
     """Start lags the handlers wrote themselves (bench.noop with CRONWELL_BENCH_STARTS):
-    their start on the database's clock minus the nominal instant, in seconds."""
+    their start on the database's clock minus the nominal instant, in seconds. Read once:
+    the directory is removed (a full run left a dozen of them in /tmp)."""
     lags: list[float] = []
     for f in starts_dir.glob("*.txt"):
         for line in f.read_text().splitlines():
             started, nominal = line.split()
             lags.append(float(started) + offset - float(nominal))
+    shutil.rmtree(starts_dir, ignore_errors=True)
     return lags
 
 

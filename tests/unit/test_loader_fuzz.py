@@ -4,10 +4,10 @@ one-line errors naming the file, and apply nothing when any document is bad."""
 
 from __future__ import annotations
 
-import tempfile
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 from click.testing import CliRunner
 from hypothesis import HealthCheck, given, settings
@@ -26,8 +26,13 @@ GOOD = (
 FUZZ = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
-def _load_bytes(data: bytes) -> tuple[Path, list[Any], list[str]]:
-    d = Path(tempfile.mkdtemp(prefix="cw-fuzz-"))
+@pytest.fixture(scope="module")
+def fuzz_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One directory for every example (a directory per example left hundreds in /tmp)."""
+    return tmp_path_factory.mktemp("fuzz")
+
+
+def _load_bytes(d: Path, data: bytes) -> tuple[Path, list[Any], list[str]]:
     f = d / "in.yaml"
     f.write_bytes(data)
     loaded, errors = load([f])
@@ -53,15 +58,15 @@ def _apply(f: Path) -> Any:
 
 @FUZZ
 @given(st.binary(max_size=2048))
-def test_arbitrary_bytes(data: bytes) -> None:
-    f, _, errors = _load_bytes(data)
+def test_arbitrary_bytes(fuzz_dir: Path, data: bytes) -> None:
+    f, _, errors = _load_bytes(fuzz_dir, data)
     _one_line_errors_naming(f, errors)
 
 
 @FUZZ
 @given(st.text(alphabet=st.sampled_from(list("{}[]:,-?&*!|>'\"#%@` \n\tab1.")), max_size=400))
-def test_yaml_punctuation(text: str) -> None:
-    f, _, errors = _load_bytes(text.encode())
+def test_yaml_punctuation(fuzz_dir: Path, text: str) -> None:
+    f, _, errors = _load_bytes(fuzz_dir, text.encode())
     _one_line_errors_naming(f, errors)
 
 
@@ -106,8 +111,8 @@ documents = st.fixed_dictionaries(
 
 @FUZZ
 @given(st.lists(documents | json_values, min_size=1, max_size=4))
-def test_wrong_documents_kinds_and_versions(docs: list[Any]) -> None:
-    f, _, errors = _load_bytes(yaml.safe_dump_all(docs).encode())
+def test_wrong_documents_kinds_and_versions(fuzz_dir: Path, docs: list[Any]) -> None:
+    f, _, errors = _load_bytes(fuzz_dir, yaml.safe_dump_all(docs).encode())
     _one_line_errors_naming(f, errors)
     if errors:  # all or nothing: the CLI applies none of the valid ones
         result = _apply(f)
