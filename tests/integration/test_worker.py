@@ -528,6 +528,29 @@ async def test_a_slot_frees_when_the_handler_returns_not_when_its_completion_is_
         assert [w.results(k) for k in (first, second, third)] == [["succeeded"]] * 3
 
 
+async def test_a_due_occurrence_another_claimer_holds_does_not_make_the_claim_loop_spin(
+    db: Database, db_url: str
+) -> None:
+    """Due now but locked by another claim (a claimer paused in its transaction): SKIP
+    LOCKED hides it from the claim while the next-due query still sees it due. The loop
+    must wait a little between tries, not claim again at once for as long as the lock is
+    held (it did: hundreds of statements a second)."""
+    await make_job(db, "held", schedule=FAR_FUTURE)
+    key = await trigger(db, "held")
+    async with await psycopg.AsyncConnection.connect(db_url) as locker:
+        await locker.execute(
+            "SELECT 1 FROM cronwell_occurrences WHERE idempotency_key = %s FOR UPDATE", (key,)
+        )
+        async with running_worker(db_url, poll_seconds=5.0) as w:
+            await asyncio.sleep(0.5)  # started and registered
+            before = w.db.statements
+            await asyncio.sleep(1.0)
+            statements = w.db.statements - before
+        await locker.rollback()
+    assert statements < 100, f"{statements} statements in 1 s with nothing claimable"
+    assert await state_is(db, key, "pending")
+
+
 # -- graceful shutdown ----------------------------------------------------------------------
 
 

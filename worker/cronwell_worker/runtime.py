@@ -91,6 +91,9 @@ def backoff_seconds(policy: RetryPolicy, attempt: int, rng: random.Random | None
 
 SPEC_CACHE_SIZE = 10_000
 """Parsed specs a worker keeps (by hash, least recently used out)."""
+BUSY_RETRY_SECONDS = 0.05
+"""The least wait before claiming again when a claim took nothing although something is
+due: another claimer holds it (SKIP LOCKED), possibly for long (a paused process)."""
 
 
 def self_fence_margin(lease_seconds: float) -> float:
@@ -294,6 +297,10 @@ class Worker:
                             # Inside the window yet not claimed: held back for its overlap
                             # decision at its instant (dispatch.plan_ahead), or just due.
                             delay = until
+                        if not claimed:
+                            # Due yet nothing taken: another claimer holds it, or it waits
+                            # behind one it holds (dispatch.hold_back). Not a busy loop.
+                            delay = max(delay, BUSY_RETRY_SECONDS)
                 backoff.success()
             except EXPECTED_ERRORS as e:
                 delay = backoff.failure()
