@@ -81,8 +81,7 @@ def hold_back(cands: list[Candidate]) -> list[Candidate]:
     first_held: dict[uuid.UUID, datetime] = {}
     for c in cands:
         if c.pending_before is not None and c.pending_before not in ids:
-            at = first_held.get(c.job_id)
-            first_held[c.job_id] = c.scheduled_for if at is None else min(at, c.scheduled_for)
+            first_held[c.job_id] = min(first_held.get(c.job_id, c.scheduled_for), c.scheduled_for)
     if not first_held:
         return cands
     return [
