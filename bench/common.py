@@ -16,6 +16,8 @@ from collections.abc import Awaitable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
+import psutil
+
 from cronwell import dispatch, jobs
 from cronwell.embedded import EmbeddedPostgres
 from cronwell.models import ScheduledJobSpec
@@ -264,16 +266,12 @@ async def timed_claim(
 
 def cpu_seconds(pid: int) -> float:
     """CPU seconds (user + system) the process has used so far."""
-    import psutil
-
     t = psutil.Process(pid).cpu_times()
     return float(t.user + t.system)
 
 
 def postgres_cpu_seconds() -> float:
     """CPU seconds of every postgres process on the machine (the bench's server)."""
-    import psutil
-
     total = 0.0
     for p in psutil.process_iter(["name"]):
         if p.info["name"] == "postgres":
@@ -321,8 +319,6 @@ async def machine_facts(db: Database, argv: list[str]) -> dict[str, Any]:
     """What a figure depends on besides the code: the machine, the versions, the commit and
     the exact arguments of the run."""
     import platform
-
-    import psutil
 
     async with db.connection() as conn:
         cur = await conn.execute("SELECT current_setting('server_version') AS v")
