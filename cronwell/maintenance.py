@@ -29,8 +29,10 @@ from dataclasses import dataclass
 from typing import NoReturn
 
 from cronwell import dispatch
+from cronwell.errors import DatabaseError
+from cronwell.liveness import Liveness
 from cronwell.metrics import Metrics
-from cronwell.store import attempts, claims, history
+from cronwell.store import attempts, claims, fences, history
 from cronwell.store.attempts import Reaped
 from cronwell.store.db import Database
 from cronwell.store.processes import ProcessEntry
@@ -44,6 +46,27 @@ _ZERO = uuid.UUID(int=0)
 def process_id(role: str) -> str:
     """A registry id unique across restarts: role, host, pid and a random suffix."""
     return f"{role}-{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+
+
+async def announce_durability(db: Database) -> None:
+    """One startup line saying whether commits wait for a synchronous standby, so an
+    operator knows what a failover can lose (docs/deploy.md, "Failover")."""
+    try:
+        d = await fences.durability(db)
+        e = await fences.epoch(db)
+    except DatabaseError as err:
+        log.warning(f"cannot read the database's replication settings: {err}")
+        return
+    log.info(
+        f"database commits are {d.describe()}",
+        extra={
+            "action": "db_durability",
+            "synchronous": d.synchronous,
+            "standbys": d.standbys,
+            "fence_generation": e.generation if e else None,
+            "timeline": e.timeline if e else None,
+        },
+    )
 
 
 def this_process(
@@ -103,13 +126,13 @@ class Reaper:
                 self.metrics.outcomes.labels(r.pool, "dead").inc()
         return len(rows)
 
-    async def run(self) -> NoReturn:
+    async def run(self, live: Liveness | None = None) -> NoReturn:
         """Reap every `interval_seconds` until cancelled."""
 
         async def step() -> None:
             await self.reap_once()
 
-        await repeat("reap pass", step, interval_seconds=self.interval_seconds)
+        await repeat("reap pass", step, interval_seconds=self.interval_seconds, live=live)
 
 
 @dataclass

@@ -4,7 +4,13 @@ injectable registry, so tests read values without global state."""
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+import threading
+from collections.abc import Callable, Iterable
+from socketserver import ThreadingMixIn
+from typing import Any
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, make_wsgi_app
 
 # Start lag buckets: the SLA is 5 s at p99; resolution where it matters.
 _LAG_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 3, 5, 7.5, 10, 30, 60, 300)
@@ -178,7 +184,34 @@ class Metrics:
             registry=r,
         )
 
-    def serve(self, port: int, addr: str = "0.0.0.0") -> None:
-        """Expose /metrics on `port` (0 or None: do not serve)."""
-        if port:
-            start_http_server(port, addr=addr, registry=self.registry)
+    def serve(
+        self, port: int, addr: str = "0.0.0.0", *, stalled: Callable[[], list[str]] | None = None
+    ) -> None:
+        """Expose /metrics on `port` (0 or None: do not serve), and /healthz: 200 while
+        `stalled` names no loop, 503 with their names otherwise (the liveness probe)."""
+        if not port:
+            return
+        metrics_app = make_wsgi_app(self.registry)
+
+        def app(environ: dict[str, Any], start_response: Any) -> Iterable[bytes]:
+            if environ.get("PATH_INFO") != "/healthz":
+                return metrics_app(environ, start_response)  # type: ignore[no-any-return]
+            stuck = stalled() if stalled is not None else []
+            body = (f"stalled: {', '.join(stuck)}\n" if stuck else "ok\n").encode()
+            start_response(
+                "503 Service Unavailable" if stuck else "200 OK",
+                [("Content-Type", "text/plain"), ("Content-Length", str(len(body)))],
+            )
+            return [body]
+
+        server = make_server(addr, port, app, _ThreadingServer, handler_class=_QuietHandler)
+        threading.Thread(target=server.serve_forever, name="metrics", daemon=True).start()
+
+
+class _ThreadingServer(ThreadingMixIn, WSGIServer):
+    daemon_threads = True
+
+
+class _QuietHandler(WSGIRequestHandler):
+    def log_message(self, format: str, *args: Any) -> None:
+        """Probes and scrapes are not worth a log line each."""

@@ -24,7 +24,8 @@ import pydantic
 
 from cronwell import cronexpr, dispatch, maintenance, partitions, schedule
 from cronwell.errors import DatabaseError, SpecError
-from cronwell.maintenance import process_id, this_process
+from cronwell.liveness import Liveness
+from cronwell.maintenance import announce_durability, process_id, this_process
 from cronwell.metrics import Metrics
 from cronwell.models import MisfirePolicy, ScheduledJobSpec
 from cronwell.plan import plan_job
@@ -88,6 +89,8 @@ class Scheduler:
         self.metrics = metrics or Metrics()
         self.settings = settings
         self.holder = holder or process_id("scheduler")
+        self.live = Liveness(stall_seconds=settings.partition_lease_seconds)
+        """Its loops' progress: stalled, it renews no partition and /healthz fails."""
         self.owned: dict[int, int] = {}  # partition -> epoch
         self.partitions = 0  # the store's P, read at every balance
         self.pruner = maintenance.Pruner(
@@ -336,10 +339,11 @@ class Scheduler:
                 "partitions": self.partitions,
             },
         )
+        await announce_durability(self.db)
         tasks = Supervisor(f"scheduler {self.holder}")
         tasks.spawn(self._lease_loop(), "leases")
         tasks.spawn(self._work_loop(), "materialise")
-        tasks.spawn(self.reaper.run(), "reap")
+        tasks.spawn(self.reaper.run(self.live), "reap")
         tasks.spawn(self._prune_loop(), "prune")
         try:
             await tasks.wait(self._stop.wait())
@@ -355,6 +359,17 @@ class Scheduler:
         interval = self.settings.partition_lease_seconds / 3
 
         async def step() -> None:
+            stalled = self.live.stalled(besides="partition leases")
+            if stalled:
+                # Liveness means progress: a replica whose loops are stuck gives its
+                # partitions up (by not renewing them) and fails its liveness probe.
+                if self.owned:
+                    log.error(
+                        "loops stalled; no longer renewing partition leases",
+                        extra={"action": "partition_stalled", "loops": stalled},
+                    )
+                self.owned = {}
+                return
             try:
                 await self.balance()
                 await self.report_gauges()
@@ -369,7 +384,7 @@ class Scheduler:
                 self.owned = {}
                 raise
 
-        await repeat("partition leases", step, interval_seconds=interval)
+        await repeat("partition leases", step, interval_seconds=interval, live=self.live)
 
     async def _work_loop(self) -> None:
         async def step() -> float:
@@ -378,14 +393,20 @@ class Scheduler:
             await wait_event(self._wake, self.settings.tick_seconds)
             return 0.0
 
-        await repeat("materialisation pass", step, interval_seconds=self.settings.tick_seconds)
+        tick = self.settings.tick_seconds
+        await repeat("materialisation pass", step, interval_seconds=tick, live=self.live)
 
     async def _prune_loop(self) -> None:
         async def step() -> None:
             if 0 in self.owned:  # one pruner at a time: the owner of partition 0
                 await self.pruner.prune_once()
 
-        await repeat("prune pass", step, interval_seconds=self.settings.prune_interval_seconds)
+        await repeat(
+            "prune pass",
+            step,
+            interval_seconds=self.settings.prune_interval_seconds,
+            live=self.live,
+        )
 
 
 def _add(

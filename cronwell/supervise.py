@@ -21,6 +21,7 @@ from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, NoReturn
 
 from cronwell.errors import EXPECTED_ERRORS
+from cronwell.liveness import Liveness
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +44,12 @@ class Backoff:
         return float(min(self.max, self.first * 2 ** (self.failures - 1)))
 
 
+RETRY_MAX_SECONDS = 2.0
+"""The longest a loop waits between tries through an outage: once the database is back,
+work resumes within about this (a 30 s cap added up to 44 s before the first
+materialisation after a 90 s outage)."""
+
+
 async def repeat(
     name: str,
     step: Callable[[], Awaitable[float | None]],
@@ -50,13 +57,19 @@ async def repeat(
     interval_seconds: float,
     backoff: Backoff | None = None,
     expected: tuple[type[BaseException], ...] = EXPECTED_ERRORS,
+    live: Liveness | None = None,
 ) -> NoReturn:
     """Run `step` forever: sleep what it returns (None: `interval_seconds`) after a success;
-    after an expected error log one line and back off; let anything else propagate."""
-    backoff = backoff or Backoff(max_seconds=max(interval_seconds, 30.0))
+    after an expected error log one line and back off; let anything else propagate.
+    `live` hears when a step starts and when one succeeds (liveness means progress)."""
+    backoff = backoff or Backoff(max_seconds=RETRY_MAX_SECONDS)
     while True:
+        if live is not None:
+            live.waiting(name)
         try:
             delay = await step()
+            if live is not None:
+                live.progressed(name)
         except expected as e:
             delay = backoff.failure()
             log.warning(

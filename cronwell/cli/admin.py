@@ -10,7 +10,7 @@ from cronwell.cli import render
 from cronwell.cli.main import Env, main, run
 from cronwell.embedded import EmbeddedPostgres
 from cronwell.errors import CronwellError
-from cronwell.store import gauges, leases, migrate, processes
+from cronwell.store import fences, gauges, leases, migrate, processes
 from cronwell.store.gauges import StateCount
 from cronwell.store.leases import Owner
 from cronwell.store.processes import Process
@@ -91,12 +91,16 @@ def partitions_set(env: Env, count: int) -> None:
 def status_cmd(env: Env) -> None:
     """Partitions and their owners, live processes, occurrences by state."""
 
-    async def go() -> tuple[list[Owner], list[Process], list[StateCount]]:
+    async def go() -> tuple[
+        list[Owner], list[Process], list[StateCount], fences.Durability, fences.Epoch | None
+    ]:
         async with env.database() as db:
             return (
                 await leases.list_all(db),
                 await processes.list_all(db, ttl_seconds=15),
                 await gauges.occurrence_counts(db),
+                await fences.durability(db),
+                await fences.epoch(db),
             )
 
     render.render_status(*run(go()))
@@ -115,6 +119,19 @@ def db_url(env: Env) -> None:
         click.echo(env.url())
     except CronwellError as e:
         raise click.ClickException(str(e)) from None
+
+
+@db_group.command("new-generation")
+@click.pass_obj
+def db_new_generation(env: Env) -> None:
+    """Move fences to the next generation: run it after restoring the store from a backup,
+    before starting cronwell, so no fence handed out since the backup is handed out again."""
+
+    async def go() -> int:
+        async with env.database() as db:
+            return await fences.next_generation(db)
+
+    click.echo(f"fence generation is now {run(go())}")
 
 
 @db_group.command("stop")

@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     from cronwell.backfill import BackfillResult
     from cronwell.forecast import PoolForecast, ReplicaPlan
     from cronwell.store.dead import Dead
+    from cronwell.store.fences import Durability, Epoch
     from cronwell.store.gauges import StateCount
     from cronwell.store.jobs import JobSummary
     from cronwell.store.leases import Owner
@@ -132,8 +133,17 @@ def render_status(
     parts: Iterable[Owner],
     procs: Iterable[Process],
     counts: Iterable[StateCount],
+    durability: Durability,
+    epoch: Epoch | None,
 ) -> None:
-    """`cronwell status`: partition owners, live processes, occurrences by state."""
+    """`cronwell status`: durability and fence epoch, partition owners, live processes,
+    occurrences by state."""
+    click.echo(f"commits: {durability.describe()}")
+    if epoch is not None:
+        click.echo(
+            f"fences: generation {epoch.generation}, timeline {epoch.timeline} "
+            f"(next fence > {epoch.base})"
+        )
     parts = list(parts)
     owners: dict[str, list[int]] = {}
     for p in parts:

@@ -42,8 +42,8 @@ def scheduler_cmd(env: Env, /, metrics_port: int, **opts: Any) -> None:
     (the owner of partition 0) pruning history by the jobs' limits and --retention."""
     settings = settings_or_fail(SchedulerSettings, **opts)
     metrics = Metrics()
-    metrics.serve(metrics_port)
     holder: list[Scheduler] = []
+    metrics.serve(metrics_port, stalled=lambda: holder[0].live.stalled() if holder else [])
 
     async def go() -> None:
         async with env.database(migrate_first=True, partitions=settings.partitions) as db:

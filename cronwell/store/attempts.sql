@@ -2,10 +2,13 @@
 -- (each completion also writes its cronwell_attempts row).
 
 -- The batch statements find their rows the same way: `held`, each key's row by the unique
--- key index (LIMIT 1 keeps the planner from flattening it into a join), then those rows by
--- primary key (`id = ANY (ARRAY(...))`), fenced in the UPDATE's own WHERE (re-checked on
--- the row it locks): `fence = ANY (fences)` is exact because a fence value is issued once,
--- to one claim of one key; `coalesce(state = 'running', false)` hides the running rows'
+-- key index (LIMIT 1 keeps the planner from flattening it into a join), as one row of two
+-- parallel arrays (the ids, and the fence the caller holds for each), then those rows by
+-- primary key (`id = ANY (ids)`), fenced in the UPDATE's own WHERE (re-checked on the row
+-- it locks) against its own pair: the fence at its id's position. Never `fence = ANY
+-- (fences)` across the batch: after a failover that lost commits, a fence value was issued
+-- again to another key of the same batch, and a stale batch completed attempts it did not
+-- run (issue 28). `coalesce(state = 'running', false)` hides the running rows'
 -- partial index (cronwell_occurrences_lease), which the planner would otherwise scan,
 -- filtering every running row against the id list, when statistics say few are running.
 -- Statistics cannot be trusted here: in a burst they were taken while every row was
@@ -16,12 +19,14 @@
 -- name: OccurrenceHeartbeat
 -- Extends the leases of running attempts; a key missing from the result lost its lease.
 WITH held AS MATERIALIZED (
-    SELECT x.id FROM unnest(%(keys)s::text[]) AS t(k)
+    SELECT array_agg(x.id) AS ids, array_agg(t.f) AS fences
+    FROM unnest(%(keys)s::text[], %(fences)s::bigint[]) AS t(k, f)
     CROSS JOIN LATERAL (SELECT id FROM cronwell_occurrences
                         WHERE idempotency_key = t.k LIMIT 1) x)
 UPDATE cronwell_occurrences o
 SET lease_expires_at = now() + make_interval(secs => %(lease)s)
-WHERE o.id = ANY (ARRAY(SELECT id FROM held)) AND o.fence = ANY (%(fences)s::bigint[])
+FROM held h
+WHERE o.id = ANY (h.ids) AND o.fence = h.fences[array_position(h.ids, o.id)]
   AND coalesce(o.state = 'running', false)
   AND o.worker_id = %(worker_id)s
 RETURNING o.idempotency_key;
@@ -30,11 +35,13 @@ RETURNING o.idempotency_key;
 -- Records the actual start of attempts claimed ahead of their instant (fenced: a key
 -- missing from the result lost its lease and must not start).
 WITH held AS MATERIALIZED (
-    SELECT x.id FROM unnest(%(keys)s::text[]) AS t(k)
+    SELECT array_agg(x.id) AS ids, array_agg(t.f) AS fences
+    FROM unnest(%(keys)s::text[], %(fences)s::bigint[]) AS t(k, f)
     CROSS JOIN LATERAL (SELECT id FROM cronwell_occurrences
                         WHERE idempotency_key = t.k LIMIT 1) x)
 UPDATE cronwell_occurrences o SET started_at = now()
-WHERE o.id = ANY (ARRAY(SELECT id FROM held)) AND o.fence = ANY (%(fences)s::bigint[])
+FROM held h
+WHERE o.id = ANY (h.ids) AND o.fence = h.fences[array_position(h.ids, o.id)]
   AND coalesce(o.state = 'running', false)
   AND o.started_at IS NULL
 RETURNING o.idempotency_key;
@@ -42,14 +49,16 @@ RETURNING o.idempotency_key;
 -- name: OccurrenceSucceedBatch
 -- Fenced completion: only the current holder (key + fence, still running) can succeed.
 WITH held AS MATERIALIZED (
-    SELECT x.id FROM unnest(%(keys)s::text[]) AS t(k)
+    SELECT array_agg(x.id) AS ids, array_agg(t.f) AS fences
+    FROM unnest(%(keys)s::text[], %(fences)s::bigint[]) AS t(k, f)
     CROSS JOIN LATERAL (SELECT id FROM cronwell_occurrences
                         WHERE idempotency_key = t.k LIMIT 1) x),
 done AS (
     UPDATE cronwell_occurrences o
     SET state = 'succeeded', finished_at = now(), lease_expires_at = NULL, last_error = NULL,
         reason = NULL
-    WHERE o.id = ANY (ARRAY(SELECT id FROM held)) AND o.fence = ANY (%(fences)s::bigint[])
+    FROM held h
+    WHERE o.id = ANY (h.ids) AND o.fence = h.fences[array_position(h.ids, o.id)]
       AND coalesce(o.state = 'running', false)
     RETURNING o.id, o.idempotency_key, o.job_id, o.attempt, o.fence, o.worker_id,
               o.started_at, o.finished_at, o.overlap),
@@ -98,13 +107,15 @@ SELECT idempotency_key, job_id, overlap, state FROM failed;
 -- Gives back claimed-but-unstarted occurrences (graceful shutdown): pending again at their
 -- instant (one claimed ahead is not due yet), attempt not consumed.
 WITH held AS MATERIALIZED (
-    SELECT x.id FROM unnest(%(keys)s::text[]) AS t(k)
+    SELECT array_agg(x.id) AS ids, array_agg(t.f) AS fences
+    FROM unnest(%(keys)s::text[], %(fences)s::bigint[]) AS t(k, f)
     CROSS JOIN LATERAL (SELECT id FROM cronwell_occurrences
                         WHERE idempotency_key = t.k LIMIT 1) x)
 UPDATE cronwell_occurrences o
 SET state = 'pending', attempt = o.attempt - 1, worker_id = NULL, lease_expires_at = NULL,
     run_at = greatest(o.run_at, now()), started_at = NULL, claimed_at = NULL
-WHERE o.id = ANY (ARRAY(SELECT id FROM held)) AND o.fence = ANY (%(fences)s::bigint[])
+FROM held h
+WHERE o.id = ANY (h.ids) AND o.fence = h.fences[array_position(h.ids, o.id)]
   AND coalesce(o.state = 'running', false)
 RETURNING o.idempotency_key;
 

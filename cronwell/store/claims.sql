@@ -46,16 +46,19 @@ FROM unnest(%(ids)s::bigint[], %(states)s::text[], %(reasons)s::text[]) AS t(id,
 WHERE o.id = t.id;
 
 -- name: OccurrenceClaimBatch
--- Claims the chosen occurrences: lease, a new fence token each, attempt + 1. One already
+-- Claims the chosen occurrences: lease, a new fence token each (the epoch, read once per
+-- statement, plus the counter: migration 0008), attempt + 1. One already
 -- due starts now (started_at); one claimed ahead of its instant has no started_at until
 -- the worker records its start (OccurrenceStartBatch). db_now is the database clock at this
 -- statement: the worker aligns its local timer to it. Returns the
 -- job's spec hash, not its spec (workers cache parsed specs by hash, JobSpecBatch fetches
 -- unknown ones); the job is read by primary key per row (LIMIT 1 keeps the planner from a
 -- hash join that scanned every job for each batch).
-WITH started AS (
+WITH epoch AS MATERIALIZED (SELECT cronwell_fence_base() AS base),
+started AS (
     UPDATE cronwell_occurrences o
-    SET state = 'running', attempt = o.attempt + 1, fence = nextval('cronwell_fence'),
+    SET state = 'running', attempt = o.attempt + 1,
+        fence = (SELECT base FROM epoch) + nextval('cronwell_fence'),
         worker_id = %(worker_id)s, claimed_at = now(), reason = NULL,
         started_at = CASE WHEN o.run_at <= now() THEN now() END,
         lease_expires_at = now() + make_interval(secs => %(lease)s)

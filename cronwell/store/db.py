@@ -1,14 +1,28 @@
-"""Connection pool and the translation of psycopg errors into cronwell's."""
+"""Connection pool and the translation of psycopg errors into cronwell's.
+
+A failing-over database must never wedge a process (invariant 9), so every connection
+(pooled or the LISTEN one) is opened with the options `connection_options` adds, and
+every checkout has a deadline: a call that gets no answer in time has its socket shut down
+(it then fails at once, and the pool discards the connection) instead of waiting on a
+primary that went silent. A connection that answers read-only (a standby, a demoted
+primary) is discarded too, so the next one goes through the URL's hosts again and finds
+the new primary (`target_session_attrs=read-write`).
+"""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import dataclasses
+import logging
+import os
 import re
+import socket
 from collections.abc import AsyncIterator, Iterator, Mapping
 from typing import TYPE_CHECKING, Any, LiteralString, TypeVar
 
 import psycopg
+from psycopg.conninfo import conninfo_to_dict
 from psycopg.rows import AsyncRowFactory, BaseRowFactory, DictRow, RowMaker, class_row, dict_row
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
@@ -20,6 +34,37 @@ if TYPE_CHECKING:
 
 Conn = psycopg.AsyncConnection[DictRow]
 R = TypeVar("R")
+log = logging.getLogger(__name__)
+
+CONNECTION_DEFAULTS: dict[str, str] = {
+    # Per host (libpq's rule, psycopg follows it): a silent first host of a multi-host URL
+    # costs these seconds, not the kernel's two minutes of SYN retries.
+    "connect_timeout": "3",
+    # Only a primary: a standby or a demoted primary is skipped at connect time.
+    "target_session_attrs": "read-write",
+    # A peer that vanished (host down, partition) is noticed by the kernel in ~20 s even
+    # on an idle connection (the LISTEN one), and unacknowledged writes fail in 15 s.
+    "keepalives": "1",
+    "keepalives_idle": "10",
+    "keepalives_interval": "3",
+    "keepalives_count": "3",
+    "tcp_user_timeout": "15000",
+}
+"""Options added to every connection unless the URL sets them (the URL always wins)."""
+
+RECONNECT_SECONDS = 4.0
+"""How long the pool retries one lost connection (backoff 1 s, 2 s, ...) before it gives
+up and a waiting client starts a new round at once: after an outage the first connection
+comes within seconds of the database, not after psycopg_pool's 64 s backoff step."""
+
+
+def connection_options(url: str) -> dict[str, Any]:
+    """CONNECTION_DEFAULTS less what `url` sets itself; passed as connect() keywords."""
+    try:
+        given = conninfo_to_dict(url)
+    except psycopg.ProgrammingError:
+        return {}  # psycopg reports the malformed URL itself, at connect time
+    return {k: v for k, v in CONNECTION_DEFAULTS.items() if k not in given}
 
 
 def redact(url: str) -> str:
@@ -53,10 +98,15 @@ class Database:
         min_size: int = 1,
         max_size: int = 8,
         connect_timeout_seconds: float = 10.0,
+        deadline_seconds: float = 10.0,
         application_name: str = "cronwell",
     ):
+        """`deadline_seconds`: the longest a checkout may hold a connection (every call,
+        a whole transaction included) before the connection is severed."""
         self.url = url
         self._timeout = connect_timeout_seconds
+        self.deadline_seconds = deadline_seconds
+        self.options = connection_options(url)
         self.statements = 0
         """Statements sent (each one database round trip); benchmarks read it."""
         self.transactions = 0
@@ -71,8 +121,10 @@ class Database:
                 "row_factory": dict_row,
                 "autocommit": True,
                 "application_name": application_name,
+                **self.options,
             },
             connection_class=psycopg.AsyncConnection[DictRow],
+            reconnect_timeout=RECONNECT_SECONDS,
         )
 
     async def open(self) -> None:
@@ -91,7 +143,7 @@ class Database:
     async def _probe(self) -> str:
         """One direct connection attempt, to tell the user *why* the pool could not open."""
         try:
-            conn = await psycopg.AsyncConnection.connect(self.url, connect_timeout=3)
+            conn = await psycopg.AsyncConnection.connect(self.url, **self.options)
             await conn.close()
             return "connections time out"
         except psycopg.Error as e:
@@ -108,15 +160,37 @@ class Database:
         await self.close()
 
     @contextlib.asynccontextmanager
-    async def connection(self) -> AsyncIterator[Conn]:
+    async def connection(self, *, deadline_seconds: float | None = None) -> AsyncIterator[Conn]:
+        """A pooled connection for one call or transaction, held at most the deadline
+        (`deadline_seconds`, default the Database's): past it the connection is severed
+        and the call fails with DatabaseUnavailable. A connection that answered
+        read-only or lost its server is closed, never handed out again."""
+        deadline = self.deadline_seconds if deadline_seconds is None else deadline_seconds
         with wrap_exceptions():
             async with self.pool.connection() as conn:
-                yield conn
+                severed: list[bool] = []
+                timer = asyncio.get_running_loop().call_later(deadline, _sever, conn, severed)
+                try:
+                    yield conn
+                except (psycopg.Error, DatabaseError) as e:
+                    if severed:
+                        raise DatabaseUnavailable(
+                            f"no answer from the database within {deadline:g}s (connection dropped)"
+                        ) from e
+                    cause = e if isinstance(e, psycopg.Error) else e.__cause__
+                    if isinstance(cause, psycopg.Error) and _read_only(cause):
+                        await conn.close()
+                    raise
+                finally:
+                    timer.cancel()
 
     @contextlib.asynccontextmanager
-    async def transaction(self) -> AsyncIterator[Conn]:
+    async def transaction(self, *, deadline_seconds: float | None = None) -> AsyncIterator[Conn]:
         self.transactions += 1
-        async with self.connection() as conn, conn.transaction():
+        async with (
+            self.connection(deadline_seconds=deadline_seconds) as conn,
+            conn.transaction(),
+        ):
             yield conn
 
     async def rows(
@@ -179,24 +253,66 @@ class Database:
             return await _execute(c, q(name), params)
 
 
+def _sever(conn: Conn, severed: list[bool]) -> None:
+    """Shut the connection's socket down (not close: psycopg still owns the descriptor):
+    a call waiting on it fails at once, with no cancel request sent to a silent server."""
+    severed.append(True)
+    log.warning(
+        "database call past its deadline; dropping its connection",
+        extra={"action": "db_deadline"},
+    )
+    with contextlib.suppress(OSError, psycopg.Error):
+        fd = conn.pgconn.socket
+        with socket.socket(fileno=os.dup(fd)) as s:
+            s.shutdown(socket.SHUT_RDWR)
+
+
+READ_ONLY_STATES = frozenset({"25006", "57P01", "57P02", "57P03"})
+"""read_only_sql_transaction, admin/crash shutdown, cannot_connect_now: the server is a
+standby, a demoted primary or going down; the connection is no use to a writer."""
+
+
+def _read_only(e: psycopg.Error) -> bool:
+    text = str(e)
+    return (
+        e.sqlstate in READ_ONLY_STATES
+        or "during recovery" in text
+        or ("recovery is in progress" in text)
+    )
+
+
 @contextlib.contextmanager
 def wrap_exceptions() -> Iterator[None]:
     """The one place psycopg's errors become cronwell's (as Procrastinate's `wrap_exceptions`).
 
-    Unreachable server or pool → DatabaseUnavailable (loops retry it); a missing table → the
-    `cronwell migrate` hint; a unique violation → UniqueViolation, which callers may expect."""
+    Unreachable server or pool, or a server that answers read-only (a standby, a demoted
+    primary) → DatabaseUnavailable (loops retry it); a missing table → the `cronwell
+    migrate` hint; a unique violation → UniqueViolation, which callers may expect."""
     try:
         yield
-    except psycopg.errors.UniqueViolation as e:
-        raise UniqueViolation(e.diag.message_primary or str(e), e.diag.constraint_name) from e
-    except psycopg.errors.UndefinedTable as e:
-        raise DatabaseError(
+    except psycopg.Error as e:
+        translated = _translate(e)
+        if translated is None:
+            raise
+        raise translated from e
+
+
+def _translate(e: psycopg.Error) -> DatabaseError | None:
+    if isinstance(e, psycopg.errors.UniqueViolation):
+        return UniqueViolation(e.diag.message_primary or str(e), e.diag.constraint_name)
+    if isinstance(e, psycopg.errors.UndefinedTable):
+        return DatabaseError(
             f"{e.diag.message_primary}: the schema is missing; run `cronwell migrate`"
-        ) from e
-    except psycopg.OperationalError as e:
-        raise DatabaseUnavailable(f"database connection failed: {e}") from e
-    except PoolTimeout as e:
-        raise DatabaseUnavailable(f"no database connection available: {e}") from e
+        )
+    if _read_only(e):
+        return DatabaseUnavailable(
+            f"the database answered read-only (a standby or a demoted primary): {e}"
+        )
+    if isinstance(e, PoolTimeout):
+        return DatabaseUnavailable(f"no database connection available: {e}")
+    if isinstance(e, psycopg.OperationalError):
+        return DatabaseUnavailable(f"database connection failed: {e}")
+    return None
 
 
 async def _rows(

@@ -1,10 +1,87 @@
-"""Fenced writes to users' resources (cronwell_fences): a stale writer is refused."""
+"""Fences: the epoch every fence carries (migration 0008) and fenced writes to users'
+resources (cronwell_fences: a stale writer is refused); what a commit's durability is."""
 
 from __future__ import annotations
 
+import logging
+from dataclasses import dataclass
+
+from cronwell.errors import DatabaseError, DatabaseUnavailable
 from cronwell.store.db import Conn, Database
+
+log = logging.getLogger(__name__)
 
 
 async def write(db: Database, *, resource: str, fence: int, conn: Conn | None = None) -> bool:
     """Accept `fence` for `resource` unless a higher one was already; False: stale writer."""
     return bool(await db.execute("FenceWrite", {"resource": resource, "fence": fence}, conn))
+
+
+async def identify(db: Database) -> int | None:
+    """Record the cluster's identity; on another cluster, move to the next generation.
+    Returns the new generation when it moved. A role that may not read pg_control_system()
+    (some managed services) skips the check: a logical restore then needs `cronwell db
+    new-generation`, as docs/deploy.md says."""
+    try:
+        gen = await db.scalar("StoreIdentify")
+    except DatabaseUnavailable:
+        raise
+    except DatabaseError as e:
+        log.warning(
+            f"cannot read the cluster's identity ({e}); after restoring the store on another "
+            "cluster run `cronwell db new-generation`",
+            extra={"action": "store_identify_skipped"},
+        )
+        return None
+    return None if gen is None else int(gen)
+
+
+async def next_generation(db: Database) -> int:
+    return int(await db.scalar("StoreGenerationNext"))
+
+
+@dataclass(frozen=True, slots=True)
+class Epoch:
+    generation: int
+    timeline: int
+    base: int
+
+
+async def epoch(db: Database) -> Epoch | None:
+    return await db.row(Epoch, "FenceEpoch")
+
+
+@dataclass(frozen=True, slots=True)
+class Durability:
+    standby_names: str
+    synchronous_commit: str
+    standbys: int
+    sync_standbys: int
+
+    @property
+    def synchronous(self) -> bool:
+        """Whether an acknowledged commit is on a standby too (a failover loses nothing)."""
+        return bool(self.standby_names.strip()) and self.synchronous_commit in (
+            "on",
+            "remote_write",
+            "remote_apply",
+        )
+
+    def describe(self) -> str:
+        if self.synchronous:
+            return (
+                f"synchronous: commits wait for a standby ({self.standby_names}, "
+                f"synchronous_commit={self.synchronous_commit}; {self.sync_standbys} of "
+                f"{self.standbys} connected standbys synchronous): a failover loses nothing"
+            )
+        return (
+            f"asynchronous ({self.standbys} connected standbys): a failover can lose the "
+            "last commits; an occurrence may then run again under the same key and a "
+            "higher fence, never under a reused fence"
+        )
+
+
+async def durability(db: Database) -> Durability:
+    row = await db.row(Durability, "ReplicationDurability")
+    assert row is not None  # one row, always
+    return row

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from importlib import resources
 
 from cronwell.errors import SchemaMissing, SchemaTooNew
+from cronwell.store import fences
 from cronwell.store import partitions as store_partitions
 from cronwell.store.db import Conn, Database
 
@@ -27,6 +28,8 @@ def migrations() -> list[tuple[int, str, str]]:
 
 SCHEMA_VERSION = migrations()[-1][0]
 
+MIGRATION_DEADLINE_SECONDS = 3600.0
+
 DEFAULT_PARTITIONS = 16
 """P of a new store when `migrate` is given none: enough for a few scheduler replicas to
 share the load; `cronwell partitions set N` changes it online."""
@@ -37,7 +40,8 @@ async def migrate(db: Database, *, partitions: int | None = None) -> list[int]:
     A new store gets `partitions` as its partition count (else DEFAULT_PARTITIONS); a store
     that has one keeps it (the caller compares, see cronwell.partitions)."""
     applied: list[int] = []
-    async with db.transaction() as conn:
+    # Migrations may rewrite large tables: a deadline of their own, not a call's.
+    async with db.transaction(deadline_seconds=MIGRATION_DEADLINE_SECONDS) as conn:
         await db.execute("MigrationLock", conn=conn)
         await db.execute("MigrationTableCreate", conn=conn)
         done = await applied_versions(db, conn)
@@ -60,6 +64,7 @@ async def migrate(db: Database, *, partitions: int | None = None) -> list[int]:
         await store_partitions.ensure_leases(
             db, partitions=stored if stored is not None else p, conn=conn
         )
+    await fences.identify(db)
     return applied
 
 
@@ -81,6 +86,7 @@ async def check_schema(db: Database) -> None:
             f"the database schema is at version {newest}, older than this cronwell "
             f"({SCHEMA_VERSION}): run `cronwell migrate` first"
         )
+    await fences.identify(db)
 
 
 @dataclass(frozen=True, slots=True)

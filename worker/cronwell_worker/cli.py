@@ -111,8 +111,8 @@ def worker(
     async def go() -> None:
         async with env.database(max_size=8, migrate_first=True) as db:
             metrics = Metrics()
-            metrics.serve(metrics_port)
             w = Worker(db, settings, metrics=metrics, kube=KubeJobs(settings.pool, db=db))
+            metrics.serve(metrics_port, stalled=w.live.stalled)
             stoppers.append(w.stop)
             if outbox_url is None:
                 await w.run()

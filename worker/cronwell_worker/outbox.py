@@ -32,7 +32,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from cronwell.errors import EXPECTED_ERRORS, CronwellError
 from cronwell.store import outbox
 from cronwell.store.db import Database
-from cronwell.supervise import Backoff, wait_event
+from cronwell.supervise import RETRY_MAX_SECONDS, Backoff, wait_event
 
 log = logging.getLogger("cronwell.outbox")
 
@@ -234,7 +234,7 @@ class Relay:
     async def run(self) -> None:
         """Publish until stop()."""
         log.info("outbox relay started", extra={"action": "outbox_relay_start"})
-        backoff = Backoff(first_seconds=0.5, max_seconds=max(self.settings.poll_seconds, 30.0))
+        backoff = Backoff(first_seconds=0.5, max_seconds=RETRY_MAX_SECONDS)
         while not self._stop.is_set():
             delay = self.settings.poll_seconds
             try:

@@ -46,7 +46,8 @@ from cronwell.egress import (
     Rules,
 )
 from cronwell.errors import EXPECTED_ERRORS, DatabaseError, LeaseLost
-from cronwell.maintenance import process_id, this_process
+from cronwell.liveness import Liveness
+from cronwell.maintenance import announce_durability, process_id, this_process
 from cronwell.metrics import Metrics
 from cronwell.models import Delivery, RetryPolicy, ScheduledJobSpec
 from cronwell.sdk import Context
@@ -55,7 +56,7 @@ from cronwell.settings import EgressSettings, SecretsSettings, WorkerSettings
 from cronwell.store import claims, job_secrets, notify, processes
 from cronwell.store import policies as store_policies
 from cronwell.store.db import Database
-from cronwell.supervise import Backoff, Supervisor, wait_event
+from cronwell.supervise import RETRY_MAX_SECONDS, Backoff, Supervisor, wait_event
 from cronwell_worker import egress, targets
 from cronwell_worker.kubejob import KubeJobs
 
@@ -151,6 +152,9 @@ class Worker:
         self._static_pool = [static] if restricts else None
         self.settings = settings
         self.metrics = metrics or Metrics()
+        self.live = Liveness(stall_seconds=settings.lease_seconds)
+        """Its writers' progress: one stalled for a lease, it renews no lease, registers
+        no more and /healthz fails (liveness means progress)."""
         self.id = worker_id or process_id("worker")
         self.on_outcome = on_outcome
         self.running: dict[str, _Running] = {}
@@ -187,6 +191,7 @@ class Worker:
             "worker started",
             extra={"action": "worker_start", "worker": self.id, "pool": self.settings.pool},
         )
+        await announce_durability(self.db)
         claim = asyncio.create_task(self._claim_loop(), name="claim_loop")
         try:
             await tasks.wait(claim)
@@ -258,12 +263,13 @@ class Worker:
 
     async def _claim_loop(self) -> None:
         s = self.settings
-        backoff = Backoff(first_seconds=0.5, max_seconds=s.poll_seconds)
+        backoff = Backoff(first_seconds=0.5, max_seconds=min(s.poll_seconds, RETRY_MAX_SECONDS))
         while not self._stopping.is_set():
             # Cleared before the claim: a NOTIFY arriving while it runs wakes the next one.
             self._wake.clear()
             free = self._free_slots()
             delay = s.poll_seconds
+            self.live.waiting("claim")
             try:
                 if free > 0:
                     want = min(free, s.claim_batch_size)
@@ -302,6 +308,7 @@ class Worker:
                             # behind one it holds (dispatch.hold_back). Not a busy loop.
                             delay = max(delay, BUSY_RETRY_SECONDS)
                 backoff.success()
+                self.live.progressed("claim")
             except EXPECTED_ERRORS as e:
                 delay = backoff.failure()
                 log.warning(
@@ -699,10 +706,12 @@ class Worker:
         whether its key was still held."""
         if not batch:
             return
-        backoff = Backoff(first_seconds=0.1, max_seconds=2.0)
+        backoff = Backoff(first_seconds=0.1, max_seconds=RETRY_MAX_SECONDS)
+        self.live.waiting(what)
         for _ in range(30):
             try:
                 ok = await write(self.db, [(k, f) for k, f, _ in batch])
+                self.live.progressed(what)
                 break
             except EXPECTED_ERRORS as e:
                 delay = backoff.failure()
@@ -736,8 +745,19 @@ class Worker:
         # not let the lease lapse), but a renewal they miss aborts nothing.
         held = [(k, r.claimed.fence) for k, r in self.running.items()]
         if not held:
+            self.live.progressed("heartbeat")
+            return
+        stalled = self.live.stalled(besides="heartbeat")
+        if stalled:
+            # A writer that cannot get through would only keep leases of attempts it cannot
+            # record: let them lapse, so the reaper gives them to another worker, fenced.
+            log.error(
+                "writers stalled; not renewing leases",
+                extra={"action": "heartbeat_withheld", "stalled": stalled, "held": len(held)},
+            )
             return
         sent = time.monotonic()
+        self.live.waiting("heartbeat")
         try:
             alive = await dispatch.heartbeat(
                 self.db, worker_id=self.id, running=held, lease_seconds=lease
@@ -746,6 +766,7 @@ class Worker:
             # The watchdog self-fences the attempts if renewals keep failing.
             log.warning(f"heartbeat failed: {e}", extra={"action": "heartbeat_failed"})
             return
+        self.live.progressed("heartbeat")
         for k, fence in held:
             r = self.running.get(k)
             if r is None or r.claimed.fence != fence:
@@ -794,6 +815,8 @@ class Worker:
     # -- registry ---------------------------------------------------------------------
 
     async def _register(self) -> None:
+        if self.live.stalled():
+            return  # a stalled worker does not look healthy in the registry either
         with contextlib.suppress(DatabaseError):
             await processes.heartbeat(
                 self.db,
