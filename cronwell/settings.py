@@ -34,6 +34,13 @@ class DatabaseSettings(_Settings):
     connect_timeout_seconds: float = Field(
         10.0, gt=0, description="How long to wait for the database before a clear error."
     )
+    deadline_seconds: float = Field(
+        10.0,
+        gt=0,
+        description="Longest a database call (a whole transaction) may take: past it the "
+        "connection is dropped and the call retried on another, so a primary that went "
+        "silent never wedges a process. Far above any statement's time under load.",
+    )
 
 
 class SchedulerSettings(_Settings):

@@ -76,6 +76,7 @@ class Env:
             min_size=s.pool_min_size,
             max_size=max_size or s.pool_max_size,
             connect_timeout_seconds=s.connect_timeout_seconds,
+            deadline_seconds=s.deadline_seconds,
         )
         async with db:
             if migrate_first:

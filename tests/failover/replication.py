@@ -133,10 +133,13 @@ class Pair:
     """h1 starts as the primary, h2 as its streaming standby (synchronous if asked)."""
 
     def __init__(self, root: Path, *, synchronous: bool):
-        extra = {"synchronous_standby_names": "h2" if synchronous else "''"}
-        self.h1 = Node(root / "h1", "h1", extra)
+        self.h1 = Node(root / "h1", "h1", {})
         self.h1.start()
-        self.h2 = Node(root / "h2", "h2", extra)
+        # In postgresql.auto.conf (ALTER SYSTEM), not on the command line, which would win
+        # over the change a promotion makes; the standby inherits it by the base backup.
+        self.h1.sql(f"ALTER SYSTEM SET synchronous_standby_names = '{'h2' if synchronous else ''}'")
+        self.h1.sql("SELECT pg_reload_conf()")
+        self.h2 = Node(root / "h2", "h2", {})
         self.h2.data_dir.mkdir(parents=True, exist_ok=True)
         if self.h2._user:
             self.h2._prepare_root()
@@ -172,9 +175,7 @@ class Pair:
     @property
     def url(self) -> str:
         """What cronwell is given in production: both hosts, the primary found by libpq."""
-        return (
-            f"postgresql://postgres@127.0.0.1:{self.h1.port},127.0.0.1:{self.h2.port}/postgres"
-        )
+        return f"postgresql://postgres@127.0.0.1:{self.h1.port},127.0.0.1:{self.h2.port}/postgres"
 
     def close(self) -> None:
         for n in (self.h1, self.h2):

@@ -722,6 +722,9 @@ class Worker:
                 await asyncio.sleep(delay)
         else:
             ok = set()
+            # Given up: these attempts' leases lapse and they run again, fenced. The writer
+            # waits no more; a next batch that cannot get through stalls it again.
+            self.live.progressed(what)
         for k, _, fut in batch:
             if not fut.done():
                 fut.set_result(k in ok)

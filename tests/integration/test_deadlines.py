@@ -1,0 +1,120 @@
+"""A silent or demoted database never wedges a process (invariant 9): every call has a
+deadline and a connection that misses it is dropped, a connection that answers read-only
+is dropped, every connection gets keepalives and a per-host connect timeout, and a worker
+whose writers make no progress stops renewing its leases and fails /healthz."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import time
+
+import httpx
+import pytest
+
+from cronwell.embedded import free_port
+from cronwell.errors import DatabaseUnavailable
+from cronwell.liveness import Liveness
+from cronwell.metrics import Metrics
+from cronwell.store import fences
+from cronwell.store.db import Database, connection_options
+
+from .worker_helpers import handler_job, occurrence, running_worker, started, trigger
+
+
+async def backend_pid(db: Database) -> int:
+    async with db.connection() as conn:
+        cur = await conn.execute("SELECT pg_backend_pid() AS pid")
+        row = await cur.fetchone()
+        assert row is not None
+        return int(row["pid"])
+
+
+async def test_a_call_to_a_silent_server_fails_at_its_deadline(db_url: str) -> None:
+    """The server process behind the pool's one connection stops (as a frozen primary: the
+    kernel still acknowledges, nothing answers). The call fails at its deadline instead of
+    waiting for ever, and the next checkout gets a new connection that works."""
+    async with Database(db_url, max_size=1, deadline_seconds=1.0) as db:
+        pid = await backend_pid(db)
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            with pytest.raises(DatabaseUnavailable, match="no answer from the database within 1s"):
+                async with asyncio.timeout(20):  # the old code waited here for ever
+                    async with db.connection() as conn:
+                        await conn.execute("SELECT 1")
+        finally:
+            os.kill(pid, signal.SIGCONT)
+        assert await backend_pid(db) != pid
+
+
+async def test_a_read_only_answer_drops_the_connection(db_url: str) -> None:
+    """A connection that answers read-only (a demoted primary, a standby) is an unavailable
+    database, retried by the loops, and is never handed out again."""
+    async with Database(db_url, max_size=1) as db:
+        async with db.connection() as conn:
+            await conn.execute("SET default_transaction_read_only = on")
+        pid = await backend_pid(db)
+        with pytest.raises(DatabaseUnavailable, match="read-only"):
+            await fences.write(db, resource="r", fence=1)
+        assert await backend_pid(db) != pid
+        assert await fences.write(db, resource="r", fence=1)
+
+
+async def test_every_connection_gets_keepalives_and_a_per_host_timeout(db: Database) -> None:
+    async with db.connection() as conn:
+        opts = {o.keyword.decode(): (o.val or b"").decode() for o in conn.pgconn.info}
+    assert opts["connect_timeout"] == "3"
+    assert opts["keepalives_idle"] == "10"
+    assert opts["tcp_user_timeout"] == "15000"
+    assert opts["target_session_attrs"] == "read-write"
+    # What the URL says wins.
+    own = connection_options("postgresql://u@h1:1,h2:2/db?connect_timeout=7&keepalives=0")
+    assert "connect_timeout" not in own and "keepalives" not in own
+    assert own["target_session_attrs"] == "read-write"
+
+
+def test_liveness_names_the_loops_waiting_longer_than_the_stall() -> None:
+    live = Liveness(stall_seconds=5)
+    live.waiting("claim")
+    live.waiting("completion")
+    assert live.stalled() == []
+    live._since["completion"] -= 10  # ten seconds pass without progress
+    live.waiting("completion")  # a retry keeps the first start
+    assert live.stalled() == ["completion"]
+    assert live.stalled(besides="completion") == []
+    live.progressed("completion")
+    assert live.stalled() == []
+
+
+async def test_a_stalled_writer_stops_lease_renewal(db: Database, db_url: str) -> None:
+    """The completion writer has made no progress for longer than a lease (it waits on a
+    silent primary) while heartbeats would succeed: the worker renews nothing, so the
+    reaper hands the attempt to another worker, fenced."""
+    await handler_job(db, "stuck", "t-wait-event")
+    async with running_worker(db_url, lease_seconds=30) as w:
+        key = await trigger(db, "stuck")
+        await started(key)
+        before = (await occurrence(db, key))["lease_expires_at"]
+        await w.worker.heartbeat_once()
+        renewed = (await occurrence(db, key))["lease_expires_at"]
+        assert renewed > before
+        w.worker.live._since["completion"] = time.monotonic() - 60  # stuck for two leases
+        await w.worker.heartbeat_once()
+        assert (await occurrence(db, key))["lease_expires_at"] == renewed
+        w.worker.live.progressed("completion")
+        await w.worker.heartbeat_once()
+        assert (await occurrence(db, key))["lease_expires_at"] > renewed
+
+
+async def test_healthz_fails_while_a_loop_is_stalled() -> None:
+    stalled: list[str] = []
+    port = free_port()
+    Metrics().serve(port, addr="127.0.0.1", stalled=lambda: list(stalled))
+    async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as client:
+        ok = await client.get("/healthz")
+        assert (ok.status_code, ok.text) == (200, "ok\n")
+        stalled.append("completion")
+        bad = await client.get("/healthz")
+        assert (bad.status_code, bad.text) == (503, "stalled: completion\n")
+        assert (await client.get("/metrics")).status_code == 200
