@@ -342,6 +342,16 @@ async def heartbeat(
     return await attempts.heartbeat(db, running, worker_id=worker_id, lease_seconds=lease_seconds)
 
 
+async def reassert(
+    db: Database, *, worker_id: str, held: list[tuple[str, int, int, bool]], lease_seconds: float
+) -> set[str]:
+    """Restore claims (key, fence, attempt, started) this worker holds that the store
+    forgot in a failover; returns the keys restored (a fenced write for them may go on)."""
+    if not held:
+        return set()
+    return await attempts.reassert(db, held, worker_id=worker_id, lease_seconds=lease_seconds)
+
+
 async def record_starts(db: Database, started: list[tuple[str, int]]) -> set[str]:
     """Record the actual start of attempts claimed ahead (key, fence); returns the keys
     still held (one missing lost its lease: it must not start)."""

@@ -64,6 +64,30 @@ async def heartbeat(
     return {r.idempotency_key for r in rows}
 
 
+async def reassert(
+    db: Database,
+    held: Sequence[tuple[str, int, int, bool]],
+    *,
+    worker_id: str,
+    lease_seconds: float,
+) -> set[str]:
+    """Restore the claims (key, fence, attempt, started) the store forgot (a failover lost
+    them); returns the keys restored. Any other key lost its lease."""
+    rows = await db.rows(
+        Keyed,
+        "OccurrenceReassert",
+        {
+            "keys": [k for k, _, _, _ in held],
+            "fences": [f for _, f, _, _ in held],
+            "attempts": [a for _, _, a, _ in held],
+            "started": [s for _, _, _, s in held],
+            "worker_id": worker_id,
+            "lease": lease_seconds,
+        },
+    )
+    return {r.idempotency_key for r in rows}
+
+
 async def record_starts(db: Database, started: Sequence[tuple[str, int]]) -> set[str]:
     """Record the actual start of (key, fence) claimed ahead; returns the keys still held
     (one missing lost its lease and must not start)."""

@@ -31,6 +31,34 @@ WHERE o.id = ANY (h.ids) AND o.fence = h.fences[array_position(h.ids, o.id)]
   AND o.worker_id = %(worker_id)s
 RETURNING o.idempotency_key;
 
+-- name: OccurrenceReassert
+-- Restores claims the store forgot. After a failover that lost the last commits
+-- (asynchronous replication) or a restore, an occurrence a worker still runs is back to
+-- pending under a lower fence than the worker's (or none): no claim since has been made,
+-- for it would carry a higher fence (a new epoch). The worker's claim is then the latest
+-- ever made and is restored as it was: running under the worker's fence, its attempt
+-- number (never rewound), started if it had started. Never over an occurrence running,
+-- finished, or holding a fence not below the worker's: that is a lease lost, as ever.
+WITH held AS MATERIALIZED (
+    SELECT array_agg(x.id) AS ids, array_agg(t.f) AS fences, array_agg(t.a) AS attempts,
+           array_agg(t.s) AS started
+    FROM unnest(%(keys)s::text[], %(fences)s::bigint[], %(attempts)s::int[],
+                %(started)s::boolean[]) AS t(k, f, a, s)
+    CROSS JOIN LATERAL (SELECT id FROM cronwell_occurrences
+                        WHERE idempotency_key = t.k LIMIT 1) x)
+UPDATE cronwell_occurrences o
+SET state = 'running', fence = h.fences[array_position(h.ids, o.id)],
+    worker_id = %(worker_id)s, reason = NULL, finished_at = NULL,
+    attempt = greatest(o.attempt, h.attempts[array_position(h.ids, o.id)]),
+    claimed_at = coalesce(o.claimed_at, now()),
+    started_at = CASE WHEN h.started[array_position(h.ids, o.id)]
+                      THEN coalesce(o.started_at, now()) END,
+    lease_expires_at = now() + make_interval(secs => %(lease)s)
+FROM held h
+WHERE o.id = ANY (h.ids) AND coalesce(o.state = 'pending', false)
+  AND coalesce(o.fence, 0) < h.fences[array_position(h.ids, o.id)]
+RETURNING o.idempotency_key;
+
 -- name: OccurrenceStartBatch
 -- Records the actual start of attempts claimed ahead of their instant (fenced: a key
 -- missing from the result lost its lease and must not start).

@@ -10,7 +10,15 @@ from cronwell.store import claims, fences
 from cronwell.store.db import Database
 
 from .helpers import sql
-from .worker_helpers import handler_job, occurrence, trigger
+from .worker_helpers import (
+    CONTROL,
+    attempts,
+    handler_job,
+    occurrence,
+    running_worker,
+    started,
+    trigger,
+)
 
 COUNTER_BITS = 40
 
@@ -70,3 +78,68 @@ async def test_a_batch_is_fenced_per_key_never_by_the_set_of_its_fences(db: Data
         b.key,
     }
     assert await dispatch.succeed(db, own) == {a.key, b.key}
+
+
+async def forget(db: Database, c: Claimed, *, fence: int | None) -> None:
+    """What a new primary that missed the claim's commit shows: pending, an older fence.
+    Not due for an hour: no claim races the re-assertion here (in a real failover either
+    may win; a claim that does re-runs the occurrence under a higher fence)."""
+    await sql(
+        db,
+        "UPDATE cronwell_occurrences SET state = 'pending', fence = %s, attempt = 0,"
+        " worker_id = NULL, lease_expires_at = NULL, started_at = NULL, claimed_at = NULL,"
+        " run_at = now() + interval '1 hour' WHERE idempotency_key = %s",
+        fence,
+        c.key,
+    )
+
+
+async def test_a_claim_the_store_forgot_is_reasserted_as_it_was(db: Database) -> None:
+    """The attempt ran under (fence, attempt 1); the store lost the claim. The worker's
+    re-assertion restores it, so its completion records the attempt that ran, and its
+    attempt number does not rewind."""
+    c = await claim(db, "forgotten")
+    await forget(db, c, fence=None)
+    assert await dispatch.succeed(db, [(c.key, c.fence)]) == set()  # as a stale worker...
+    held = [(c.key, c.fence, c.attempt, True)]
+    assert await dispatch.reassert(db, worker_id="w", held=held, lease_seconds=60) == {c.key}
+    o = await occurrence(db, c.key)
+    assert (o["state"], o["fence"], o["attempt"], o["worker_id"]) == ("running", c.fence, 1, "w")
+    assert o["started_at"] is not None
+    assert await dispatch.succeed(db, [(c.key, c.fence)]) == {c.key}
+
+
+async def test_a_lost_lease_is_never_reasserted(db: Database) -> None:
+    """A higher fence (claimed since), a running or a finished occurrence: nothing to
+    restore, the worker's lease is lost as ever."""
+    newer = await claim(db, "newer")
+    await forget(db, newer, fence=newer.fence + 1)  # claimed since, then pending again
+    running = await claim(db, "running")
+    done = await claim(db, "done")
+    assert await dispatch.succeed(db, [(done.key, done.fence)]) == {done.key}
+    held = [(c.key, c.fence - 1, c.attempt, True) for c in (running, done)]
+    held.append((newer.key, newer.fence, newer.attempt, True))
+    assert await dispatch.reassert(db, worker_id="w", held=held, lease_seconds=60) == set()
+    assert (await occurrence(db, newer.key))["state"] == "pending"
+    assert (await occurrence(db, running.key))["fence"] == running.fence
+
+
+async def test_a_worker_records_its_attempt_after_the_store_forgot_its_claim(
+    db: Database, db_url: str
+) -> None:
+    """Mid-attempt the store forgets the claim (a failover lost it); the worker's fenced
+    writes find it pending under no fence, re-assert it, and the success recorded is the
+    attempt that ran: its fence, attempt 1, no second run."""
+    await handler_job(db, "amnesia", "t-wait-event")
+    async with running_worker(db_url, lease_seconds=30) as w:
+        key = await trigger(db, "amnesia")
+        mark = await started(key)
+        c = w.worker.running[key].claimed
+        await forget(db, c, fence=None)
+        CONTROL[key].set()
+        assert (await w.outcome(key)).result == "succeeded"
+    o = await occurrence(db, key)
+    assert (o["state"], o["fence"], o["attempt"]) == ("succeeded", mark["fence"], 1)
+    assert [(a["attempt"], a["fence"], a["outcome"]) for a in await attempts(db, key)] == [
+        (1, mark["fence"], "succeeded")
+    ]

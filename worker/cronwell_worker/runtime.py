@@ -627,6 +627,17 @@ class Worker:
                 delay_seconds=delay,
                 outcome=outcome,
             )
+            if new is None and await self._reassert([(c.key, c.fence)]):
+                new = await dispatch.fail(
+                    self.db,
+                    key=c.key,
+                    fence=c.fence,
+                    next_state=state,
+                    reason=reason,
+                    error=str(e),
+                    delay_seconds=delay,
+                    outcome=outcome,
+                )
         except DatabaseError as db_error:
             log.error(
                 "could not record failure; the lease will expire and be reaped",
@@ -725,6 +736,12 @@ class Worker:
             # Given up: these attempts' leases lapse and they run again, fenced. The writer
             # waits no more; a next batch that cannot get through stalls it again.
             self.live.progressed(what)
+        missing = [(k, f) for k, f, _ in batch if k not in ok]
+        if missing:
+            with contextlib.suppress(*EXPECTED_ERRORS):
+                back = await self._reassert(missing)
+                if back:
+                    ok |= await write(self.db, [(k, f) for k, f in missing if k in back])
         for k, _, fut in batch:
             if not fut.done():
                 fut.set_result(k in ok)
@@ -770,6 +787,13 @@ class Worker:
             log.warning(f"heartbeat failed: {e}", extra={"action": "heartbeat_failed"})
             return
         self.live.progressed("heartbeat")
+        lost = [(k, f) for k, f in held if k not in alive]
+        if lost:
+            try:
+                alive |= await self._reassert(lost)
+            except EXPECTED_ERRORS as e:
+                log.warning(f"heartbeat failed: {e}", extra={"action": "heartbeat_failed"})
+                return
         for k, fence in held:
             r = self.running.get(k)
             if r is None or r.claimed.fence != fence:
@@ -778,6 +802,27 @@ class Worker:
                 r.deadline = max(r.deadline, sent + lease)
             elif not (r.completing or r.ctx.completed_in_transaction):
                 self._cancel(r, ABORT_LEASE_LOST, "a heartbeat renewed nothing")
+
+    async def _reassert(self, lost: list[tuple[str, int]]) -> set[str]:
+        """Claims (key, fence) that a fenced write found missing: restore those the store
+        forgot (a failover lost the commits that made them; see OccurrenceReassert), so an
+        attempt that ran is recorded as itself, attempt number and all. Returns the keys
+        restored; the others lost their lease."""
+        held = []
+        for k, f in lost:
+            r = self.running.get(k)
+            if r is not None and r.claimed.fence == f:
+                started = r.start_lag is not None or r.claimed.started_at is not None
+                held.append((k, f, r.claimed.attempt, started))
+        back = await dispatch.reassert(
+            self.db, worker_id=self.id, held=held, lease_seconds=self.settings.lease_seconds
+        )
+        if back:
+            log.warning(
+                "re-asserted claims the database had forgotten (a failover lost its last commits)",
+                extra={"action": "claims_reasserted", "n": len(back), "keys": sorted(back)[:5]},
+            )
+        return back
 
     async def _watchdog_loop(self) -> None:
         """Self-fencing: abandon attempts whose lease may have run out unrenewed."""
