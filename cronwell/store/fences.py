@@ -74,10 +74,11 @@ class Durability:
                 f"synchronous_commit={self.synchronous_commit}; {self.sync_standbys} of "
                 f"{self.standbys} connected standbys synchronous): a failover loses nothing"
             )
+        seen = f"{self.standbys} connected" if self.standbys else "none visible to this role"
         return (
-            f"asynchronous ({self.standbys} connected standbys): a failover can lose the "
-            "last commits; an occurrence may then run again under the same key and a "
-            "higher fence, never under a reused fence"
+            f"asynchronous (standbys: {seen}): a failover can lose the last commits; an "
+            "occurrence may then run again under the same key and a higher fence, never "
+            "under a reused fence"
         )
 
 

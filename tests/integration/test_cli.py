@@ -156,6 +156,12 @@ def test_dev_runs_examples_and_runs_lists_them(db_url: str) -> None:
     assert done and all(x["attempt"] == 1 and x["idempotency_key"].endswith("Z") for x in done)
     status = cli("status", url=db_url)
     assert "partitions (16)" in status.stdout and "succeeded=" in status.stdout
+    # What a failover can lose (the test server streams to no standby), and the fences'.
+    assert "commits: asynchronous (standbys: none visible to this role)" in status.stdout
+    assert "fences: generation 0, timeline 1" in status.stdout
+    bumped = cli("db", "new-generation", url=db_url)
+    assert bumped.stdout.strip() == "fence generation is now 1"
+    assert "fences: generation 1, timeline 1" in cli("status", url=db_url).stdout
 
 
 def test_version_and_help() -> None:
