@@ -64,6 +64,9 @@ class Context:
     name: str
     payload: dict[str, Any] = field(default_factory=dict)
     db: Database | None = None
+    timeout_seconds: float | None = None
+    """The attempt's own limit: the deadline of `ctx.transaction()` (the handler's work,
+    not one of cronwell's short calls). None: the database's deadline."""
     completed_in_transaction: bool = False
     _conn: Conn | None = None
     _cancel_flag: bool = field(default=False, repr=False)
@@ -80,6 +83,7 @@ class Context:
             namespace=c.namespace,
             name=c.name,
             db=db,
+            timeout_seconds=float(c.timeout_seconds),
         )
 
     @property
@@ -120,7 +124,7 @@ class Context:
         """
         if self.db is None:
             raise CronwellError("ctx.transaction() needs the worker's database")
-        async with self.db.transaction() as conn:
+        async with self.db.transaction(deadline_seconds=self.timeout_seconds) as conn:
             self._conn = conn
             try:
                 yield conn
