@@ -133,6 +133,10 @@ dev-cluster: $(STAMP) envtest ## Local API server + embedded PostgreSQL + operat
 kind-up: ## Create a kind cluster named cronwell (needs a Docker engine; not on this machine).
 	@bash hack/kind-up.sh
 
+.PHONY: failover
+failover: $(STAMP) ## Failover suite: a primary and a streaming standby fail over under real schedulers and workers.
+	$(BIN)/pytest -m failover -s $(PYTEST_ARGS)
+
 .PHONY: chaos
 chaos: $(STAMP) ## Chaos run: faults against real processes; checks exactly-once effect (SEED, JOBS, DURATION).
 	$(BIN)/python -m tests.chaos.runner --seed $(or $(SEED),1) --jobs $(or $(JOBS),2000) --duration $(or $(DURATION),180)
