@@ -265,27 +265,19 @@ async def demoted_back_read_only(pair: Pair) -> Node:
     return pair.h2
 
 
-@pytest.mark.timeout(400)
-@pytest.mark.parametrize("synchronous", [True, False], ids=["sync", "async"])
-async def test_crash_then_promote(tmp_path: Path, synchronous: bool) -> None:
-    await scenario(tmp_path, synchronous=synchronous, fault=crash_then_promote)
-
-
-@pytest.mark.timeout(400)
-async def test_async_standby_behind_then_promote(tmp_path: Path) -> None:
-    await scenario(tmp_path, synchronous=False, fault=lagging_crash_then_promote)
-
-
-@pytest.mark.timeout(400)
-async def test_silent_primary_then_promote(tmp_path: Path) -> None:
-    await scenario(tmp_path, synchronous=True, fault=silent_then_promote)
-
-
 @pytest.mark.timeout(500)
-async def test_ninety_second_outage(tmp_path: Path) -> None:
-    await scenario(tmp_path, synchronous=False, fault=outage)
-
-
-@pytest.mark.timeout(400)
-async def test_demoted_primary_back_read_only(tmp_path: Path) -> None:
-    await scenario(tmp_path, synchronous=False, fault=demoted_back_read_only)
+@pytest.mark.parametrize(
+    ("fault", "synchronous"),
+    [
+        pytest.param(crash_then_promote, True, id="crash-then-promote-sync"),
+        pytest.param(crash_then_promote, False, id="crash-then-promote-async"),
+        pytest.param(lagging_crash_then_promote, False, id="async-standby-behind"),
+        pytest.param(silent_then_promote, True, id="silent-primary-then-promote"),
+        pytest.param(outage, False, id="ninety-second-outage"),
+        pytest.param(demoted_back_read_only, False, id="demoted-primary-back-read-only"),
+    ],
+)
+async def test_failover(
+    tmp_path: Path, fault: Callable[[Pair], Awaitable[Node]], synchronous: bool
+) -> None:
+    await scenario(tmp_path, synchronous=synchronous, fault=fault)

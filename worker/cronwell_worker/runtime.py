@@ -616,28 +616,21 @@ class Worker:
             state, delay = "dead", 0.0
             if e.retryable and not ambiguous:
                 reason = "AttemptsExhausted"
+        record = functools.partial(
+            dispatch.fail,
+            self.db,
+            key=c.key,
+            fence=c.fence,
+            next_state=state,
+            reason=reason,
+            error=str(e),
+            delay_seconds=delay,
+            outcome=outcome,
+        )
         try:
-            new = await dispatch.fail(
-                self.db,
-                key=c.key,
-                fence=c.fence,
-                next_state=state,
-                reason=reason,
-                error=str(e),
-                delay_seconds=delay,
-                outcome=outcome,
-            )
+            new = await record()
             if new is None and await self._reassert([(c.key, c.fence)]):
-                new = await dispatch.fail(
-                    self.db,
-                    key=c.key,
-                    fence=c.fence,
-                    next_state=state,
-                    reason=reason,
-                    error=str(e),
-                    delay_seconds=delay,
-                    outcome=outcome,
-                )
+                new = await record()
         except DatabaseError as db_error:
             log.error(
                 "could not record failure; the lease will expire and be reaped",
