@@ -22,7 +22,7 @@ from typing import Any
 
 import pydantic
 
-from cronwell import cronexpr, dispatch, maintenance, partitions, schedule
+from cronwell import cronexpr, dispatch, liveness, maintenance, partitions, schedule
 from cronwell.errors import DatabaseError, SpecError
 from cronwell.liveness import Liveness
 from cronwell.maintenance import announce_durability, process_id, this_process
@@ -89,7 +89,9 @@ class Scheduler:
         self.metrics = metrics or Metrics()
         self.settings = settings
         self.holder = holder or process_id("scheduler")
-        self.live = Liveness(stall_seconds=settings.partition_lease_seconds)
+        self.live = Liveness(
+            liveness.stall_seconds(settings.partition_lease_seconds, db.deadline_seconds)
+        )
         """Its loops' progress: stalled, it renews no partition and /healthz fails."""
         self.owned: dict[int, int] = {}  # partition -> epoch
         self.partitions = 0  # the store's P, read at every balance
@@ -359,10 +361,10 @@ class Scheduler:
         interval = self.settings.partition_lease_seconds / 3
 
         async def step() -> None:
-            stalled = self.live.stalled(besides="partition leases")
+            stalled = self.live.stalled(among=("materialisation pass",))
             if stalled:
-                # Liveness means progress: a replica whose loops are stuck gives its
-                # partitions up (by not renewing them) and fails its liveness probe.
+                # Liveness means progress: a replica whose materialisation is stuck gives
+                # its partitions up (by not renewing them), so another one materialises.
                 if self.owned:
                     log.error(
                         "loops stalled; no longer renewing partition leases",

@@ -35,7 +35,7 @@ from typing import Any
 import httpx
 import pydantic
 
-from cronwell import dispatch, tenancy
+from cronwell import dispatch, liveness, tenancy
 from cronwell.dispatch import Claimed
 from cronwell.egress import (
     ALLOW_ANNOTATION,
@@ -61,6 +61,11 @@ from cronwell_worker import egress, targets
 from cronwell_worker.kubejob import KubeJobs
 
 log = logging.getLogger("cronwell.worker")
+
+RECORDING_WRITERS = ("start", "completion")
+"""Writers whose stall withholds lease renewal: the attempts they record could not be
+recorded. A stalled claim only fails the liveness probe: withholding the leases would
+re-run attempts that can still be recorded."""
 
 # Why the runtime cancelled an attempt.
 ABORT_LEASE_LOST = "lease_lost"  # a heartbeat renewed nothing: someone else owns it now
@@ -152,7 +157,7 @@ class Worker:
         self._static_pool = [static] if restricts else None
         self.settings = settings
         self.metrics = metrics or Metrics()
-        self.live = Liveness(stall_seconds=settings.lease_seconds)
+        self.live = Liveness(liveness.stall_seconds(settings.lease_seconds, db.deadline_seconds))
         """Its writers' progress: one stalled for a lease, it renews no lease, registers
         no more and /healthz fails (liveness means progress)."""
         self.id = worker_id or process_id("worker")
@@ -760,7 +765,7 @@ class Worker:
         if not held:
             self.live.progressed("heartbeat")
             return
-        stalled = self.live.stalled(besides="heartbeat")
+        stalled = self.live.stalled(among=RECORDING_WRITERS)
         if stalled:
             # A writer that cannot get through would only keep leases of attempts it cannot
             # record: let them lapse, so the reaper gives them to another worker, fenced.
