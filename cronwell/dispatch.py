@@ -53,6 +53,12 @@ class Claimed(Started):
     plus (run_at - the database clock at the claim statement). Never early (the database
     read its clock before the claim returned); late by at most the claim's last round trip."""
 
+    lease_from_monotonic: float = 0.0
+    """`claimed_at` (the lease's start) on this process's monotonic clock, found the same
+    way: late by at most the claim's last round trip, which the self-fencing margin covers.
+    Not the instant the claim was sent: a claim that first waited seconds for a connection
+    (the database just back) would otherwise hold leases that look lapsed on arrival."""
+
     @property
     def key(self) -> str:
         return self.idempotency_key
@@ -65,7 +71,8 @@ def claimed_from_row(
     the monotonic instant the claim statement returned (default: now)."""
     at = time.monotonic() if received is None else received
     due = at + (r.run_at - r.db_now).total_seconds()
-    return Claimed(*_started_values(r), spec, due)  # type: ignore[call-arg]
+    lease_from = at + (r.claimed_at - r.db_now).total_seconds()
+    return Claimed(*_started_values(r), spec, due, lease_from)  # type: ignore[call-arg]
 
 
 # Started's fields in order, as one tuple: Claimed's fields begin with them (a burst

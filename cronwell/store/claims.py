@@ -57,6 +57,8 @@ class Started:
     max_attempts: int
     timeout_seconds: int
     origin: str
+    claimed_at: datetime
+    """The claim's transaction start: its lease runs from here (`lease_expires_at`)."""
     db_now: datetime
     """The database clock when the claim statement ran (the worker's timer aligns to it)."""
     namespace: str

@@ -65,7 +65,7 @@ started AS (
     WHERE o.id = ANY(%(ids)s::bigint[])
     RETURNING o.id, o.idempotency_key, o.job_id, o.scheduled_for, o.run_at, o.started_at,
               o.attempt, o.fence, o.delivery, o.max_attempts, o.timeout_seconds, o.origin,
-              clock_timestamp() AS db_now)
+              o.claimed_at, clock_timestamp() AS db_now)
 SELECT s.*, j.namespace, j.name, j.spec_hash
 FROM started s
 CROSS JOIN LATERAL (SELECT namespace, name, spec_hash FROM cronwell_jobs

@@ -6,6 +6,7 @@ whose writers make no progress stops renewing its leases and fails /healthz."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 import signal
 import time
@@ -19,7 +20,10 @@ from cronwell.liveness import Liveness
 from cronwell.metrics import Metrics
 from cronwell.store import fences
 from cronwell.store.db import Database, connection_options
+from cronwell_worker.runtime import ABORT_SELF_FENCE
 
+from .helpers import sql
+from .test_fence_epoch import claim
 from .worker_helpers import handler_job, occurrence, running_worker, started, trigger
 
 
@@ -119,3 +123,20 @@ async def test_healthz_fails_while_a_loop_is_stalled() -> None:
         bad = await client.get("/healthz")
         assert (bad.status_code, bad.text) == (503, "stalled: completion\n")
         assert (await client.get("/metrics")).status_code == 200
+
+
+async def test_an_attempt_cancelled_before_it_ran_frees_its_slot(db: Database, db_url: str) -> None:
+    """The watchdog may cancel an attempt before its task ever ran (a claim that waited for
+    a connection arrives with its lease looking lapsed): its slot and entry are freed all
+    the same. They leaked before, and a worker whose slots all leaked claimed nothing."""
+    async with running_worker(db_url, lease_seconds=30, pool="elsewhere") as w:
+        c = await claim(db, "early")  # of pool default: not this worker's to claim itself
+        (job,) = await sql(db, "SELECT spec FROM cronwell_jobs WHERE id = %s", c.job_id)
+        c = dataclasses.replace(c, spec=job["spec"])
+        free = w.worker._free_slots()
+        w.worker._start(c, time.monotonic() - 1)
+        r = w.worker.running[c.key]
+        w.worker._cancel(r, ABORT_SELF_FENCE, "its lease looked lapsed on arrival")
+        await asyncio.sleep(0.1)
+        assert c.key not in w.worker.running
+        assert w.worker._free_slots() == free

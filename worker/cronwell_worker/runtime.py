@@ -278,7 +278,6 @@ class Worker:
             try:
                 if free > 0:
                     want = min(free, s.claim_batch_size)
-                    sent = time.monotonic()
                     claimed = await dispatch.claim(
                         self.db,
                         pool=s.pool,
@@ -293,7 +292,7 @@ class Worker:
                         await self._release(claimed)
                         break
                     for c in claimed:
-                        self._start(c, sent + s.lease_seconds)
+                        self._start(c, c.lease_from_monotonic + s.lease_seconds)
                     # Trimmed after the batch: a hash the claim was told we know stays
                     # known until every occurrence of the batch has its spec.
                     while len(self._specs) > SPEC_CACHE_SIZE:
@@ -391,6 +390,11 @@ class Worker:
         self.running[c.key] = r
         self._handlers += 1
         r.task = asyncio.create_task(self._execute(r), name=f"attempt {c.key}")
+        # A task cancelled before its first step never runs _execute's `finally`: without
+        # this its slot and entry would leak, and a worker whose slots all leaked claims
+        # nothing again (seen when a claim that waited for a connection arrived with its
+        # leases already looking lapsed, and the watchdog cancelled them at once).
+        r.task.add_done_callback(lambda _: self._forget(r))
 
     def _client(self, spec: ScheduledJobSpec, policy: EgressPolicy) -> httpx.AsyncClient:
         """One client per (TLS verification, egress policy): a pooled connection is reused
@@ -451,12 +455,16 @@ class Worker:
                 if self.kube is not None and r.spec is not None and r.spec.target.job is not None:
                     self.kube.recorded(r.claimed, r.spec)  # outcome recorded: tidy its Jobs
         finally:
-            self._handler_done(r)
-            # The same key may have been claimed again meanwhile (a new attempt under a
-            # new fence after this one lost its lease): remove only this attempt.
-            if self.running.get(r.claimed.key) is r:
-                del self.running[r.claimed.key]
-            self._wake.set()
+            self._forget(r)
+
+    def _forget(self, r: _Running) -> None:
+        """The attempt is over: free its slot and entry (idempotent)."""
+        self._handler_done(r)
+        # The same key may have been claimed again meanwhile (a new attempt under a new
+        # fence after this one lost its lease): remove only this attempt.
+        if self.running.get(r.claimed.key) is r:
+            del self.running[r.claimed.key]
+        self._wake.set()
 
     async def _begin(self, r: _Running) -> bool:
         """Wait for the attempt's instant (claimed ahead) and record its start; False when
