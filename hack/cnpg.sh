@@ -11,8 +11,9 @@
 #   cnpg.yaml        the module's own release manifest (releases/cnpg-<version>.yaml: CRDs,
 #                    RBAC, webhooks, the operator's Deployment), as published; the test
 #                    points it at the local images
-#   operator.tar     docker archive of localhost/cnpg-manager:<version>: /manager alone
-#                    (the operator's Pod, and the init container that copies it into every
+#   operator.tar     docker archive of localhost/cnpg-manager:<version>: the manager as
+#                    operator/manager_<arch> and /manager, laid out as upstream's image (the
+#                    operator's Pod, and the init container that copies it into every
 #                    PostgreSQL Pod)
 #   postgresql.tar   docker archive of the operand image, Debian's PostgreSQL on cronwell's
 #                    base (hack/build-image.sh --base-only): user postgres with UID/GID 26,
@@ -101,14 +102,25 @@ push() {
   echo "$3" >"$2.key"
 }
 
-key=$( { sha256sum "$dir/manager" | cut -d' ' -f1; echo "$operator_ref"; } | sha256sum | cut -c1-64)
+key=$( { sha256sum "$dir/manager" | cut -d' ' -f1; echo "$operator_ref layout 2"; } |
+  sha256sum | cut -c1-64)
 if [[ -f $dir/operator.tar && $(cat "$dir/operator.tar.key" 2>/dev/null) == "$key" ]]; then
   log "$operator_ref (cached)"
 else
   start=$SECONDS
+  # The upstream image's layout: the operator finds the architectures it can hand to
+  # PostgreSQL Pods as operator/manager_<arch> (relative to /), /manager links to its own.
+  arch=$(dpkg --print-architecture)
+  layout=$(mktemp -d "${TMPDIR:-/tmp}/cronwell-cnpg-image.XXXXXX")
+  mkdir "$layout/operator"
+  install -m 0755 "$dir/manager" "$layout/operator/manager_$arch"
+  ln -s "operator/manager_$arch" "$layout/manager"
+  tar --numeric-owner --owner=0 --group=0 -C "$layout" -cf "$layout.tar" operator manager
+  rm -rf "$layout"
   ctr=$(bh from --pull=never scratch)
-  bh copy --chmod 0755 "$ctr" "$dir/manager" /manager >/dev/null
-  bh config --entrypoint '["/manager"]' --user 10001:10001 \
+  bh add "$ctr" "$layout.tar" / >/dev/null
+  rm -f "$layout.tar"
+  bh config --entrypoint '["/manager"]' --user 10001:10001 --workingdir / \
     --label org.opencontainers.image.description="CloudNativePG $version manager ($module)" \
     "$ctr"
   bh commit --rm -q "$ctr" "$operator_ref" >/dev/null

@@ -100,9 +100,8 @@ class ServiceLookup:
 
     def resolve(self, qname: str) -> str | None:
         zone = f"svc.{self.domain}"
-        if qname in (zone, self.domain) or qname.endswith("." + zone) and qname.count(".") == (
-            zone.count(".") + 1
-        ):
+        is_namespace = qname.endswith("." + zone) and qname.count(".") == zone.count(".") + 1
+        if qname in (zone, self.domain) or is_namespace:
             return ""  # the zone itself or a namespace: exists, holds no address
         if not qname.endswith("." + zone):
             return None
