@@ -27,6 +27,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 
 CLUSTER_DOMAIN = "cluster.local"
@@ -60,8 +61,9 @@ def _parse_question(packet: bytes) -> tuple[int, int, str, int, int] | None:
     return ident, flags, ".".join(labels).lower(), qtype, offset + 4
 
 
-def answer(packet: bytes, lookup: ServiceLookup, ttl: int = 5) -> bytes | None:
-    """The response to a query ``packet`` (None: not worth answering)."""
+def answer(packet: bytes, resolve: Callable[[str], str | None], ttl: int = 5) -> bytes | None:
+    """The response to a query ``packet`` (None: not worth answering). ``resolve`` maps a
+    name to its IPv4 address, "" (exists, no address) or None (no such name)."""
     parsed = _parse_question(packet)
     if parsed is None:
         if len(packet) < 12:
@@ -75,7 +77,7 @@ def answer(packet: bytes, lookup: ServiceLookup, ttl: int = 5) -> bytes | None:
     base_flags = 0x8000 | (opcode << 11) | (flags & 0x0100) | 0x0080
     if opcode != 0:
         return struct.pack("!HHHHHH", ident, base_flags | _NOTIMP, 1, 0, 0, 0) + question
-    address = lookup.resolve(qname)
+    address = resolve(qname)
     if address is None:
         return struct.pack("!HHHHHH", ident, base_flags | _NXDOMAIN, 1, 0, 0, 0) + question
     if qtype not in (_A, _ANY) or not address:
@@ -95,7 +97,8 @@ class ServiceLookup:
         self, server: str, token: str, ca_file: Path, domain: str = CLUSTER_DOMAIN, ttl: float = 2
     ) -> None:
         self.server, self.token, self.domain, self.ttl = server, token, domain, ttl
-        self.context = ssl.create_default_context(cafile=str(ca_file))
+        self.ca_file = ca_file
+        self._context: ssl.SSLContext | None = None
         self._cache: dict[tuple[str, str], tuple[float, str | None]] = {}
 
     def resolve(self, qname: str) -> str | None:
@@ -123,7 +126,9 @@ class ServiceLookup:
             headers={"Authorization": f"Bearer {self.token}"},
         )
         try:
-            with urllib.request.urlopen(request, timeout=2, context=self.context) as resp:
+            if self._context is None:
+                self._context = ssl.create_default_context(cafile=str(self.ca_file))
+            with urllib.request.urlopen(request, timeout=2, context=self._context) as resp:
                 service = json.load(resp)
         except urllib.error.HTTPError as exc:
             return None if exc.code == 404 else ""
@@ -157,7 +162,7 @@ class ServiceDNS:
                 return
             self.queries += 1
             with contextlib.suppress(Exception):  # one bad query must not stop the server
-                if (response := answer(packet, self.lookup)) is not None:
+                if (response := answer(packet, self.lookup.resolve)) is not None:
                     self.sock.sendto(response, peer)
 
     def stop(self) -> None:
