@@ -595,10 +595,11 @@ state = "{root}/state"
     def _service_proxy(self) -> None:
         """kube-proxy in the node's namespaces and the cluster DNS on the host side."""
         assert self.dir is not None and self.plane is not None
-        self.dns = ServiceDNS(
-            ServiceLookup(self.plane.server, self.plane.token, self.plane.ca_file),
-            self.host_ip,
-        )
+        lookup = ServiceLookup(self.plane.server, self.plane.token, self.plane.ca_file)
+        try:
+            self.dns = ServiceDNS(lookup, self.host_ip)
+        except OSError as exc:  # a DNS server of the host's own, bound to every address
+            raise NodeError(f"the cluster DNS cannot listen on {self.host_ip}:53: {exc}") from exc
         config = {
             "apiVersion": "kubeproxy.config.k8s.io/v1alpha1",
             "kind": "KubeProxyConfiguration",
@@ -793,7 +794,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     up = sub.add_parser("up", help="start a node and keep it until Ctrl-C")
     up.add_argument("--image", action="append", default=[], help="image archive to import")
     up.add_argument(
-        "--services", action="store_true", help="run kube-proxy and a cluster DNS (kube-proxy)"
+        "--services", action="store_true", help="Services: run kube-proxy and a cluster DNS"
     )
     sub.add_parser("down", help="tear down what crashed runs left behind")
     args = parser.parse_args(argv)
