@@ -76,7 +76,7 @@ run-operator: $(STAMP) ## Run the operator against $$KUBECONFIG (CRDs installed 
 ##@ Test
 
 .PHONY: test
-test: $(STAMP) sysdeps envtest envtest-node checkov lint ## Lint, then every test: unit, integration (real PostgreSQL), e2e (real API server), node (real kubelet).
+test: $(STAMP) sysdeps envtest envtest-node cnpg checkov lint ## Lint, then every test: unit, integration (real PostgreSQL), e2e (real API server), node (real kubelet).
 	@# A private base directory: pytest keeps only the newest three of its shared numbered
 	@# ones, so another run on the machine could delete this run's PostgreSQL under it.
 	bt="$$(mktemp -d "$${TMPDIR:-/tmp}/cronwell-tests.XXXXXX")" && \
@@ -97,7 +97,7 @@ e2e: $(STAMP) envtest ## Only the e2e tests (real kube-apiserver + etcd; Helm ch
 	  $(BIN)/pytest -m e2e $(PYTEST_ARGS)
 
 .PHONY: e2e-node
-e2e-node: $(STAMP) sysdeps envtest-node ## Only the node tests: a real one-node cluster (kubelet + containerd, no Docker; root).
+e2e-node: $(STAMP) sysdeps envtest-node cnpg ## Only the node tests: a real one-node cluster (kubelet + containerd, no Docker; root).
 	KUBEBUILDER_ASSETS="$$(bash hack/envtest.sh --print-path)" \
 	  $(BIN)/pytest -m node $(PYTEST_ARGS)
 
@@ -122,8 +122,12 @@ envtest: ## Provide etcd, kube-apiserver, kubectl and helm (built from Go module
 	@bash hack/envtest.sh
 
 .PHONY: envtest-node
-envtest-node: ## Also kubelet, kube-controller-manager, kube-scheduler and the pause image (make e2e-node).
+envtest-node: ## Also kubelet, kube-controller-manager, kube-scheduler, kube-proxy and the pause image (make e2e-node).
 	@bash hack/envtest.sh --node
+
+.PHONY: cnpg
+cnpg: ## CloudNativePG for its node test: the manager (Go module), operator and operand images.
+	@bash hack/cnpg.sh >/dev/null
 
 .PHONY: dev-cluster
 dev-cluster: $(STAMP) envtest ## Local API server + embedded PostgreSQL + operator, scheduler, worker; prints KUBECONFIG.

@@ -4,6 +4,7 @@
 # (or `docker load`) accepts. The last line on stdout is the archive's path.
 #
 #   hack/build-image.sh [--tag TAG] [--repo NAME]     (defaults: pyproject's version, cronwell)
+#   hack/build-image.sh --base-only    # only step 1; prints the base's name (hack/cnpg.sh)
 #
 # 1. base: a minimal Debian bookworm from debootstrap (Debian's python3 is 3.11, as the
 #    Dockerfile's default python:3.11-slim-bookworm), imported as localhost/cronwell-base:<key>;
@@ -20,11 +21,13 @@ set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 repo=cronwell
 tag=""
+base_only=false
 while (($#)); do
   case $1 in
+    --base-only) base_only=true; shift ;;
     --tag) tag=${2:?--tag needs a value}; shift 2 ;;
     --repo) repo=${2:?--repo needs a value}; shift 2 ;;
-    -h | --help) sed -n '2,6p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h | --help) sed -n '2,7p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "build-image: unknown argument '$1' (try --help)" >&2; exit 2 ;;
   esac
 done
@@ -156,6 +159,11 @@ else
   bh images --format '{{.Name}}:{{.Tag}}' | { grep '^localhost/cronwell-base:' || true; } |
     { grep -vxF "$base" || true; } | xargs -r buildah --root "$store/root" \
       --runroot "$store/run" --storage-driver vfs rmi >/dev/null 2>&1 || true
+fi
+
+if $base_only; then
+  echo "$base"
+  exit 0
 fi
 
 key=$(context_key | sha256sum | cut -c1-64)

@@ -4,7 +4,7 @@
 #
 #   bash hack/envtest.sh               # reuse or build; last stdout line is the directory
 #   bash hack/envtest.sh --print-path  # only print the directory (never builds)
-#   bash hack/envtest.sh --node        # also kubelet, kube-controller-manager,
+#   bash hack/envtest.sh --node        # also kubelet, kube-controller-manager, kube-proxy,
 #                                      # kube-scheduler and the pause image (make e2e-node)
 #
 # The binaries are built from their Go modules (nothing but the Go module proxy is
@@ -25,7 +25,7 @@ here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 source "$here/envtest-versions.env"
 
 tools=(etcd kube-apiserver kubectl helm)
-node_tools=(kubelet kube-controller-manager kube-scheduler)
+node_tools=(kubelet kube-controller-manager kube-scheduler kube-proxy)
 cache_dir="${ENVTEST_CACHE:-$HOME/.cache/cronwell/envtest}/${KUBERNETES_VERSION#v}"
 
 log() { printf 'envtest: %s\n' "$*" >&2; }
@@ -51,7 +51,7 @@ version_ok() {
     etcd)
       out=$("$dir/etcd" --version 2>/dev/null) || return 1
       grep -qx "etcd Version: ${ETCD_VERSION#v}" <<<"$out" ;;
-    kube-apiserver|kubelet|kube-controller-manager|kube-scheduler)
+    kube-apiserver|kubelet|kube-controller-manager|kube-scheduler|kube-proxy)
       out=$("$dir/$tool" --version 2>/dev/null) || return 1
       [[ $out == "Kubernetes $KUBERNETES_VERSION" ]] ;;
     pause.tar)
@@ -147,7 +147,7 @@ go_build() {
 }
 
 if want kube-apiserver || want kubectl || want kubelet || want kube-controller-manager \
-  || want kube-scheduler || want pause.tar; then
+  || want kube-scheduler || want kube-proxy || want pause.tar; then
   new_module kubernetes
   cd "$work/kubernetes"
   kmod=$("$GO" list -m -f '{{.GoMod}}' "k8s.io/kubernetes@$KUBERNETES_VERSION")

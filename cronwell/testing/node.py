@@ -13,8 +13,12 @@ Isolation, so that the host is left as it was found:
   test's own servers such as PostgreSQL; node side: the node IP). That namespace has no
   default route: the node reaches the harness's addresses and nothing else, so an image
   pull cannot leave the machine; the harness also fails loudly if one was attempted.
-  There is no kube-proxy: one DNAT rule sends the ``kubernetes`` Service to the API
-  server, and the API server reaches webhooks by endpoint (``--enable-aggregator-routing``).
+  By default there is no kube-proxy: one DNAT rule sends the ``kubernetes`` Service to
+  the API server, and the API server reaches webhooks by endpoint
+  (``--enable-aggregator-routing``). ``Node(services=True)`` adds Services as a cluster has
+  them: kube-proxy (iptables mode, in the node's namespace, masquerading Service traffic
+  since pods share a bridge without br_netfilter) and a cluster DNS on the host side of the
+  veth (cronwell/testing/dns.py: Service names to ClusterIPs) that the kubelet gives pods.
 - Mounts: the kubelet and containerd share a private mount namespace (held by a
   ``sleep``), with a fresh /run and private /var/log and /var/lib/cni, so pod volumes,
   rootfs mounts, netns files and shim sockets vanish with it.
@@ -65,6 +69,7 @@ from cronwell.testing.controlplane import (
     sweep_stale_dirs,
     write_kubeconfig,
 )
+from cronwell.testing.dns import CLUSTER_DOMAIN, ServiceDNS, ServiceLookup
 from cronwell.testing.oci import image_name
 
 NODE_BINARIES = (
@@ -76,6 +81,9 @@ NODE_BINARIES = (
     "kube-scheduler",
 )
 PAUSE_ARCHIVE = "pause.tar"
+#: Needed only by ``Node(services=True)``.
+KUBE_PROXY = "kube-proxy"
+PROXY_USER = "system:kube-proxy"
 DIR_PREFIX = "cronwell-node-"
 NODE_NAME = "cronwell-node"
 #: Host side of the veth: 10.213.<k>.1/30, node side .2; pods get 10.214.<k>.0/24.
@@ -247,7 +255,8 @@ class Node(LocalCluster):
     """A one-node cluster; use as a context manager. ``start_seconds``: nothing → Ready.
 
     ``images`` are image archives (OCI or docker) imported into the node's containerd
-    before the kubelet starts; the pause image is always imported.
+    before the kubelet starts; the pause image is always imported. ``services``: run
+    kube-proxy and a cluster DNS, so that pods reach Services by ClusterIP and by name.
     """
 
     def __init__(
@@ -256,9 +265,11 @@ class Node(LocalCluster):
         *,
         images: Sequence[Path | str] = (),
         start_timeout: float = 180,
+        services: bool = False,
     ) -> None:
-        self.assets = Path(assets) if assets is not None else find_assets(NODE_BINARIES)
-        missing = [n for n in (*NODE_BINARIES, PAUSE_ARCHIVE) if not (self.assets / n).is_file()]
+        binaries = (*NODE_BINARIES, KUBE_PROXY) if services else NODE_BINARIES
+        self.assets = Path(assets) if assets is not None else find_assets(binaries)
+        missing = [n for n in (*binaries, PAUSE_ARCHIVE) if not (self.assets / n).is_file()]
         if missing:
             raise NodeError(f"{', '.join(missing)} missing in {self.assets}: {NODE_HINT}")
         for tool in ("containerd", "ctr", "runc", "nsenter", "unshare", "iptables", "ip"):
@@ -270,6 +281,8 @@ class Node(LocalCluster):
             raise NodeError("a node needs root (network namespaces, mounts, cgroups)")
         super().__init__(Path("/nonexistent"), self.assets / "kubectl")
         self.images = [Path(p) for p in images]
+        self.services = services
+        self.dns: ServiceDNS | None = None
         self.start_timeout = start_timeout
         self.start_seconds: float | None = None
         self.node_name = NODE_NAME
@@ -281,6 +294,7 @@ class Node(LocalCluster):
         self._lock: IO[bytes] | None = None
         self._old_handlers: dict[int, Any] = {}
         self._node_kubeconfig = Path("/nonexistent")  # the kubelet's, once the plane runs
+        self._proxy_kubeconfig = Path("/nonexistent")  # kube-proxy's (services=True)
 
     # -- lifecycle
 
@@ -322,6 +336,8 @@ class Node(LocalCluster):
         self._cgroups()
         self._mount_namespace()
         self._containerd()
+        if self.services:
+            self._service_proxy()
         self._kubelet()
         self._wait_node_ready()
         self.start_seconds = time.monotonic() - started
@@ -366,6 +382,8 @@ class Node(LocalCluster):
                 node_user: "system:nodes",
                 "system:kube-controller-manager": "system:kube-controller-manager",
                 "system:kube-scheduler": "system:kube-scheduler",
+                # Bound to system:node-proxier by the API server's bootstrap policy.
+                **({PROXY_USER: "system:node-proxiers"} if self.services else {}),
             },
             extra_apiserver_args={
                 # A real cluster's defaults: ServiceAccount admission mounts the token
@@ -413,6 +431,7 @@ class Node(LocalCluster):
             f"--cert-dir={self.dir / 'scheduler-certs'}",
         )
         self._node_kubeconfig = kubeconfigs[node_user]
+        self._proxy_kubeconfig = kubeconfigs.get(PROXY_USER, Path("/nonexistent"))
 
     def _spawn_control_component(self, name: str, kubeconfig: Path, *extra: str) -> None:
         """kube-controller-manager or kube-scheduler: one replica, no leader election, a
@@ -573,6 +592,49 @@ state = "{root}/state"
             raise NodeError(f"image archive {archive} does not exist")
         self.ctr("images", "import", str(archive))
 
+    def _service_proxy(self) -> None:
+        """kube-proxy in the node's namespaces and the cluster DNS on the host side."""
+        assert self.dir is not None and self.plane is not None
+        lookup = ServiceLookup(self.plane.server, self.plane.token, self.plane.ca_file)
+        try:
+            self.dns = ServiceDNS(lookup, self.host_ip)
+        except OSError as exc:  # a DNS server of the host's own, bound to every address
+            raise NodeError(f"the cluster DNS cannot listen on {self.host_ip}:53: {exc}") from exc
+        config = {
+            "apiVersion": "kubeproxy.config.k8s.io/v1alpha1",
+            "kind": "KubeProxyConfiguration",
+            "clientConnection": {"kubeconfig": str(self._proxy_kubeconfig)},
+            "hostnameOverride": self.node_name,
+            "mode": "iptables",
+            "clusterCIDR": self.pod_cidr,
+            "detectLocalMode": "ClusterCIDR",
+            # Pods share a bridge and the host may lack br_netfilter: a Service's reply from
+            # a pod on the same bridge must come back through the node to be un-NATed.
+            "iptables": {"masqueradeAll": True, "localhostNodePorts": False},
+            # Zeros leave the host's conntrack sysctls (global, not per namespace) alone.
+            "conntrack": {
+                "maxPerCore": 0,
+                "min": 0,
+                "tcpEstablishedTimeout": "0s",
+                "tcpCloseWaitTimeout": "0s",
+                "udpTimeout": "0s",
+                "udpStreamTimeout": "0s",
+            },
+            # The node's own loopback (its network namespace): no clash with the host.
+            "healthzBindAddress": "127.0.0.1:10256",
+            "metricsBindAddress": "127.0.0.1:10249",
+        }
+        (self.dir / "kube-proxy.yaml").write_text(yaml.safe_dump(config))
+        self.processes["kube-proxy"] = _spawn(
+            [
+                *self._enter(),
+                str(self.assets / KUBE_PROXY),
+                f"--config={self.dir / 'kube-proxy.yaml'}",
+                "--v=1",
+            ],
+            self.dir / "kube-proxy.log",
+        )
+
     def _kubelet(self) -> None:
         assert self.dir is not None
         root = self.dir / "kubelet"
@@ -603,6 +665,8 @@ state = "{root}/state"
             "serializeImagePulls": False,
             "nodeStatusReportFrequency": "10s",
         }
+        if self.dns is not None:
+            config |= {"clusterDNS": [self.host_ip], "clusterDomain": CLUSTER_DOMAIN}
         (self.dir / "kubelet.yaml").write_text(yaml.safe_dump(config))
         self.processes["kubelet"] = _spawn(
             [
@@ -711,6 +775,9 @@ state = "{root}/state"
                 if self.state and (problems := teardown(self.state)):
                     print("node: teardown left:", *problems, sep="\n  ", file=sys.stderr)
             finally:
+                if self.dns is not None:
+                    self.dns.stop()
+                    self.dns = None
                 if self.plane is not None:
                     self.plane.stop()
                     self.plane = None
@@ -726,6 +793,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     up = sub.add_parser("up", help="start a node and keep it until Ctrl-C")
     up.add_argument("--image", action="append", default=[], help="image archive to import")
+    up.add_argument(
+        "--services", action="store_true", help="Services: run kube-proxy and a cluster DNS"
+    )
     sub.add_parser("down", help="tear down what crashed runs left behind")
     args = parser.parse_args(argv)
     if args.command == "down":
@@ -738,7 +808,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     # nohup): Python then installs no KeyboardInterrupt handler of its own.
     signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
-        with Node(images=args.image) as node:
+        with Node(images=args.image, services=args.services) as node:
             print(f"node Ready in {node.start_seconds:.1f}s", file=sys.stderr)
             print(f"export KUBECONFIG={node.kubeconfig}")
             print(f"# node dir: {node.dir} (`make node-down` cleans it after a crash)")

@@ -163,14 +163,25 @@ def image_values(image: str) -> list[str]:
 
 
 def helm_install(
-    node: Node, helm: Helm, release: str, ns: str, image: str, database_url: str, *extra: str
+    node: Node,
+    helm: Helm,
+    release: str,
+    ns: str,
+    image: str,
+    database_url: str,
+    *extra: str,
+    secrets: dict[str, dict[str, str]] | None = None,
 ) -> float:
     """As docs/deploy.md tells users: the namespace enforcing Pod Security "restricted",
-    the database Secret, `helm install --wait`. Returns the seconds until all was Ready."""
+    the database Secret (and ``secrets``: name -> key -> value, e.g. a CA the values name),
+    `helm install --wait`. Returns the seconds until all was Ready."""
     node.kubectl("create", "namespace", ns)
     node.kubectl("label", "namespace", ns, "pod-security.kubernetes.io/enforce=restricted")
     secret = ("create", "secret", "generic", "cronwell-database")
     node.kubectl("-n", ns, *secret, f"--from-literal=url={database_url}")
+    for name, data in (secrets or {}).items():
+        literals = [f"--from-literal={key}={value}" for key, value in data.items()]
+        node.kubectl("-n", ns, "create", "secret", "generic", name, *literals)
     # The CRDs are cluster-wide and kept by `helm uninstall` (crds.keep): a release installed
     # after another one in this session adopts them, as a user reinstalling would.
     crd = node.kubectl("get", "crd", "scheduledjobs.cronwell.dev", check=False)
@@ -219,6 +230,27 @@ def component(pod: dict[str, Any]) -> str:
 def ready(pod: dict[str, Any]) -> bool:
     conditions = pod["status"].get("conditions", [])
     return any(c["type"] == "Ready" and c["status"] == "True" for c in conditions)
+
+
+def per_second_job(ns: str, name: str, url: str) -> dict[str, Any]:
+    """A `* * * * * *` ScheduledJob POSTing to ``url``, kept whole for a ledger's checks."""
+    return {
+        "apiVersion": "cronwell.dev/v1alpha1",
+        "kind": "ScheduledJob",
+        "metadata": {"name": name, "namespace": ns},
+        "spec": {
+            "schedule": "* * * * * *",
+            # Every instant runs even while an earlier one is still active: with the
+            # default (Skip) a slow attempt skips the next instant by design, which
+            # would hide a lost one.
+            "concurrencyPolicy": "Allow",
+            # The store keeps the whole window (the default keeps the newest 100).
+            "successfulJobsHistoryLimit": 10000,
+            "retry": {"maxAttempts": 20, "initialDelaySeconds": 1, "maxDelaySeconds": 5},
+            "timeoutSeconds": 10,
+            "target": {"http": {"url": url, "method": "POST"}},
+        },
+    }
 
 
 def instant(key: str) -> float:

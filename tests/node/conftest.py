@@ -33,9 +33,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.node)
     # The upgrade test installs, upgrades and uninstalls a release of its own: it runs
     # before the shared release is installed, since two releases whose operators both watch
-    # every namespace would both run its job.
+    # every namespace would both run its job. The CloudNativePG test runs first, on a node
+    # of its own that is gone before the shared node starts (never two nodes at once).
     slots = [i for i, item in enumerate(items) if NODE_DIR in item.path.resolve().parents]
-    ordered = sorted((items[i] for i in slots), key=lambda it: it.path.name != "test_upgrade.py")
+    first = {"test_cnpg.py": 0, "test_upgrade.py": 1}
+    ordered = sorted((items[i] for i in slots), key=lambda it: first.get(it.path.name, 2))
     for i, item in zip(slots, ordered, strict=True):
         items[i] = item
 

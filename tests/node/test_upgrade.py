@@ -148,23 +148,7 @@ def test_upgrade_rollback_uninstall_nothing_lost(
         _wait_rolled(node, ns, image_a)
         hooks_installed = _hook_runs(node, ns)
         assert len(hooks_installed) == 1, hooks_installed
-        job = {
-            "apiVersion": "cronwell.dev/v1alpha1",
-            "kind": "ScheduledJob",
-            "metadata": {"name": JOB, "namespace": ns},
-            "spec": {
-                "schedule": "* * * * * *",
-                # Every instant runs even while an earlier one is still active: with the
-                # default (Skip) a slow attempt skips the next instant by design, which
-                # would hide a lost one.
-                "concurrencyPolicy": "Allow",
-                # The store keeps the whole window (the default keeps the newest 100).
-                "successfulJobsHistoryLimit": 10000,
-                "retry": {"maxAttempts": 20, "initialDelaySeconds": 1, "maxDelaySeconds": 5},
-                "timeoutSeconds": 10,
-                "target": {"http": {"url": f"{base}{PATH}", "method": "POST"}},
-            },
-        }
+        job = chart.per_second_job(ns, JOB, f"{base}{PATH}")
         node.kubectl("apply", "-f", "-", input=json.dumps(job))
         uid = node.kubectl("-n", ns, "get", "sj", JOB, "-o", "jsonpath={.metadata.uid}").stdout
         deadline = time.monotonic() + 300
