@@ -41,6 +41,7 @@ from bench import (
 from bench.common import (
     HANDLERS,
     RESULTS,
+    SETUP_DEADLINE_SECONDS,
     BenchError,
     bench_server,
     db_url,
@@ -389,7 +390,7 @@ async def main() -> None:
     t_all = time.perf_counter()
     peer_n = args.peer_jobs or args.jobs
     try:
-        async with Database(url, max_size=4) as db:
+        async with Database(url, max_size=4, deadline_seconds=SETUP_DEADLINE_SECONDS) as db:
             await migrate(db)
             results["machine"] = await machine_facts(db, sys.argv)
             results["machine"]["args"] = {k: str(v) for k, v in vars(args).items()}

@@ -28,6 +28,9 @@ T = TypeVar("T")
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results"
+SETUP_DEADLINE_SECONDS = 3600.0
+"""The bench's own connection seeds and inspects millions of rows in one call: a deadline
+of its own, not the 10 s a cronwell process gives one call (those it runs keep theirs)."""
 
 NOOP_MODULE = """
 import asyncio, atexit, os, time

@@ -34,6 +34,7 @@ from typing import Any
 
 from bench.common import (
     RESULTS,
+    SETUP_DEADLINE_SECONDS,
     BenchError,
     bench_server,
     discard,
@@ -238,7 +239,7 @@ async def main() -> None:
     server = bench_server()
     url = server.start()
     try:
-        async with Database(url, max_size=4) as db:
+        async with Database(url, max_size=4, deadline_seconds=SETUP_DEADLINE_SECONDS) as db:
             await migrate(db)
             figs = await prescale(
                 db, url, args.n, args.concurrency, args.duration,
