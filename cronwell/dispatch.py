@@ -99,12 +99,15 @@ def hold_back(cands: list[Candidate]) -> list[Candidate]:
 def plan_ahead(ahead: list[Candidate], due: list[Candidate], active: list[Active]) -> list[int]:
     """Which candidates not yet due to claim ahead: every one of a job that allows overlap;
     of a serialised job, only its earliest, and only when nothing of the job is active or
-    due (the others stay pending: their overlap is decided at their instant)."""
+    due (the others stay pending: their overlap is decided at their instant). A retry
+    (attempt > 0) counts as earliest whatever its run_at, as at `decide_overlap`: a newer
+    occurrence due before the retry's backoff ends was claimed ahead of it, ran, and left
+    the retry waiting behind it (Skip: for as long as the newer one ran)."""
     cand_ids = {c.id for c in ahead} | {c.id for c in due}
     busy = {a.job_id for a in active if a.id not in cand_ids}
     busy |= {c.job_id for c in due if c.overlap in SERIAL}
     run: list[int] = []
-    for c in sorted(ahead, key=lambda c: (c.run_at, c.id)):
+    for c in sorted(ahead, key=lambda c: (c.attempt == 0, c.run_at, c.id)):
         if c.overlap not in SERIAL:
             run.append(c.id)
         elif c.job_id not in busy:

@@ -3,6 +3,8 @@ occurrence claimed ahead of its instant, at its instant."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import asyncio
 import uuid
 from datetime import datetime
@@ -181,6 +183,18 @@ def test_plan_ahead_claims_a_serialised_job_only_when_nothing_of_it_is_active_or
     assert plan_ahead(ahead, due, [Active(9, busy, "running", "k")]) == [1, 5, 6]
 
 
+def test_plan_ahead_never_claims_a_newer_occurrence_before_a_pending_retry() -> None:
+    """A failed, its retry is due after B's instant (the backoff): both are candidates of the
+    claim-ahead window, B first by run_at. B claimed ahead would run, and A's retry would
+    then wait behind it (Skip: for ever, while B runs). The retry goes first, as at
+    decide_overlap; B is decided at its instant (skipped while A is active)."""
+    job = uuid.uuid4()
+    b = _cand(1, job, "Skip", due=False)  # fresh, due first
+    a = _cand(2, job, "Skip", attempt=1, due=False)  # the earlier occurrence's retry
+    a = dataclasses.replace(a, scheduled_for=datetime(2026, 1, 1))  # nominally before B
+    assert plan_ahead([b, a], [], [Active(2, job, "pending", "a")]) == [2]
+
+
 async def _claim_ahead(db: Database) -> list[dispatch.Claimed]:
     return await dispatch.claim(
         db, pool="default", worker_id="w", limit=100, lease_seconds=30, ahead_seconds=60
@@ -209,6 +223,31 @@ async def test_overlap_of_an_occurrence_claimed_ahead_is_decided_at_its_instant(
     await due_in(db, c_key, 0.0)
     assert await _claim_ahead(db) == []
     assert await state_is(db, c_key, "skipped")
+
+
+async def test_a_retry_in_backoff_runs_before_a_newer_occurrence_due_first(db: Database) -> None:
+    """Skip: A fails and retries in 2 s; B is due in 1 s. The claim ahead takes A's retry,
+    not B; at its instant B is skipped (A is active), never run ahead of A's retry."""
+    await make_job(db, "rb", schedule=FAR_FUTURE, concurrencyPolicy="Skip")
+    a_key = await trigger(db, "rb")
+    (a,) = await _claim(db)
+    state = await dispatch.fail(
+        db,
+        key=a.key,
+        fence=a.fence,
+        next_state="pending",
+        reason="Failed",
+        error="boom",
+        delay_seconds=2.0,
+    )
+    assert state == "pending"
+    b_key = await trigger(db, "rb")
+    await due_in(db, b_key, 1.0)
+    (retry,) = await _claim_ahead(db)
+    assert (retry.key, retry.attempt) == (a_key, 2)
+    await due_in(db, b_key, 0.0)
+    assert await _claim_ahead(db) == []
+    assert await state_is(db, b_key, "skipped")
 
 
 def test_hold_back_leaves_a_job_behind_the_earlier_occurrence_another_claimer_holds() -> None:
