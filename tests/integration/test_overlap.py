@@ -3,9 +3,8 @@ occurrence claimed ahead of its instant, at its instant."""
 
 from __future__ import annotations
 
-import dataclasses
-
 import asyncio
+import dataclasses
 import uuid
 from datetime import datetime
 
