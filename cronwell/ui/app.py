@@ -60,6 +60,7 @@ async def guard(request: web.Request, handler: Handler) -> web.StreamResponse:
             response = await handler(request)
     except web.HTTPException as e:
         if e.status < 400:
+            e.headers.update(SECURITY_HEADERS)
             raise
         response = error_page(request, e.status, e.reason)
     except Exception:
@@ -98,6 +99,9 @@ def make_app(config: UiConfig) -> web.Application:
     )
     static = resources.files("cronwell.ui") / "static"
     app.router.add_get("/", views.jobs_page)
+    app.router.add_get("/dead", views.dead_page)
+    app.router.add_post("/dead/replay", views.dead_replay)
+    app.router.add_get("/status", views.status_page)
     app.router.add_get("/robots.txt", robots)
     app.router.add_static("/static", str(static))
     return app

@@ -7,11 +7,13 @@ from typing import Any
 
 from aiohttp import web
 
-from cronwell.store import ui
-from cronwell.ui.app import CONFIG, TEMPLATES
+from cronwell.store import dead, fences, gauges, leases, processes, ui
+from cronwell.ui.app import CONFIG, CSRF_FIELD, TEMPLATES
 
 PAGE_MAX = 100
 PAGE_DEFAULT = 50
+# A process silent for longer is shown as such (as `cronwell status` does).
+PROCESS_TTL_SECONDS = 15
 
 
 def render(request: web.Request, template: str, **context: Any) -> web.Response:
@@ -73,3 +75,54 @@ async def jobs_page(request: web.Request) -> web.Response:
         query |= {"after": f"{last.namespace}/{last.name}", "limit": str(limit)}
         next_query = query
     return render(request, "jobs.html", jobs=rows, filters=filters, next_query=next_query)
+
+
+async def status_page(request: web.Request) -> web.Response:
+    """What `cronwell status` prints: durability and fence epoch, partition owners, live
+    processes, occurrences by state (the same store functions)."""
+    db = request.app[CONFIG].db
+    parts = await leases.list_all(db)
+    owners: dict[str, list[int]] = {}
+    for p in parts:
+        owners.setdefault(p.holder if p.live and p.holder else "(unowned)", []).append(p.partition)
+    return render(
+        request,
+        "status.html",
+        durability=(await fences.durability(db)).describe(),
+        epoch=await fences.epoch(db),
+        partition_count=len(parts),
+        owners=sorted(owners.items()),
+        procs=await processes.list_all(db, ttl_seconds=PROCESS_TTL_SECONDS),
+        counts=await gauges.occurrence_counts(db),
+    )
+
+
+async def dead_page(request: web.Request) -> web.Response:
+    """Dead-lettered occurrences, newest first (filtered by namespace and job name)."""
+    namespace, name = _text(request, "namespace"), _text(request, "job")
+    rows = await dead.list_dead(
+        request.app[CONFIG].db, namespace=namespace, name=name, limit=page_size(request)
+    )
+    return render(
+        request,
+        "dead.html",
+        rows=rows,
+        filters={"namespace": namespace, "job": name},
+        csrf_token=request.app[CONFIG].csrf_token,
+        csrf_field=CSRF_FIELD,
+    )
+
+
+async def dead_replay(request: web.Request) -> web.Response:
+    """POST (guarded by app.guard): one dead key back to pending under the same key, as
+    `cronwell dead replay KEY` does."""
+    form = await request.post()
+    key = form.get("key")
+    if not isinstance(key, str) or not key or len(key) > 1024:
+        raise web.HTTPBadRequest(reason="key is required")
+    replayed = await dead.replay(
+        request.app[CONFIG].db, key=key, namespace=None, name=None, include_ambiguous=False
+    )
+    if not replayed:
+        raise web.HTTPNotFound(reason="No replayable dead occurrence with that key")
+    raise web.HTTPSeeOther("/dead")

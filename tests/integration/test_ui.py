@@ -10,9 +10,12 @@ from collections.abc import AsyncIterator
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
+from cronwell import dispatch
 from cronwell.store.db import Database
 from cronwell.ui.app import CSRF_FIELD, SECURITY_HEADERS, UiConfig, make_app
+from tests.helpers.store import fail_dead
 from tests.integration.helpers import make_job
+from tests.integration.worker_helpers import handler_job, occurrence, trigger
 
 
 async def _client(db: Database, *, allow_actions: bool = False) -> TestClient:
@@ -121,3 +124,58 @@ async def test_every_state_changing_route_is_guarded(db: Database) -> None:
     finally:
         await read_only.close()
         await actions.close()
+
+
+async def _dead(db: Database, name: str) -> str:
+    """A job whose triggered occurrence died on its first attempt; its key."""
+    await handler_job(db, name, "t-fail-while", retry={"maxAttempts": 2})
+    key = await trigger(db, name)
+    (c,) = await dispatch.claim(db, pool="default", worker_id="w1", limit=5, lease_seconds=60)
+    assert await fail_dead(db, key, c.fence, "HTTP400", "answered 400: <b>nope</b>") == "dead"
+    return key
+
+
+async def test_status_page(db: Database, client: TestClient) -> None:
+    await _dead(db, "status-job")
+    r = await client.get("/status")
+    assert r.status == 200
+    html = await r.text()
+    assert "Commits:" in html and "Partitions (" in html
+    assert "state-dead" in html
+    assert_secure(r.headers)
+
+
+async def test_dead_page_lists_escaped_and_read_only_has_no_form(
+    db: Database, client: TestClient
+) -> None:
+    key = await _dead(db, "dead-job")
+    html = await (await client.get("/dead")).text()
+    assert key in html and "default/dead-job" in html
+    assert "&lt;b&gt;nope&lt;/b&gt;" in html and "<b>nope" not in html
+    assert 'method="post"' not in html
+    html = await (await client.get("/dead", params={"job": "other"})).text()
+    assert key not in html
+
+
+async def test_replay_with_actions_and_token_changes_the_store(db: Database) -> None:
+    key = await _dead(db, "replay-job")
+    c = await _client(db, allow_actions=True)
+    try:
+        html = await (await c.get("/dead")).text()
+        assert 'action="/dead/replay"' in html
+        token = html.split('name="csrf_token" value="', 1)[1].split('"', 1)[0]
+        r = await c.post("/dead/replay", data={"key": key}, allow_redirects=False)
+        assert r.status == 403
+        assert (await occurrence(db, key))["state"] == "dead"
+        r = await c.post(
+            "/dead/replay", data={"key": key, CSRF_FIELD: token}, allow_redirects=False
+        )
+        assert r.status == 303 and r.headers["Location"] == "/dead"
+        assert_secure(r.headers)
+        assert (await occurrence(db, key))["state"] == "pending"
+        r = await c.post("/dead/replay", data={"key": key, CSRF_FIELD: token})
+        assert r.status == 404
+        r = await c.post("/dead/replay", data={CSRF_FIELD: token})
+        assert r.status == 400
+    finally:
+        await c.close()
