@@ -4,6 +4,7 @@ store functions it reuses)."""
 
 from __future__ import annotations
 
+import uuid
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -45,3 +46,22 @@ async def job_page(
             "limit": limit,
         },
     )
+
+
+@dataclass(frozen=True, slots=True)
+class JobDetail:
+    """A live job as its own page shows it."""
+
+    id: uuid.UUID
+    namespace: str
+    name: str
+    pool: str
+    spec: dict[str, Any]
+    next_run_at: datetime | None
+    suspended: bool
+    suspended_reason: str | None
+
+
+async def job_get(db: Database, *, namespace: str, name: str) -> JobDetail | None:
+    """The live job `namespace`/`name`, if any."""
+    return await db.row(JobDetail, "UiJobGet", {"namespace": namespace, "name": name})

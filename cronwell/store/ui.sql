@@ -12,3 +12,9 @@ WHERE deleted_at IS NULL
   AND (%(after_ns)s::text IS NULL OR (namespace, name) > (%(after_ns)s, %(after_name)s))
 ORDER BY namespace, name
 LIMIT %(limit)s;
+
+-- name: UiJobGet
+-- The live job of a namespace/name for its page (uid for its runs, spec for its schedule).
+SELECT id, namespace, name, pool, spec, next_run_at, suspended, suspended_reason
+FROM cronwell_jobs
+WHERE namespace = %(namespace)s AND name = %(name)s AND deleted_at IS NULL;

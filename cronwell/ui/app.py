@@ -9,11 +9,13 @@ import logging
 import secrets
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from datetime import datetime
 from importlib import resources
 
 import jinja2
 from aiohttp import web
 
+from cronwell.cronexpr import load_zone
 from cronwell.store.db import Database
 
 log = logging.getLogger(__name__)
@@ -41,6 +43,11 @@ CONFIG = web.AppKey("config", UiConfig)
 TEMPLATES = web.AppKey("templates", jinja2.Environment)
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def in_zone(t: datetime, zone: str) -> str:
+    """`t` as wall-clock time in the IANA `zone` (the job's), with the zone's abbreviation."""
+    return t.astimezone(load_zone(zone)).strftime("%Y-%m-%d %H:%M:%S %Z")
 
 
 def error_page(request: web.Request, status: int, message: str) -> web.Response:
@@ -97,8 +104,10 @@ def make_app(config: UiConfig) -> web.Application:
         autoescape=True,
         undefined=jinja2.StrictUndefined,
     )
+    app[TEMPLATES].filters["in_zone"] = in_zone
     static = resources.files("cronwell.ui") / "static"
     app.router.add_get("/", views.jobs_page)
+    app.router.add_get("/jobs/{namespace}/{name}", views.job_page)
     app.router.add_get("/dead", views.dead_page)
     app.router.add_post("/dead/replay", views.dead_replay)
     app.router.add_get("/status", views.status_page)

@@ -3,17 +3,23 @@ traceback), read the store's read model, render a template."""
 
 from __future__ import annotations
 
+import itertools
+from datetime import UTC, datetime
 from typing import Any
 
 from aiohttp import web
 
-from cronwell.store import dead, fences, gauges, leases, processes, ui
+from cronwell.models import ScheduledJobSpec
+from cronwell.schedule import JobSchedule
+from cronwell.store import dead, fences, gauges, leases, processes, runs, ui
 from cronwell.ui.app import CONFIG, CSRF_FIELD, TEMPLATES
 
 PAGE_MAX = 100
 PAGE_DEFAULT = 50
 # A process silent for longer is shown as such (as `cronwell status` does).
 PROCESS_TTL_SECONDS = 15
+NEXT_INSTANTS = 10
+JOB_RUNS = 25
 
 
 def render(request: web.Request, template: str, **context: Any) -> web.Response:
@@ -126,3 +132,25 @@ async def dead_replay(request: web.Request) -> web.Response:
     if not replayed:
         raise web.HTTPNotFound(reason="No replayable dead occurrence with that key")
     raise web.HTTPSeeOther("/dead")
+
+
+async def job_page(request: web.Request) -> web.Response:
+    """One job: its spec summary, the next instants of its schedule (the scheduler's own
+    engine), its recent runs. Unknown job: 404."""
+    db = request.app[CONFIG].db
+    job = await ui.job_get(
+        db, namespace=request.match_info["namespace"], name=request.match_info["name"]
+    )
+    if job is None:
+        raise web.HTTPNotFound(reason="No such job")
+    spec = ScheduledJobSpec.model_validate(job.spec)
+    sched = JobSchedule.from_spec(job.id, spec)
+    upcoming = list(itertools.islice(sched.iter_from(datetime.now(UTC)), NEXT_INSTANTS))
+    return render(
+        request,
+        "job.html",
+        job=job,
+        zone=spec.time_zone or "UTC",
+        upcoming=upcoming,
+        runs=await runs.list_for_job(db, job_id=job.id, state=None, limit=JOB_RUNS),
+    )

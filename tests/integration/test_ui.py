@@ -179,3 +179,22 @@ async def test_replay_with_actions_and_token_changes_the_store(db: Database) -> 
         assert r.status == 400
     finally:
         await c.close()
+
+
+async def test_job_page_shows_next_instants_in_zone_and_runs(
+    db: Database, client: TestClient
+) -> None:
+    await make_job(db, "paris", schedule="30 2 * * *", timeZone="Europe/Paris")
+    await _dead(db, "with-runs")
+    r = await client.get("/jobs/default/paris")
+    assert r.status == 200
+    html = await r.text()
+    assert "Next 10 instants" in html
+    # 02:30 Paris is 00:30 or 01:30 UTC depending on the season; both columns shown.
+    assert html.count("02:30:00 CE") >= 10
+    assert ":30:00 UTC" in html
+    html = await (await client.get("/jobs/default/with-runs")).text()
+    assert "state-dead" in html and "answered 400" in html
+    r = await client.get("/jobs/default/nope")
+    assert r.status == 404 and "No such job" in await r.text()
+    assert_secure(r.headers)
