@@ -7,6 +7,7 @@ from __future__ import annotations
 import uuid
 from dataclasses import dataclass
 from datetime import datetime
+from decimal import Decimal
 from typing import Any
 
 from cronwell.store.db import Database
@@ -65,3 +66,44 @@ class JobDetail:
 async def job_get(db: Database, *, namespace: str, name: str) -> JobDetail | None:
     """The live job `namespace`/`name`, if any."""
     return await db.row(JobDetail, "UiJobGet", {"namespace": namespace, "name": name})
+
+
+@dataclass(frozen=True, slots=True)
+class RunRow:
+    """An occurrence as the runs page lists it (`id` is the keyset cursor's tie-break)."""
+
+    id: int
+    namespace: str
+    name: str
+    idempotency_key: str
+    scheduled_for: datetime
+    state: str
+    attempt: int
+    fence: int | None
+    last_error: str | None
+    lag_seconds: Decimal | None
+    duration_seconds: Decimal | None
+
+
+async def run_page(
+    db: Database,
+    *,
+    namespace: str | None,
+    name: str | None,
+    state: str | None,
+    after: tuple[datetime, int] | None,
+    limit: int,
+) -> list[RunRow]:
+    """Up to `limit` occurrences older than the (scheduled_for, id) cursor, newest first."""
+    return await db.rows(
+        RunRow,
+        "UiRunPage",
+        {
+            "namespace": namespace,
+            "name": name,
+            "state": state,
+            "after_at": after[0] if after else None,
+            "after_id": after[1] if after else None,
+            "limit": limit,
+        },
+    )

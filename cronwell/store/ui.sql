@@ -18,3 +18,19 @@ LIMIT %(limit)s;
 SELECT id, namespace, name, pool, spec, next_run_at, suspended, suspended_reason
 FROM cronwell_jobs
 WHERE namespace = %(namespace)s AND name = %(name)s AND deleted_at IS NULL;
+
+-- name: UiRunPage
+-- One page of occurrences, newest first, after the (scheduled_for, id) cursor, filtered by
+-- namespace, job name and state; columns as RunsList plus the id the cursor needs.
+SELECT o.id, j.namespace, j.name, o.idempotency_key, o.scheduled_for, o.state, o.attempt,
+       o.fence, o.last_error,
+       extract(epoch FROM o.started_at - o.run_at) AS lag_seconds,
+       extract(epoch FROM o.finished_at - o.started_at) AS duration_seconds
+FROM cronwell_occurrences o JOIN cronwell_jobs j ON j.id = o.job_id
+WHERE (%(namespace)s::text IS NULL OR j.namespace = %(namespace)s)
+  AND (%(name)s::text IS NULL OR j.name = %(name)s)
+  AND (%(state)s::text IS NULL OR o.state = %(state)s)
+  AND (%(after_at)s::timestamptz IS NULL
+       OR (o.scheduled_for, o.id) < (%(after_at)s::timestamptz, %(after_id)s::bigint))
+ORDER BY o.scheduled_for DESC, o.id DESC
+LIMIT %(limit)s;

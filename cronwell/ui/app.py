@@ -108,6 +108,8 @@ def make_app(config: UiConfig) -> web.Application:
     static = resources.files("cronwell.ui") / "static"
     app.router.add_get("/", views.jobs_page)
     app.router.add_get("/jobs/{namespace}/{name}", views.job_page)
+    app.router.add_get("/runs", views.runs_page)
+    app.router.add_get("/runs/fragment", views.runs_fragment)
     app.router.add_get("/dead", views.dead_page)
     app.router.add_post("/dead/replay", views.dead_replay)
     app.router.add_get("/status", views.status_page)

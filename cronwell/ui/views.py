@@ -154,3 +154,53 @@ async def job_page(request: web.Request) -> web.Response:
         upcoming=upcoming,
         runs=await runs.list_for_job(db, job_id=job.id, state=None, limit=JOB_RUNS),
     )
+
+
+def run_cursor(request: web.Request) -> tuple[datetime, int] | None:
+    """`?after=<scheduled_for ISO>~<id>`; any other shape: 400."""
+    raw = _text(request, "after")
+    if raw is None:
+        return None
+    at, sep, ident = raw.rpartition("~")
+    try:
+        when = datetime.fromisoformat(at)
+        if not sep or when.tzinfo is None:
+            raise ValueError(raw)
+        return when, int(ident)
+    except ValueError:
+        raise web.HTTPBadRequest(reason="after must be <ISO instant with offset>~<id>") from None
+
+
+async def _runs(request: web.Request) -> dict[str, Any]:
+    limit = page_size(request)
+    filters = {k: _text(request, k) for k in ("namespace", "job", "state")}
+    rows = await ui.run_page(
+        request.app[CONFIG].db,
+        namespace=filters["namespace"],
+        name=filters["job"],
+        state=filters["state"],
+        after=run_cursor(request),
+        limit=limit + 1,
+    )
+    query = {k: v for k, v in filters.items() if v}
+    next_query = None
+    if len(rows) > limit:
+        rows = rows[:limit]
+        last = rows[-1]
+        after = f"{last.scheduled_for.isoformat()}~{last.id}"
+        next_query = query | {"after": after, "limit": str(limit)}
+    fragment = dict(query)
+    if "after" in request.query:
+        fragment["after"] = request.query["after"]
+    return {"runs": rows, "filters": filters, "next_query": next_query, "fragment": fragment}
+
+
+async def runs_page(request: web.Request) -> web.Response:
+    """Recent runs, filtered by namespace, job and state, one keyset page at a time; the
+    table refreshes itself from runs_fragment every few seconds (static/app.js)."""
+    return render(request, "runs.html", **await _runs(request))
+
+
+async def runs_fragment(request: web.Request) -> web.Response:
+    """The runs table alone, for the page's periodic refresh."""
+    return render(request, "_runs_table.html", **await _runs(request))

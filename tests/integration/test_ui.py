@@ -6,6 +6,8 @@ token."""
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from html import unescape as html_unescape
+from urllib.parse import parse_qsl, urlsplit
 
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
@@ -198,3 +200,32 @@ async def test_job_page_shows_next_instants_in_zone_and_runs(
     r = await client.get("/jobs/default/nope")
     assert r.status == 404 and "No such job" in await r.text()
     assert_secure(r.headers)
+
+
+async def test_runs_page_filters_pages_and_fragment(db: Database, client: TestClient) -> None:
+    for i in range(3):
+        await _dead(db, f"runs-{i}")
+    html = await (await client.get("/runs", params={"state": "dead"})).text()
+    assert all(f"default/runs-{i}" in html for i in range(3))
+    assert 'hx-get="/runs/fragment?state=dead"' in html and 'src="/static/htmx.min.js"' in html
+    html = await (await client.get("/runs", params={"state": "succeeded"})).text()
+    assert "default/runs-0" not in html
+
+    seen: list[str] = []
+    params = {"state": "dead", "limit": "1"}
+    for _ in range(5):
+        page = await (await client.get("/runs", params=params)).text()
+        seen += [f"runs-{i}" for i in range(3) if f"default/runs-{i}<" in page]
+        if 'rel="next"' not in page:
+            break
+        href = html_unescape(page.split('rel="next" href="', 1)[1].split('"', 1)[0])
+        params = dict(parse_qsl(urlsplit(href).query))
+    assert sorted(seen) == ["runs-0", "runs-1", "runs-2"] and len(seen) == 3
+
+    r = await client.get("/runs/fragment", params={"job": "runs-1"})
+    assert r.status == 200
+    frag = await r.text()
+    assert "<html" not in frag and "default/runs-1" in frag and "default/runs-0" not in frag
+    assert_secure(r.headers)
+    for bad in ("nope", "2026-01-01T00:00:00~x", "2026-01-01T00:00:00~1"):
+        assert (await client.get("/runs", params={"after": bad})).status == 400

@@ -14,9 +14,21 @@
       root.dataset.theme = dark ? "light" : "dark";
       localStorage.setItem("cronwell-theme", root.dataset.theme);
     });
-    document.querySelectorAll("time[datetime]").forEach(function (el) {
+    localTimes(document);
+    // Elements with data-poll refresh (htmx "poll" trigger) while the tab is visible; the
+    // trigger is fired from here because htmx's own filter expressions need eval (CSP).
+    document.querySelectorAll("[data-poll]").forEach(function (el) {
+      var every = parseInt(el.dataset.poll, 10) || 5000;
+      setInterval(function () {
+        if (!document.hidden && window.htmx) window.htmx.trigger(el, "poll");
+      }, every);
+    });
+    document.body.addEventListener("htmx:afterSwap", function (e) { localTimes(e.target); });
+  });
+  function localTimes(scope) {
+    scope.querySelectorAll("time[datetime]").forEach(function (el) {
       var d = new Date(el.getAttribute("datetime"));
       if (!isNaN(d)) el.textContent = d.toLocaleString();
     });
-  });
+  }
 })();
