@@ -23,6 +23,10 @@ class JobRow:
     spec: dict[str, Any]
     next_run_at: datetime | None
     suspended: bool
+    recent: list[str]
+    """States of the last 20 due occurrences, oldest first."""
+    last_state: str | None
+    """State of the latest finished occurrence."""
 
 
 async def job_page(

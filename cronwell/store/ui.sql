@@ -2,15 +2,29 @@
 
 -- name: UiJobPage
 -- One page of live jobs after the (namespace, name) cursor, filtered by namespace, pool and
--- a substring of namespace/name; keyset pagination (no OFFSET) so a page costs its size.
-SELECT namespace, name, pool, spec, next_run_at, suspended
-FROM cronwell_jobs
-WHERE deleted_at IS NULL
-  AND (%(namespace)s::text IS NULL OR namespace = %(namespace)s)
-  AND (%(pool)s::text IS NULL OR pool = %(pool)s)
-  AND (%(text)s::text IS NULL OR strpos(namespace || '/' || name, %(text)s) > 0)
-  AND (%(after_ns)s::text IS NULL OR (namespace, name) > (%(after_ns)s, %(after_name)s))
-ORDER BY namespace, name
+-- a substring of namespace/name, with the states of its last 20 due occurrences (oldest
+-- first, one index range scan each) and its last finished result; keyset pagination (no
+-- OFFSET) so a page costs its size.
+SELECT j.namespace, j.name, j.pool, j.spec, j.next_run_at, j.suspended,
+       coalesce(r.recent, '{}') AS recent, last.state AS last_state
+FROM cronwell_jobs j
+LEFT JOIN LATERAL (
+    SELECT array_agg(d.state ORDER BY d.scheduled_for) AS recent
+    FROM (SELECT o.state, o.scheduled_for FROM cronwell_occurrences o
+          WHERE o.job_id = j.id AND o.scheduled_for <= now()
+          ORDER BY o.scheduled_for DESC LIMIT 20) d
+) r ON true
+LEFT JOIN LATERAL (
+    SELECT o.state FROM cronwell_occurrences o
+    WHERE o.job_id = j.id AND o.finished_at IS NOT NULL
+    ORDER BY o.scheduled_for DESC LIMIT 1
+) last ON true
+WHERE j.deleted_at IS NULL
+  AND (%(namespace)s::text IS NULL OR j.namespace = %(namespace)s)
+  AND (%(pool)s::text IS NULL OR j.pool = %(pool)s)
+  AND (%(text)s::text IS NULL OR strpos(j.namespace || '/' || j.name, %(text)s) > 0)
+  AND (%(after_ns)s::text IS NULL OR (j.namespace, j.name) > (%(after_ns)s, %(after_name)s))
+ORDER BY j.namespace, j.name
 LIMIT %(limit)s;
 
 -- name: UiJobGet

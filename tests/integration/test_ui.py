@@ -48,6 +48,13 @@ async def test_jobs_page_lists_jobs(db: Database, client: TestClient) -> None:
     assert_secure(r.headers)
 
 
+async def test_jobs_page_shows_last_result_and_strip(db: Database, client: TestClient) -> None:
+    await _dead(db, "strip-job")
+    html = await (await client.get("/", params={"text": "strip-job"})).text()
+    assert 'class="cell state-dead"' in html
+    assert '<span class="state state-dead">dead</span>' in html
+
+
 async def test_jobs_filter_and_keyset_pagination(db: Database, client: TestClient) -> None:
     for i in range(5):
         await make_job(db, f"job-{i}", schedule="*/5 * * * *")
@@ -229,3 +236,17 @@ async def test_runs_page_filters_pages_and_fragment(db: Database, client: TestCl
     assert_secure(r.headers)
     for bad in ("nope", "2026-01-01T00:00:00~x", "2026-01-01T00:00:00~1"):
         assert (await client.get("/runs", params={"after": bad})).status == 400
+
+
+async def test_unexpected_error_is_a_plain_500(
+    db: Database, client: TestClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async def broken(*args: object, **kwargs: object) -> None:
+        raise RuntimeError("secret detail")
+
+    monkeypatch.setattr("cronwell.store.ui.job_page", broken)
+    r = await client.get("/")
+    assert r.status == 500
+    text = await r.text()
+    assert "Internal error" in text and "secret detail" not in text and "Traceback" not in text
+    assert_secure(r.headers)
