@@ -14,7 +14,7 @@ from aiohttp.test_utils import TestClient, TestServer
 
 from cronwell import dispatch
 from cronwell.store.db import Database
-from cronwell.ui.app import CSRF_FIELD, SECURITY_HEADERS, UiConfig, make_app
+from cronwell.ui.app import CONFIG, CSRF_FIELD, SECURITY_HEADERS, UiConfig, make_app
 from tests.helpers.store import fail_dead
 from tests.integration.helpers import make_job
 from tests.integration.worker_helpers import handler_job, occurrence, trigger
@@ -123,7 +123,9 @@ async def test_every_state_changing_route_is_guarded(db: Database) -> None:
         } | {("POST", "/")}
         for method, path in routes:
             url = path.replace("{", "").replace("}", "")
-            r = await read_only.request(method, url, data={CSRF_FIELD: "x"})
+            # Read-only refuses even a request carrying the valid token.
+            token = read_only.app[CONFIG].csrf_token  # type: ignore[index]
+            r = await read_only.request(method, url, data={CSRF_FIELD: token})
             assert r.status == 403, (method, path)
             r = await actions.request(method, url, data={})
             assert r.status == 403, (method, path)
