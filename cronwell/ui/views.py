@@ -4,8 +4,9 @@ traceback), read the store's read model, render a template."""
 from __future__ import annotations
 
 import itertools
+from collections.abc import Callable
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, TypeVar
 
 from aiohttp import web
 
@@ -13,6 +14,8 @@ from cronwell.models import ScheduledJobSpec
 from cronwell.schedule import JobSchedule
 from cronwell.store import dead, fences, gauges, leases, processes, runs, ui
 from cronwell.ui.app import CONFIG, CSRF_FIELD, TEMPLATES
+
+T = TypeVar("T")
 
 PAGE_MAX = 100
 PAGE_DEFAULT = 50
@@ -49,6 +52,18 @@ def page_size(request: web.Request) -> int:
         raise web.HTTPBadRequest(reason="limit must be a number") from None
 
 
+def next_page(
+    rows: list[T], limit: int, filters: dict[str, str | None], cursor: Callable[[T], str]
+) -> tuple[list[T], dict[str, str] | None]:
+    """The page (`rows` was read with limit + 1) and the query of the next one, if any: the
+    filters plus `after` = the cursor of the page's last row."""
+    if len(rows) <= limit:
+        return rows, None
+    rows = rows[:limit]
+    query = {k: v for k, v in filters.items() if v}
+    return rows, query | {"after": cursor(rows[-1]), "limit": str(limit)}
+
+
 def job_cursor(request: web.Request) -> tuple[str, str] | None:
     """`?after=<namespace>/<name>`; any other shape: 400."""
     raw = _text(request, "after")
@@ -72,14 +87,7 @@ async def jobs_page(request: web.Request) -> web.Response:
         after=job_cursor(request),
         limit=limit + 1,
     )
-    more = len(rows) > limit
-    rows = rows[:limit]
-    next_query = None
-    if more:
-        last = rows[-1]
-        query = {k: v for k, v in filters.items() if v}
-        query |= {"after": f"{last.namespace}/{last.name}", "limit": str(limit)}
-        next_query = query
+    rows, next_query = next_page(rows, limit, filters, lambda last: f"{last.namespace}/{last.name}")
     return render(request, "jobs.html", jobs=rows, filters=filters, next_query=next_query)
 
 
@@ -182,13 +190,10 @@ async def _runs(request: web.Request) -> dict[str, Any]:
         after=run_cursor(request),
         limit=limit + 1,
     )
+    rows, next_query = next_page(
+        rows, limit, filters, lambda last: f"{last.scheduled_for.isoformat()}~{last.id}"
+    )
     query = {k: v for k, v in filters.items() if v}
-    next_query = None
-    if len(rows) > limit:
-        rows = rows[:limit]
-        last = rows[-1]
-        after = f"{last.scheduled_for.isoformat()}~{last.id}"
-        next_query = query | {"after": after, "limit": str(limit)}
     fragment = dict(query)
     if "after" in request.query:
         fragment["after"] = request.query["after"]
