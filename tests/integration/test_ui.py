@@ -5,10 +5,15 @@ token."""
 
 from __future__ import annotations
 
+import asyncio
+import signal
+import socket
+import sys
 from collections.abc import AsyncIterator
 from html import unescape as html_unescape
 from urllib.parse import parse_qsl, urlsplit
 
+import aiohttp
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
@@ -252,3 +257,39 @@ async def test_unexpected_error_is_a_plain_500(
     text = await r.text()
     assert "Internal error" in text and "secret detail" not in text and "Traceback" not in text
     assert_secure(r.headers)
+
+
+async def test_cronwell_ui_serves_on_loopback_and_stops_on_sigterm(db_url: str) -> None:
+    """The command as users run it: binds 127.0.0.1, serves, exits 0 on SIGTERM."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "cronwell",
+        "--database-url",
+        db_url,
+        "ui",
+        "--port",
+        str(port),
+        stderr=asyncio.subprocess.DEVNULL,
+    )
+    try:
+        async with aiohttp.ClientSession() as session:
+            for _ in range(200):
+                try:
+                    async with session.get(f"http://127.0.0.1:{port}/status") as r:
+                        assert r.status == 200
+                        assert r.headers["X-Content-Type-Options"] == "nosniff"
+                        break
+                except aiohttp.ClientConnectionError:
+                    await asyncio.sleep(0.1)
+            else:
+                pytest.fail("cronwell ui did not start")
+        proc.send_signal(signal.SIGTERM)
+        assert await asyncio.wait_for(proc.wait(), 20) == 0
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
