@@ -93,6 +93,11 @@ async def robots(request: web.Request) -> web.Response:
     return web.Response(text="User-agent: *\nDisallow: /\n", content_type="text/plain")
 
 
+async def favicon(request: web.Request) -> web.Response:
+    """Browsers ask for /favicon.ico whatever the page links: send them to the static one."""
+    raise web.HTTPMovedPermanently("/static/favicon.svg")
+
+
 def make_app(config: UiConfig) -> web.Application:
     """The dashboard app over `config.db` (routes from views.py, static files beside it)."""
     from cronwell.ui import views
@@ -114,5 +119,6 @@ def make_app(config: UiConfig) -> web.Application:
     app.router.add_post("/dead/replay", views.dead_replay)
     app.router.add_get("/status", views.status_page)
     app.router.add_get("/robots.txt", robots)
+    app.router.add_get("/favicon.ico", favicon)
     app.router.add_static("/static", str(static))
     return app
