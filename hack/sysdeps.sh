@@ -5,6 +5,7 @@
 #   containernetworking-plugins iptables iproute2   the node's CNI bridge and its netns
 #   gcc libc6-dev            the static pause binary (cronwell/testing/oci.py)
 #   busybox-static           the node tests' own tiny image
+#   chromium chromium-driver the dashboard's browser test (tests/integration/test_ui_browser.py)
 set -euo pipefail
 
 # command-or-file : package
@@ -12,7 +13,7 @@ need=(
   faketime:faketime openssl:openssl containerd:containerd runc:runc
   /usr/lib/cni/bridge:containernetworking-plugins iptables:iptables ip:iproute2
   nsenter:util-linux gcc:gcc /usr/lib/x86_64-linux-gnu/libc.a:libc6-dev
-  /bin/busybox:busybox-static
+  /bin/busybox:busybox-static /usr/bin/chromium:chromium /usr/bin/chromedriver:chromium-driver
 )
 missing=()
 for entry in "${need[@]}"; do

@@ -1,11 +1,11 @@
 """The `cronwell` command: main.py is the group and what every command shares; the other
-modules each hold a group of commands (jobs, backfill, forecast, scheduler, admin, convert);
+modules each hold a group of commands (jobs, backfill, forecast, scheduler, admin, convert, ui);
 render.py prints, parse.py reads durations and instants. Other packages import only the
 names below (the worker's and operator's commands register through the `cronwell.cli`
 entry points)."""
 
 # The command modules register their commands on `main` when imported.
-from cronwell.cli import admin, backfill, convert, forecast, jobs, scheduler  # noqa: F401
+from cronwell.cli import admin, backfill, convert, forecast, jobs, scheduler, ui  # noqa: F401
 from cronwell.cli.jobs import load_or_fail
 from cronwell.cli.main import (
     Env,

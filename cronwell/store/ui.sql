@@ -1,0 +1,50 @@
+-- Read models of the web dashboard (`cronwell ui`): read-only, keyset-paginated.
+
+-- name: UiJobPage
+-- One page of live jobs after the (namespace, name) cursor, filtered by namespace, pool and
+-- a substring of namespace/name, with the states of its last 20 due occurrences (oldest
+-- first, one index range scan each) and its last finished result; keyset pagination (no
+-- OFFSET) so a page costs its size.
+SELECT j.namespace, j.name, j.pool, j.spec, j.next_run_at, j.suspended,
+       coalesce(r.recent, '{}') AS recent, last.state AS last_state
+FROM cronwell_jobs j
+LEFT JOIN LATERAL (
+    SELECT array_agg(d.state ORDER BY d.scheduled_for) AS recent
+    FROM (SELECT o.state, o.scheduled_for FROM cronwell_occurrences o
+          WHERE o.job_id = j.id AND o.scheduled_for <= now()
+          ORDER BY o.scheduled_for DESC LIMIT 20) d
+) r ON true
+LEFT JOIN LATERAL (
+    SELECT o.state FROM cronwell_occurrences o
+    WHERE o.job_id = j.id AND o.finished_at IS NOT NULL
+    ORDER BY o.scheduled_for DESC LIMIT 1
+) last ON true
+WHERE j.deleted_at IS NULL
+  AND (%(namespace)s::text IS NULL OR j.namespace = %(namespace)s)
+  AND (%(pool)s::text IS NULL OR j.pool = %(pool)s)
+  AND (%(text)s::text IS NULL OR strpos(j.namespace || '/' || j.name, %(text)s) > 0)
+  AND (%(after_ns)s::text IS NULL OR (j.namespace, j.name) > (%(after_ns)s, %(after_name)s))
+ORDER BY j.namespace, j.name
+LIMIT %(limit)s;
+
+-- name: UiJobGet
+-- The live job of a namespace/name for its page (uid for its runs, spec for its schedule).
+SELECT id, namespace, name, pool, spec, next_run_at, suspended, suspended_reason
+FROM cronwell_jobs
+WHERE namespace = %(namespace)s AND name = %(name)s AND deleted_at IS NULL;
+
+-- name: UiRunPage
+-- One page of occurrences, newest first, after the (scheduled_for, id) cursor, filtered by
+-- namespace, job name and state; columns as RunsList plus the id the cursor needs.
+SELECT o.id, j.namespace, j.name, o.idempotency_key, o.scheduled_for, o.state, o.attempt,
+       o.fence, o.last_error,
+       extract(epoch FROM o.started_at - o.run_at) AS lag_seconds,
+       extract(epoch FROM o.finished_at - o.started_at) AS duration_seconds
+FROM cronwell_occurrences o JOIN cronwell_jobs j ON j.id = o.job_id
+WHERE (%(namespace)s::text IS NULL OR j.namespace = %(namespace)s)
+  AND (%(name)s::text IS NULL OR j.name = %(name)s)
+  AND (%(state)s::text IS NULL OR o.state = %(state)s)
+  AND (%(after_at)s::timestamptz IS NULL
+       OR (o.scheduled_for, o.id) < (%(after_at)s::timestamptz, %(after_id)s::bigint))
+ORDER BY o.scheduled_for DESC, o.id DESC
+LIMIT %(limit)s;
