@@ -128,8 +128,12 @@ GROUP BY 1;
 -- name: ForecastJobList
 -- Live jobs of a pool (all when NULL) with the p90 duration of their last N successful runs:
 -- those with a next instant, and one-shot (runAt) jobs whose only occurrence the scheduler
--- has materialised (next_run_at NULL) but is not due yet, so a burst still counts in the
--- horizon before it (the forecast enumerates instants from now: none is counted twice).
+-- has materialised (next_run_at NULL) but is not due yet, or was claimed ahead of its instant
+-- in the forecast's first second or later: a burst still counts in the horizon until its
+-- instant is past (the forecast enumerates instants from now truncated to the second, and
+-- counts due pending occurrences as backlog: none is counted twice). A burst that left the
+-- forecast when workers claimed it ahead was never remembered by the scaler's hold, which
+-- then scaled the pool down at the burst.
 SELECT j.id, j.pool, j.spec, j.next_run_at, h.p90_seconds, h.runs
 FROM cronwell_jobs j
 CROSS JOIN LATERAL (
@@ -143,7 +147,10 @@ CROSS JOIN LATERAL (
 WHERE NOT j.suspended AND j.deleted_at IS NULL
   AND (j.next_run_at IS NOT NULL
        OR EXISTS (SELECT 1 FROM cronwell_occurrences o
-                  WHERE o.job_id = j.id AND o.state = 'pending' AND o.run_at > now()))
+                  WHERE o.job_id = j.id
+                    AND (o.state = 'pending' AND o.run_at > now()
+                         OR o.state IN ('running', 'waiting')
+                            AND o.run_at >= date_trunc('second', now()))))
   AND (%(pool)s::text IS NULL OR j.pool = %(pool)s);
 
 -- name: ForecastJobKeys
@@ -155,7 +162,10 @@ FROM cronwell_jobs j
 WHERE NOT j.suspended AND j.deleted_at IS NULL
   AND (j.next_run_at IS NOT NULL
        OR EXISTS (SELECT 1 FROM cronwell_occurrences o
-                  WHERE o.job_id = j.id AND o.state = 'pending' AND o.run_at > now()))
+                  WHERE o.job_id = j.id
+                    AND (o.state = 'pending' AND o.run_at > now()
+                         OR o.state IN ('running', 'waiting')
+                            AND o.run_at >= date_trunc('second', now()))))
   AND (%(pool)s::text IS NULL OR j.pool = %(pool)s)
 GROUP BY j.pool;
 

@@ -11,7 +11,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from cronwell import jobs
+from cronwell import dispatch, jobs
 from cronwell.fleet_forecast import Forecaster
 from cronwell.forecast import (
     DEFAULT_SLO_SECONDS,
@@ -113,6 +113,14 @@ async def test_a_materialised_one_shot_burst_still_counts(db: Database) -> None:
     after = await Forecaster().forecast(db, 120, pool="burst")
     assert sum(before["burst"].counts) == sum(after["burst"].counts) == 5
     assert after["burst"].backlog == 0
+    # Workers claim ahead of the instant: the burst still counts until it is past (it left
+    # the forecast before, so the scaler scaled the pool down at the burst).
+    got = await dispatch.claim(
+        db, pool="burst", worker_id="w", limit=10, lease_seconds=60, ahead_seconds=60
+    )
+    assert len(got) == 5
+    claimed = await Forecaster().forecast(db, 120, pool="burst")
+    assert sum(claimed["burst"].counts) == 5 and claimed["burst"].backlog == 0
 
 
 def cli(*args: str, url: str) -> subprocess.CompletedProcess[str]:

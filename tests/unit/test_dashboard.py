@@ -94,8 +94,8 @@ def test_alert_rules_use_only_exposed_metrics() -> None:
 
 def test_readme_describes_every_panel() -> None:
     readme = (ROOT / "README.md").read_text()
-    section = readme.split("## Dashboard", 1)
-    assert len(section) == 2, "README.md has no '## Dashboard' section"
+    section = readme.split("\n## Grafana dashboard\n", 1)
+    assert len(section) == 2, "README.md has no '## Grafana dashboard' section"
     body = section[1].split("\n## ", 1)[0]
     missing = [p["title"] for p in panels() if f"**{p['title']}**" not in body]
-    assert not missing, f"README's Dashboard section does not describe {missing}"
+    assert not missing, f"README's Grafana dashboard section does not describe {missing}"
