@@ -29,7 +29,7 @@ from operator import attrgetter
 from typing import Any
 
 from cronwell.models import ConcurrencyPolicy
-from cronwell.store import attempts, claims
+from cronwell.store import attempts, claims, dead
 from cronwell.store.claims import Active, Candidate, Started
 from cronwell.store.db import Conn, Database
 
@@ -291,6 +291,34 @@ async def notify_due(db: Database, conn: Conn, due: list[tuple[str, datetime]]) 
         ts = run_at.timestamp()
         earliest[pool] = min(ts, earliest.get(pool, ts))
     await claims.notify_due(db, json.dumps(earliest), conn=conn)
+
+
+async def replay_dead(
+    db: Database,
+    *,
+    key: str | None = None,
+    name: str | None = None,
+    namespace: str | None = None,
+    include_ambiguous: bool = False,
+    expect: int | None = None,
+) -> list[dead.Replayed]:
+    """Dead occurrences back to pending under the same key (`dead.replay`), waking the
+    pools' workers in the same transaction: `cronwell dlq replay` and the dashboard share it.
+    With `expect`, a different count is rolled back as dead.CountChanged (confirmed against
+    a set that has changed since)."""
+    async with db.transaction() as conn:
+        rows = await dead.replay(
+            db,
+            key=key,
+            name=name,
+            namespace=namespace,
+            include_ambiguous=include_ambiguous,
+            conn=conn,
+        )
+        if expect is not None and len(rows) != expect:
+            raise dead.CountChanged(expect, len(rows))
+        await notify_due(db, conn, [(r.pool, r.run_at) for r in rows])
+    return rows
 
 
 async def succeed(db: Database, done: list[tuple[str, int]]) -> set[str]:

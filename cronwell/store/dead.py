@@ -46,6 +46,24 @@ class Purged:
     idempotency_key: str
 
 
+@dataclass(frozen=True, slots=True)
+class DeadCount:
+    """Dead occurrences matching a filter, and how many of them a replay (without
+    include_ambiguous) would take: what a bulk action is confirmed against."""
+
+    total: int
+    replayable: int
+
+
+class CountChanged(Exception):
+    """A bulk action would have touched a different number of dead occurrences than the
+    user confirmed (it was rolled back)."""
+
+    def __init__(self, expected: int, found: int) -> None:
+        super().__init__(f"{found} dead occurrence(s) match now, not {expected}")
+        self.expected, self.found = expected, found
+
+
 async def list_dead(
     db: Database, *, namespace: str | None, name: str | None, limit: int
 ) -> list[Dead]:
@@ -97,4 +115,30 @@ async def purge(
         )
         if dry_run:
             raise psycopg.Rollback()
+    return [r.idempotency_key for r in rows]
+
+
+async def count(db: Database, *, namespace: str | None, name: str | None) -> DeadCount:
+    """How many dead occurrences match (and how many of them are replayable)."""
+    got = await db.row(DeadCount, "DeadMatchCount", {"namespace": namespace, "name": name})
+    return got or DeadCount(0, 0)
+
+
+async def discard(
+    db: Database,
+    *,
+    key: str | None,
+    namespace: str | None,
+    name: str | None,
+    expect: int | None = None,
+) -> list[str]:
+    """Delete dead occurrences (one key, or all matching the filter) whatever their age,
+    with their attempts, as the purge does; their keys. With `expect`, a different count
+    rolls the delete back and raises CountChanged (the set changed since it was confirmed)."""
+    async with db.transaction() as conn:
+        rows = await db.rows(
+            Purged, "DeadDiscard", {"key": key, "namespace": namespace, "name": name}, conn
+        )
+        if expect is not None and len(rows) != expect:
+            raise CountChanged(expect, len(rows))
     return [r.idempotency_key for r in rows]

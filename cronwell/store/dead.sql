@@ -38,3 +38,26 @@ WHERE j.id = o.job_id AND o.state = 'dead'
   AND (%(namespace)s::text IS NULL OR j.namespace = %(namespace)s)
   AND (%(name)s::text IS NULL OR j.name = %(name)s)
 RETURNING o.idempotency_key;
+
+-- name: DeadMatchCount
+-- How many dead occurrences match a filter (namespace, job name; NULL: any), and how many of
+-- those DeadReplay would replay without include_ambiguous (not Ambiguous, job not deleted):
+-- the counts a bulk replay or discard is confirmed against.
+SELECT count(*) AS total,
+       count(*) FILTER (WHERE j.deleted_at IS NULL
+                        AND o.reason IS DISTINCT FROM 'Ambiguous') AS replayable
+FROM cronwell_occurrences o JOIN cronwell_jobs j ON j.id = o.job_id
+WHERE o.state = 'dead'
+  AND (%(namespace)s::text IS NULL OR j.namespace = %(namespace)s)
+  AND (%(name)s::text IS NULL OR j.name = %(name)s);
+
+-- name: DeadDiscard
+-- Deletes dead occurrences (one key, or all matching namespace / job name) whatever their
+-- age: what DeadPurge does without its cutoff (their attempts go with them: the trigger
+-- cronwell_attempts_occurrence_delete, 0007). Only state dead: a replayed key is untouched.
+DELETE FROM cronwell_occurrences o USING cronwell_jobs j
+WHERE j.id = o.job_id AND o.state = 'dead'
+  AND (%(key)s::text IS NULL OR o.idempotency_key = %(key)s)
+  AND (%(namespace)s::text IS NULL OR j.namespace = %(namespace)s)
+  AND (%(name)s::text IS NULL OR j.name = %(name)s)
+RETURNING o.idempotency_key;

@@ -4,12 +4,14 @@ traceback), read the store's read model, render a template."""
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 from typing import Any, TypeVar
+from urllib.parse import urlencode
 
 from aiohttp import web
 
+from cronwell import dispatch
 from cronwell.models import ScheduledJobSpec
 from cronwell.schedule import JobSchedule
 from cronwell.store import dead, fences, gauges, leases, processes, runs, ui
@@ -111,35 +113,165 @@ async def status_page(request: web.Request) -> web.Response:
     )
 
 
+DEAD_DONE = ("replayed", "discarded")
+"""Query parameters the dead-letter actions redirect with: how many they changed."""
+
+
+def _count(raw: str | None, what: str) -> int | None:
+    """A non-negative count from a query or form field; anything else: 400."""
+    if raw is None or raw == "":
+        return None
+    if not raw.isdigit() or len(raw) > 9:
+        raise web.HTTPBadRequest(reason=f"{what} must be a non-negative number")
+    return int(raw)
+
+
+def _dead_filters(request: web.Request) -> dict[str, str | None]:
+    return {"namespace": _text(request, "namespace"), "job": _text(request, "job")}
+
+
 async def dead_page(request: web.Request) -> web.Response:
-    """Dead-lettered occurrences, newest first (filtered by namespace and job name)."""
-    namespace, name = _text(request, "namespace"), _text(request, "job")
+    """Dead-lettered occurrences, newest first (filtered by namespace and job name); after
+    an action, what it did (from the redirect's query)."""
+    filters = _dead_filters(request)
+    done = {k: n for k in DEAD_DONE if (n := _count(request.query.get(k), k)) is not None}
     rows = await dead.list_dead(
-        request.app[CONFIG].db, namespace=namespace, name=name, limit=page_size(request)
+        request.app[CONFIG].db,
+        namespace=filters["namespace"],
+        name=filters["job"],
+        limit=page_size(request),
     )
     return render(
         request,
         "dead.html",
         rows=rows,
-        filters={"namespace": namespace, "job": name},
+        filters=filters,
+        query={k: v for k, v in filters.items() if v},
+        done=done,
         csrf_token=request.app[CONFIG].csrf_token,
         csrf_field=CSRF_FIELD,
     )
 
 
+def _back_to_dead(form_filters: dict[str, str | None], **done: int) -> web.HTTPSeeOther:
+    query = {k: v for k, v in form_filters.items() if v} | {k: str(v) for k, v in done.items()}
+    return web.HTTPSeeOther("/dead" + ("?" + urlencode(query) if query else ""))
+
+
+def _form_text(form: Mapping[str, object], key: str, limit: int = 253) -> str | None:
+    value = form.get(key)
+    if value is None:
+        return None
+    if not isinstance(value, str) or len(value) > limit:
+        raise web.HTTPBadRequest(reason=f"{key} is too long")
+    return value.strip() or None
+
+
+def _form_key(form: Mapping[str, object]) -> str:
+    key = _form_text(form, "key", 1024)
+    if key is None:
+        raise web.HTTPBadRequest(reason="key is required")
+    return key
+
+
 async def dead_replay(request: web.Request) -> web.Response:
     """POST (guarded by app.guard): one dead key back to pending under the same key, as
-    `cronwell dead replay KEY` does."""
+    `cronwell dlq replay KEY` does (Ambiguous ones are not replayed from here)."""
     form = await request.post()
-    key = form.get("key")
-    if not isinstance(key, str) or not key or len(key) > 1024:
-        raise web.HTTPBadRequest(reason="key is required")
-    replayed = await dead.replay(
-        request.app[CONFIG].db, key=key, namespace=None, name=None, include_ambiguous=False
-    )
+    replayed = await dispatch.replay_dead(request.app[CONFIG].db, key=_form_key(form))
     if not replayed:
         raise web.HTTPNotFound(reason="No replayable dead occurrence with that key")
-    raise web.HTTPSeeOther("/dead")
+    raise _back_to_dead({}, replayed=len(replayed))
+
+
+async def dead_discard(request: web.Request) -> web.Response:
+    """POST (guarded): delete one dead key and its attempts, as `cronwell dlq discard KEY`."""
+    form = await request.post()
+    gone = await dead.discard(
+        request.app[CONFIG].db, key=_form_key(form), namespace=None, name=None
+    )
+    if not gone:
+        raise web.HTTPNotFound(reason="No dead occurrence with that key")
+    raise _back_to_dead({}, discarded=len(gone))
+
+
+BULK_ACTIONS = ("replay", "discard")
+
+
+async def dead_confirm(request: web.Request) -> web.Response:
+    """GET: how many dead letters a bulk replay or discard of the current filter would
+    change, and the form that does it (carrying that count: the POST refuses if it moved)."""
+    if not request.app[CONFIG].allow_actions:
+        raise web.HTTPForbidden(reason="Read-only dashboard (start it with --allow-actions)")
+    action = request.query.get("action")
+    if action not in BULK_ACTIONS:
+        raise web.HTTPBadRequest(reason="action must be replay or discard")
+    filters = _dead_filters(request)
+    counts = await dead.count(
+        request.app[CONFIG].db, namespace=filters["namespace"], name=filters["job"]
+    )
+    return render(
+        request,
+        "dead_confirm.html",
+        action=action,
+        filters=filters,
+        query={k: v for k, v in filters.items() if v},
+        counts=counts,
+        expect=counts.replayable if action == "replay" else counts.total,
+        csrf_token=request.app[CONFIG].csrf_token,
+        csrf_field=CSRF_FIELD,
+    )
+
+
+async def _bulk_form(request: web.Request) -> tuple[dict[str, str | None], int]:
+    form = await request.post()
+    filters = {"namespace": _form_text(form, "namespace"), "job": _form_text(form, "job")}
+    raw = form.get("expect")
+    expect = _count(raw if isinstance(raw, str) else None, "expect")
+    if expect is None:
+        raise web.HTTPBadRequest(reason="expect (the confirmed count) is required")
+    return filters, expect
+
+
+def _changed(e: dead.CountChanged) -> web.HTTPConflict:
+    return web.HTTPConflict(
+        reason=f"{e.found} dead letter(s) match now, not the {e.expected} confirmed: "
+        "nothing was changed; review and confirm again"
+    )
+
+
+async def dead_replay_all(request: web.Request) -> web.Response:
+    """POST (guarded): every replayable dead letter of the filter back to pending, as
+    `dead.replay` does per key (Ambiguous ones and deleted jobs' skipped); refused (409,
+    nothing done) when their number is not the one confirmed."""
+    filters, expect = await _bulk_form(request)
+    try:
+        rows = await dispatch.replay_dead(
+            request.app[CONFIG].db,
+            namespace=filters["namespace"],
+            name=filters["job"],
+            expect=expect,
+        )
+    except dead.CountChanged as e:
+        raise _changed(e) from None
+    raise _back_to_dead(filters, replayed=len(rows))
+
+
+async def dead_discard_all(request: web.Request) -> web.Response:
+    """POST (guarded): delete every dead letter of the filter with its attempts; refused
+    (409, nothing deleted) when their number is not the one confirmed."""
+    filters, expect = await _bulk_form(request)
+    try:
+        gone = await dead.discard(
+            request.app[CONFIG].db,
+            key=None,
+            namespace=filters["namespace"],
+            name=filters["job"],
+            expect=expect,
+        )
+    except dead.CountChanged as e:
+        raise _changed(e) from None
+    raise _back_to_dead(filters, discarded=len(gone))
 
 
 async def job_page(request: web.Request) -> web.Response:

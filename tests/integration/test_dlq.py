@@ -165,6 +165,26 @@ async def test_purge_asks_for_yes_and_honours_the_age(db: Database, db_url: str)
     assert await keys() == {new}
 
 
+async def test_discard_deletes_one_dead_key_and_its_attempts(db: Database, db_url: str) -> None:
+    gone, _ = await _dead(db, "discarded", "HTTP400", "nope")
+    kept, _ = await _dead(db, "kept", "HTTP400", "nope")
+    assert await attempts(db, gone) != []
+
+    r = await _cli(db_url, "discard", gone)
+    assert r.exit_code == 0 and f"discarded {gone}" in r.output
+    keys = {r["idempotency_key"] for r in await sql(db, "SELECT * FROM cronwell_occurrences")}
+    assert keys == {kept}
+    assert await attempts(db, gone) == []
+
+    r = await _cli(db_url, "discard", gone)
+    assert r.exit_code == 1 and "no occurrence with key" in r.output
+    r = await _cli(db_url, "replay", kept)
+    assert r.exit_code == 0
+    r = await _cli(db_url, "discard", kept)  # pending again: not a dead letter any more
+    assert r.exit_code == 1 and "is pending, not dead" in r.output
+    assert (await occurrence(db, kept))["state"] == "pending"
+
+
 def test_dlq_is_a_click_group() -> None:
     assert isinstance(dlq, click.Group)
-    assert set(dlq.commands) == {"list", "show", "replay", "purge"}
+    assert set(dlq.commands) == {"list", "show", "replay", "discard", "purge"}

@@ -21,8 +21,8 @@ from cronwell import dispatch
 from cronwell.store.db import Database
 from cronwell.ui.app import CONFIG, CSRF_FIELD, SECURITY_HEADERS, UiConfig, make_app
 from tests.helpers.store import fail_dead
-from tests.integration.helpers import make_job
-from tests.integration.worker_helpers import handler_job, occurrence, trigger
+from tests.integration.helpers import make_job, sql
+from tests.integration.worker_helpers import attempts, handler_job, occurrence, trigger
 
 
 async def _client(db: Database, *, allow_actions: bool = False) -> TestClient:
@@ -186,7 +186,7 @@ async def test_replay_with_actions_and_token_changes_the_store(db: Database) -> 
         r = await c.post(
             "/dead/replay", data={"key": key, CSRF_FIELD: token}, allow_redirects=False
         )
-        assert r.status == 303 and r.headers["Location"] == "/dead"
+        assert r.status == 303 and r.headers["Location"] == "/dead?replayed=1"
         assert_secure(r.headers)
         assert (await occurrence(db, key))["state"] == "pending"
         r = await c.post("/dead/replay", data={"key": key, CSRF_FIELD: token})
@@ -293,3 +293,114 @@ async def test_cronwell_ui_serves_on_loopback_and_stops_on_sigterm(db_url: str) 
         if proc.returncode is None:
             proc.kill()
             await proc.wait()
+
+
+def _token(html: str) -> str:
+    return html.split('name="csrf_token" value="', 1)[1].split('"', 1)[0]
+
+
+async def _keys(db: Database) -> set[str]:
+    return {r["idempotency_key"] for r in await sql(db, "SELECT * FROM cronwell_occurrences")}
+
+
+async def test_discard_one_needs_actions_and_token_and_deletes_its_attempts(
+    db: Database, client: TestClient
+) -> None:
+    gone, kept = await _dead(db, "discard-me"), await _dead(db, "keep-me")
+    c = await _client(db, allow_actions=True)
+    try:
+        html = await (await c.get("/dead")).text()
+        assert 'action="/dead/discard"' in html
+        token = _token(html)
+        r = await client.post("/dead/discard", data={"key": gone, CSRF_FIELD: token})
+        assert r.status == 403  # read-only, even with the token
+        r = await c.post("/dead/discard", data={"key": gone}, allow_redirects=False)
+        assert r.status == 403
+        assert await _keys(db) == {gone, kept}
+
+        r = await c.post(
+            "/dead/discard", data={"key": gone, CSRF_FIELD: token}, allow_redirects=False
+        )
+        assert r.status == 303 and r.headers["Location"] == "/dead?discarded=1"
+        assert_secure(r.headers)
+        assert await _keys(db) == {kept}
+        assert await attempts(db, gone) == [] and await attempts(db, kept) != []
+        html = await (await c.get(r.headers["Location"])).text()
+        assert "1 dead letter(s) discarded." in html and gone not in html
+
+        r = await c.post("/dead/discard", data={"key": gone, CSRF_FIELD: token})
+        assert r.status == 404
+        r = await c.post("/dead/discard", data={CSRF_FIELD: token})
+        assert r.status == 400 and "Traceback" not in await r.text()
+    finally:
+        await c.close()
+
+
+async def test_bulk_replay_and_discard_of_the_filter_with_confirmed_count(db: Database) -> None:
+    a1, a2 = await _dead(db, "bulk-a"), await _dead(db, "bulk-a")
+    b = await _dead(db, "bulk-b")
+    amb = await _dead(db, "bulk-amb")
+    await sql(
+        db, "UPDATE cronwell_occurrences SET reason = 'Ambiguous' WHERE idempotency_key = %s", amb
+    )
+    c = await _client(db, allow_actions=True)
+    try:
+        html = await (await c.get("/dead", params={"job": "bulk-a"})).text()
+        assert 'href="/dead/confirm?job=bulk-a&amp;action=replay"' in html
+        token = _token(html)
+
+        # Replay: the confirmation counts the replayable ones; Ambiguous ones are skipped.
+        page = await (await c.get("/dead/confirm", params={"action": "replay"})).text()
+        assert "<strong>3</strong> of 4 matching" in page and "1 are skipped" in page
+        page = await (await c.get("/dead/confirm?action=replay&job=bulk-a")).text()
+        assert "<strong>2</strong> of 2 matching" in page
+        assert 'name="expect" value="2"' in page and 'name="job" value="bulk-a"' in page
+
+        form = {"job": "bulk-a", "expect": "2"}
+        r = await c.post("/dead/replay-all", data=form, allow_redirects=False)
+        assert r.status == 403
+        # A count that is no longer true changes nothing (409).
+        r = await c.post("/dead/replay-all", data=form | {"expect": "3", CSRF_FIELD: token})
+        assert r.status == 409 and "2 dead letter(s) match now" in await r.text()
+        assert (await occurrence(db, a1))["state"] == "dead"
+        r = await c.post("/dead/replay-all", data=form | {CSRF_FIELD: token}, allow_redirects=False)
+        assert r.status == 303 and r.headers["Location"] == "/dead?job=bulk-a&replayed=2"
+        assert [(await occurrence(db, k))["state"] for k in (a1, a2, b, amb)] == [
+            "pending",
+            "pending",
+            "dead",
+            "dead",
+        ]
+
+        # Discard every dead letter left (no filter): b and the Ambiguous one.
+        page = await (await c.get("/dead/confirm", params={"action": "discard"})).text()
+        assert "<strong>2</strong> matching dead letter(s) will be deleted" in page
+        r = await c.post("/dead/discard-all", data={"expect": "2"}, allow_redirects=False)
+        assert r.status == 403
+        assert await _keys(db) == {a1, a2, b, amb}
+        r = await c.post(
+            "/dead/discard-all", data={"expect": "2", CSRF_FIELD: token}, allow_redirects=False
+        )
+        assert r.status == 303 and r.headers["Location"] == "/dead?discarded=2"
+        assert await _keys(db) == {a1, a2}  # pending again: not dead letters any more
+        assert await attempts(db, b) == [] and await attempts(db, amb) == []
+
+        for path, data in [
+            ("/dead/discard-all", {CSRF_FIELD: token}),
+            ("/dead/discard-all", {"expect": "-1", CSRF_FIELD: token}),
+            ("/dead/replay-all", {"expect": "x", CSRF_FIELD: token}),
+            ("/dead/replay-all", {"expect": "0", "job": "j" * 300, CSRF_FIELD: token}),
+        ]:
+            r = await c.post(path, data=data)
+            assert r.status == 400, (path, data)
+            assert "Traceback" not in await r.text()
+        assert (await c.get("/dead/confirm", params={"action": "drop"})).status == 400
+        assert (await c.get("/dead", params={"replayed": "many"})).status == 400
+    finally:
+        await c.close()
+
+
+async def test_bulk_confirmation_is_refused_read_only(client: TestClient) -> None:
+    r = await client.get("/dead/confirm", params={"action": "discard"})
+    assert r.status == 403
+    assert_secure(r.headers)

@@ -25,7 +25,7 @@ from cronwell.store.db import Database
 
 @click.group("dlq")
 def dlq() -> None:
-    """Dead-lettered occurrences: list, show, replay (same key, new fence), purge."""
+    """Dead-lettered occurrences: list, show, replay (same key, new fence), discard, purge."""
 
 
 @dlq.command("list")
@@ -107,17 +107,9 @@ async def replay(
     include_ambiguous: bool = False,
 ) -> list[dead.Replayed]:
     """Dead occurrences back to pending (same key); wakes the pools' workers."""
-    async with db.transaction() as conn:
-        rows = await dead.replay(
-            db,
-            key=key,
-            name=name,
-            namespace=namespace,
-            include_ambiguous=include_ambiguous,
-            conn=conn,
-        )
-        await dispatch.notify_due(db, conn, [(r.pool, r.run_at) for r in rows])
-    return rows
+    return await dispatch.replay_dead(
+        db, key=key, name=name, namespace=namespace, include_ambiguous=include_ambiguous
+    )
 
 
 @dlq.command("replay")
@@ -173,6 +165,26 @@ def replay_cmd(
                 "happened); pass --include-ambiguous to run it again anyway"
             )
     click.echo(f"{len(rows)} occurrence(s) replayed")
+
+
+@dlq.command("discard")
+@click.argument("key")
+@click.pass_obj
+def discard_cmd(env: Env, key: str) -> None:
+    """Delete one dead occurrence KEY and its attempt history, whatever its age (as purge
+    does for old ones): a dead letter decided not to be run again."""
+
+    async def go() -> tuple[list[str], runs.Occurrence | None]:
+        async with env.database() as db:
+            keys = await dead.discard(db, key=key, namespace=None, name=None)
+            return keys, None if keys else await runs.get(db, key)
+
+    keys, occ = run(go())
+    if not keys:
+        if occ is None:
+            raise click.ClickException(f"no occurrence with key {key!r}")
+        raise click.ClickException(f"{key} is {occ.state}, not dead: nothing to discard")
+    click.echo(f"discarded {key}")
 
 
 @dlq.command("purge")
