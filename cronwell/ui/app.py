@@ -122,6 +122,8 @@ def make_app(config: UiConfig) -> web.Application:
     app.router.add_post("/dead/replay-all", views.dead_replay_all)
     app.router.add_post("/dead/discard-all", views.dead_discard_all)
     app.router.add_get("/status", views.status_page)
+    app.router.add_get("/forecast", views.forecast_page)
+    app.router.add_get("/forecast.json", views.forecast_json)
     app.router.add_get("/robots.txt", robots)
     app.router.add_get("/favicon.ico", favicon)
     app.router.add_static("/static", str(static))

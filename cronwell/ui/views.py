@@ -4,18 +4,23 @@ traceback), read the store's read model, render a template."""
 from __future__ import annotations
 
 import itertools
+import math
 from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 from urllib.parse import urlencode
 
+import pydantic
 from aiohttp import web
 
 from cronwell import dispatch
+from cronwell.fleet_forecast import Forecaster
 from cronwell.models import ScheduledJobSpec
+from cronwell.prescale import plan_pool
 from cronwell.schedule import JobSchedule
 from cronwell.store import dead, fences, gauges, leases, processes, runs, ui
 from cronwell.ui.app import CONFIG, CSRF_FIELD, TEMPLATES
+from cronwell.workerpool import WorkerPoolSpec
 
 T = TypeVar("T")
 
@@ -341,3 +346,155 @@ async def runs_page(request: web.Request) -> web.Response:
 async def runs_fragment(request: web.Request) -> web.Response:
     """The runs table alone, for the page's periodic refresh."""
     return render(request, "_runs_table.html", **await _runs(request))
+
+
+FORECAST_HORIZON_SECONDS = 3600.0
+"""The forecast view looks one hour ahead, per second (as the operator's pre-scaler does)."""
+FORECAST_ROW_SECONDS = 60
+"""The table fallback's rows: one per minute."""
+BURST_ROWS = 200
+"""Instants with due occurrences listed (the rest are counted, not shown)."""
+# query parameter -> (WorkerPool spec field, type): the settings the plan is made with.
+POOL_PARAMS: dict[str, tuple[str, type[int] | type[float]]] = {
+    "slo": ("startSLOSeconds", float),
+    "concurrency_per_replica": ("concurrencyPerReplica", int),
+    "min_replicas": ("minReplicas", int),
+    "max_replicas": ("maxReplicas", int),
+    "lead_time": ("leadTimeSeconds", int),
+    "scale_down_delay": ("scaleDownDelaySeconds", int),
+}
+
+
+def pool_spec(request: web.Request) -> WorkerPoolSpec:
+    """The WorkerPool settings to plan with, from the query (unset: the WorkerPool
+    defaults): the dashboard reads the store, not the cluster's WorkerPools. Bad: 400."""
+    doc: dict[str, Any] = {"scaleTargetRef": {"name": "-"}}
+    for param, (name, kind) in POOL_PARAMS.items():
+        raw = request.query.get(param, "").strip()
+        if not raw:
+            continue
+        try:
+            value = kind(raw)
+            if not math.isfinite(value):
+                raise ValueError(raw)
+        except ValueError:
+            raise web.HTTPBadRequest(reason=f"{param} must be a number") from None
+        doc[name] = value
+    try:
+        return WorkerPoolSpec.model_validate(doc)
+    except pydantic.ValidationError as e:
+        first = e.errors()[0]
+        where = ".".join(str(p) for p in first["loc"]) or "pool settings"
+        raise web.HTTPBadRequest(reason=f"{where}: {first['msg']}") from None
+
+
+def _iso(t: datetime | None) -> str | None:
+    return t.astimezone(UTC).isoformat() if t is not None else None
+
+
+async def forecast_data(request: web.Request) -> dict[str, Any]:
+    """The next hour per pool as `cronwell forecast` and the pre-scaler compute it (the same
+    Forecaster and prescale.plan_pool): due occurrences, concurrency and planned replicas
+    per second, the instants with occurrences due, and the next burst. JSON-ready."""
+    spec = pool_spec(request)
+    only = _text(request, "pool")
+    forecasts = await Forecaster().forecast(
+        request.app[CONFIG].db,
+        FORECAST_HORIZON_SECONDS,
+        pool=only,
+        slo_seconds=spec.start_slo_seconds,
+    )
+    pools: list[dict[str, Any]] = []
+    bursts: list[dict[str, Any]] = []
+    start: datetime | None = None
+    resolution = 1.0
+    for name, pf in sorted(forecasts.items()):
+        start, resolution = pf.start, pf.resolution
+        pp = plan_pool(pf, spec, 0.0)
+        due = list(pf.counts)
+        if due:
+            due[0] += pf.backlog  # the backlog is due now
+        series, conc = pp.plan.series, pf.concurrency
+        rows = [
+            {
+                "time": _iso(pf.bucket_time(i)),
+                "due": sum(due[i : i + FORECAST_ROW_SECONDS]),
+                "concurrency": max(conc[i : i + FORECAST_ROW_SECONDS]),
+                "replicas": max(series[i : i + FORECAST_ROW_SECONDS]),
+            }
+            for i in range(0, len(due), FORECAST_ROW_SECONDS)
+        ]
+        bursts += [
+            {
+                "time": _iso(pf.bucket_time(i)),
+                "pool": name,
+                "due": k,
+                "need": pp.plan.need[i],
+                "replicas": series[i],
+            }
+            for i, k in enumerate(due)
+            if k
+        ]
+        burst = pp.burst
+        pools.append(
+            {
+                "pool": name,
+                "backlog": pf.backlog,
+                "due_total": sum(due),
+                "replicas_now": pp.planned,
+                "change_at": _iso(pp.change_at),
+                "next_burst": None
+                if burst is None
+                else {"time": _iso(burst.time), "size": burst.size, "replicas": burst.replicas},
+                "due": due,
+                "concurrency": conc,
+                "replicas": series,
+                "rows": rows,
+            }
+        )
+    bursts.sort(key=lambda b: (b["time"], b["pool"]))
+    return {
+        "start": _iso(start),
+        "start_epoch": start.timestamp() if start is not None else None,
+        "resolution": resolution,
+        "horizon_seconds": FORECAST_HORIZON_SECONDS,
+        "pool_settings": spec.model_dump(
+            mode="json",
+            by_alias=True,
+            include={
+                "start_slo_seconds",
+                "concurrency_per_replica",
+                "min_replicas",
+                "max_replicas",
+                "lead_time_seconds",
+                "scale_down_delay_seconds",
+            },
+        ),
+        "pools": pools,
+        "bursts": bursts,
+    }
+
+
+async def forecast_page(request: web.Request) -> web.Response:
+    """The next hour's demand per pool: a chart (static/forecast.js draws the JSON block
+    with uPlot), the instants with occurrences due, and the same numbers as tables."""
+    data = await forecast_data(request)
+    chart = {k: v for k, v in data.items() if k != "bursts"}
+    chart["pools"] = [{k: v for k, v in p.items() if k != "rows"} for p in data["pools"]]
+    params = {p: request.query.get(p, "").strip() for p in ("pool", *POOL_PARAMS)}
+    bursts = data["bursts"]
+    return render(
+        request,
+        "forecast.html",
+        data=data,
+        chart=chart,
+        params=params,
+        query={k: v for k, v in params.items() if v},
+        bursts=bursts[:BURST_ROWS],
+        bursts_left_off=max(0, len(bursts) - BURST_ROWS),
+    )
+
+
+async def forecast_json(request: web.Request) -> web.Response:
+    """The forecast view's numbers as JSON (same query parameters)."""
+    return web.json_response(await forecast_data(request))

@@ -6,10 +6,12 @@ token."""
 from __future__ import annotations
 
 import asyncio
+import json
 import signal
 import socket
 import sys
 from collections.abc import AsyncIterator
+from datetime import datetime, timedelta
 from html import unescape as html_unescape
 from urllib.parse import parse_qsl, urlsplit
 
@@ -404,3 +406,98 @@ async def test_bulk_confirmation_is_refused_read_only(client: TestClient) -> Non
     r = await client.get("/dead/confirm", params={"action": "discard"})
     assert r.status == 403
     assert_secure(r.headers)
+
+
+PLAN = {"slo": "1", "concurrency_per_replica": "2", "min_replicas": "1", "max_replicas": "10"}
+
+
+async def test_forecast_lists_each_minutes_burst_with_its_planned_replicas(
+    db: Database, client: TestClient
+) -> None:
+    """12 jobs due every minute at :00 in pool p (1 s each, the default): with a 1 s SLO
+    they need 6 slots (two waves), so 3 replicas of 2; a job of another pool not due
+    within the hour does not show."""
+    for i in range(12):
+        await make_job(db, f"burst-{i}", schedule="* * * * *", pool="p")
+    await make_job(db, "nightly", schedule="0 3 * * *", pool="q", suspend=True)
+    r = await client.get("/forecast.json", params=PLAN)
+    assert r.status == 200
+    assert_secure(r.headers)
+    data = await r.json()
+    assert data["resolution"] == 1.0 and data["horizon_seconds"] == 3600
+    assert data["pool_settings"]["concurrencyPerReplica"] == 2
+    (p,) = data["pools"]
+    assert p["pool"] == "p" and p["backlog"] == 0
+    assert len(p["due"]) == len(p["concurrency"]) == len(p["replicas"]) == 3600
+    start = datetime.fromisoformat(data["start"])
+    assert start.microsecond == 0 and data["start_epoch"] == start.timestamp()
+    # One burst of 12 at every :00 second within the hour, each needing 3 replicas.
+    instants = [datetime.fromisoformat(b["time"]) for b in data["bursts"]]
+    assert len(instants) in (60, 61) and all(t.second == 0 for t in instants)
+    assert all(b["pool"] == "p" and b["due"] == 12 for b in data["bursts"])
+    assert all(b["need"] == 3 and b["replicas"] == 3 for b in data["bursts"])
+    first = (start + timedelta(seconds=59)).replace(second=0)  # the first :00 at or after start
+    assert instants[0] == first
+    assert p["due"][int((first - start).total_seconds())] == 12 and sum(p["due"]) == 12 * len(
+        instants
+    )
+    assert max(p["concurrency"]) == 6 and max(p["replicas"]) == 3
+    # The pre-scaler's plan: never below minReplicas; the next burst it scales for.
+    assert min(p["replicas"]) >= 1 and p["replicas_now"] in (1, 3)
+    assert p["next_burst"]["size"] == 12 and p["next_burst"]["replicas"] == 3
+
+    r = await client.get("/forecast", params=PLAN)
+    assert r.status == 200
+    html = await r.text()
+    assert "<h2>Pool p</h2>" in html and "Pool q" not in html
+    row = (
+        f'<tr><td><time datetime="{first.isoformat()}">{first.isoformat()}</time></td>'
+        "<td>p</td><td>12</td><td>3</td><td>3</td></tr>"
+    )
+    assert row in html
+    assert html.count("<tr><td><time") >= 60 + 60  # the per-minute table and the bursts
+    assert 'src="/static/uPlot.iife.min.js"' in html and 'src="/static/forecast.js"' in html
+    block = html.split('<script type="application/json" id="forecast-data">', 1)[1]
+    chart = json.loads(block.split("</script>", 1)[0])
+    assert chart["pools"][0]["due"] == p["due"] and "bursts" not in chart
+    assert "<script>" not in html and "style=" not in html  # nothing inline (CSP)
+
+
+async def test_forecast_pool_filter_defaults_and_empty(db: Database, client: TestClient) -> None:
+    await make_job(db, "a", schedule="* * * * *", pool="a")
+    await make_job(db, "b", schedule="*/2 * * * *", pool="b")
+    data = await (await client.get("/forecast.json", params={"pool": "b"})).json()
+    assert [p["pool"] for p in data["pools"]] == ["b"]
+    assert data["pool_settings"] == {
+        "startSLOSeconds": 5.0,
+        "concurrencyPerReplica": 64,
+        "minReplicas": 1,
+        "maxReplicas": 10,
+        "leadTimeSeconds": 60,
+        "scaleDownDelaySeconds": 120,
+    }
+    assert {b["due"] for b in data["bursts"]} == {1} and len(data["bursts"]) in (30, 31)
+    html = await (await client.get("/forecast", params={"pool": "none"})).text()
+    assert "No live jobs in pool none due in the next hour" in html
+
+
+@pytest.mark.parametrize(
+    "query",
+    [
+        "slo=abc",
+        "slo=0",
+        "slo=nan",
+        "min_replicas=-1",
+        "min_replicas=1.5",
+        "max_replicas=2&min_replicas=3",
+        "concurrency_per_replica=0",
+        "lead_time=99999",
+        "pool=" + "x" * 300,
+    ],
+)
+async def test_forecast_bad_parameters_are_400(client: TestClient, query: str) -> None:
+    for path in ("/forecast", "/forecast.json"):
+        r = await client.get(f"{path}?{query}")
+        assert r.status == 400, (path, query)
+        assert "Traceback" not in await r.text()
+        assert_secure(r.headers)

@@ -1,22 +1,32 @@
 """The dashboard in a real browser (Debian's chromium + chromedriver, headless, through
 Selenium; nothing downloads a browser): every view loads with no CSP violation or script
-error in the console, the theme toggle switches, and light/dark screenshots of each view
-land in docs/images/ for the docs."""
+error in the console, the theme toggle switches, the forecast chart is drawn (uPlot) in the
+viewer's time zone, a dead letter is replayed with its button, and light/dark screenshots of
+each view land in docs/images/ for the docs."""
 
 from __future__ import annotations
 
 import asyncio
+import os
 from collections.abc import AsyncIterator
+from datetime import datetime
 from pathlib import Path
+from typing import Any
+from zoneinfo import ZoneInfo
 
 import pytest
 from aiohttp.test_utils import TestServer
 
+from cronwell import dispatch
 from cronwell.store.db import Database
 from cronwell.ui.app import UiConfig, make_app
+from tests.helpers.store import fail_dead
 from tests.integration.helpers import make_job
+from tests.integration.worker_helpers import handler_job, occurrence, trigger
 
 CHROMIUM, CHROMEDRIVER = Path("/usr/bin/chromium"), Path("/usr/bin/chromedriver")
+VIEWER_ZONE = "Asia/Kolkata"
+"""The browser's zone (UTC+05:30): instants must be shown in it, not in UTC."""
 IMAGES = Path(__file__).resolve().parents[2] / "docs" / "images"
 
 pytestmark = pytest.mark.skipif(
@@ -29,13 +39,15 @@ pytestmark = pytest.mark.skipif(
 async def base_url(db: Database) -> AsyncIterator[str]:
     await make_job(db, "nightly-report", schedule="0 3 * * *", timeZone="Europe/Paris")
     await make_job(db, "every-minute", schedule="* * * * *")
+    for i in range(8):
+        await make_job(db, f"batch-{i}", schedule="*/15 * * * *", pool="batch")
     server = TestServer(make_app(UiConfig(db=db)), host="127.0.0.1")
     await server.start_server()
     yield f"http://127.0.0.1:{server.port}"
     await server.close()
 
 
-def _browse(base_url: str) -> list[str]:
+def _driver() -> Any:
     from selenium import webdriver
     from selenium.webdriver.chrome.service import Service
 
@@ -45,7 +57,21 @@ def _browse(base_url: str) -> list[str]:
         opts.add_argument(arg)
     opts.add_argument("--window-size=1280,800")
     opts.set_capability("goog:loggingPrefs", {"browser": "ALL"})
-    driver = webdriver.Chrome(service=Service(str(CHROMEDRIVER)), options=opts)
+    service = Service(str(CHROMEDRIVER), env=os.environ | {"TZ": VIEWER_ZONE})
+    return webdriver.Chrome(service=service, options=opts)
+
+
+def _problems(driver: Any, path: str) -> list[str]:
+    """Console errors and CSP violations logged since the last call."""
+    return [
+        f"{path}: {e['message']}"
+        for e in driver.get_log("browser")
+        if e["level"] == "SEVERE" or "Content Security Policy" in e["message"]
+    ]
+
+
+def _browse(base_url: str) -> list[str]:
+    driver = _driver()
     problems: list[str] = []
     try:
         IMAGES.mkdir(parents=True, exist_ok=True)
@@ -55,6 +81,7 @@ def _browse(base_url: str) -> list[str]:
             ("runs", "/runs"),
             ("dead", "/dead"),
             ("status", "/status"),
+            ("forecast", "/forecast?concurrency_per_replica=2&slo=1"),
         ]:
             driver.get(base_url + path)
             for theme in ("light", "dark"):
@@ -63,11 +90,27 @@ def _browse(base_url: str) -> list[str]:
                 got = driver.execute_script("return document.documentElement.dataset.theme")
                 assert got == theme, (path, got)
                 driver.save_screenshot(str(IMAGES / f"ui-{name}-{theme}.png"))
-            problems += [
-                f"{path}: {e['message']}"
-                for e in driver.get_log("browser")
-                if e["level"] == "SEVERE" or "Content Security Policy" in e["message"]
-            ]
+            problems += _problems(driver, path)
+        # The forecast: one uPlot chart per pool, its table folded, instants in the viewer's
+        # zone (the JSON says UTC; the browser runs in UTC+05:30).
+        driver.get(base_url + "/forecast?concurrency_per_replica=2&slo=1")
+        charts = driver.execute_script(
+            "return [...document.querySelectorAll('.chart')].map("
+            "c => c.querySelectorAll('.uplot canvas').length)"
+        )
+        assert charts == [1, 1], charts
+        assert driver.execute_script("return new Date().getTimezoneOffset()") == -330
+        shown = driver.execute_script(
+            "const t = document.querySelector('table.bursts time');"
+            "return [t.getAttribute('datetime'), t.textContent]"
+        )
+        when = datetime.fromisoformat(shown[0]).astimezone(ZoneInfo(VIEWER_ZONE))
+        assert f"{when.hour % 12 or 12}:{when.minute:02d}" in shown[1], shown
+        assert (
+            driver.execute_script("return document.querySelector('details.per-minute').open")
+            is False
+        )
+        problems += _problems(driver, "/forecast")
         driver.get(base_url + "/")
         before = driver.execute_script("return document.documentElement.dataset.theme")
         driver.find_element("id", "theme-toggle").click()
@@ -82,3 +125,39 @@ def _browse(base_url: str) -> list[str]:
 async def test_every_view_in_chromium_light_and_dark(base_url: str) -> None:
     problems = await asyncio.to_thread(_browse, base_url)
     assert problems == []
+
+
+def _replay(base_url: str, key: str) -> list[str]:
+    """Click the Replay button of `key` on /dead; back on /dead, the key is gone."""
+    from selenium.webdriver.support import expected_conditions
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    driver = _driver()
+    try:
+        driver.get(base_url + "/dead")
+        assert key in driver.page_source
+        row = driver.find_element("xpath", f"//tr[td/code[text()='{key}']]")
+        row.find_element("css selector", "button.replay").click()
+        WebDriverWait(driver, 10).until(expected_conditions.url_contains("replayed="))
+        assert driver.current_url == base_url + "/dead?replayed=1", driver.current_url
+        assert "1 dead letter(s) replayed." in driver.page_source
+        assert key not in driver.page_source
+        return _problems(driver, "/dead")
+    finally:
+        driver.quit()
+
+
+@pytest.mark.timeout(120)
+async def test_replay_a_dead_letter_from_the_dead_page(db: Database) -> None:
+    await handler_job(db, "browser-dead", "t-fail-while", retry={"maxAttempts": 2})
+    key = await trigger(db, "browser-dead")
+    (c,) = await dispatch.claim(db, pool="default", worker_id="w1", limit=5, lease_seconds=60)
+    assert await fail_dead(db, key, c.fence, "HTTP400", "answered 400") == "dead"
+    server = TestServer(make_app(UiConfig(db=db, allow_actions=True)), host="127.0.0.1")
+    await server.start_server()
+    try:
+        problems = await asyncio.to_thread(_replay, f"http://127.0.0.1:{server.port}", key)
+    finally:
+        await server.close()
+    assert problems == []
+    assert (await occurrence(db, key))["state"] == "pending"
