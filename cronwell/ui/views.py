@@ -172,6 +172,11 @@ def _form_text(form: Mapping[str, object], key: str, limit: int = 253) -> str | 
     return value.strip() or None
 
 
+def _form_filters(form: Mapping[str, object]) -> dict[str, str | None]:
+    """The /dead filter a form carries (to redirect back to the same view)."""
+    return {"namespace": _form_text(form, "namespace"), "job": _form_text(form, "job")}
+
+
 def _form_key(form: Mapping[str, object]) -> str:
     key = _form_text(form, "key", 1024)
     if key is None:
@@ -186,7 +191,7 @@ async def dead_replay(request: web.Request) -> web.Response:
     replayed = await dispatch.replay_dead(request.app[CONFIG].db, key=_form_key(form))
     if not replayed:
         raise web.HTTPNotFound(reason="No replayable dead occurrence with that key")
-    raise _back_to_dead({}, replayed=len(replayed))
+    raise _back_to_dead(_form_filters(form), replayed=len(replayed))
 
 
 async def dead_discard(request: web.Request) -> web.Response:
@@ -197,7 +202,7 @@ async def dead_discard(request: web.Request) -> web.Response:
     )
     if not gone:
         raise web.HTTPNotFound(reason="No dead occurrence with that key")
-    raise _back_to_dead({}, discarded=len(gone))
+    raise _back_to_dead(_form_filters(form), discarded=len(gone))
 
 
 BULK_ACTIONS = ("replay", "discard")
@@ -230,7 +235,7 @@ async def dead_confirm(request: web.Request) -> web.Response:
 
 async def _bulk_form(request: web.Request) -> tuple[dict[str, str | None], int]:
     form = await request.post()
-    filters = {"namespace": _form_text(form, "namespace"), "job": _form_text(form, "job")}
+    filters = _form_filters(form)
     raw = form.get("expect")
     expect = _count(raw if isinstance(raw, str) else None, "expect")
     if expect is None:

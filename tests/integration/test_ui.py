@@ -332,6 +332,16 @@ async def test_discard_one_needs_actions_and_token_and_deletes_its_attempts(
 
         r = await c.post("/dead/discard", data={"key": gone, CSRF_FIELD: token})
         assert r.status == 404
+        # From a filtered view, the redirect keeps the filter.
+        html = await (await c.get("/dead", params={"job": "keep-me"})).text()
+        assert '<input type="hidden" name="job" value="keep-me">' in html
+        r = await c.post(
+            "/dead/discard",
+            data={"key": kept, "job": "keep-me", CSRF_FIELD: token},
+            allow_redirects=False,
+        )
+        assert r.headers["Location"] == "/dead?job=keep-me&discarded=1"
+        assert await _keys(db) == set()
         r = await c.post("/dead/discard", data={CSRF_FIELD: token})
         assert r.status == 400 and "Traceback" not in await r.text()
     finally:
@@ -377,6 +387,9 @@ async def test_bulk_replay_and_discard_of_the_filter_with_confirmed_count(db: Da
         # Discard every dead letter left (no filter): b and the Ambiguous one.
         page = await (await c.get("/dead/confirm", params={"action": "discard"})).text()
         assert "<strong>2</strong> matching dead letter(s) will be deleted" in page
+        r = await c.post("/dead/discard-all", data={"expect": "1", CSRF_FIELD: token})
+        assert r.status == 409 and "not the 1 confirmed" in await r.text()
+        assert await _keys(db) == {a1, a2, b, amb}  # rolled back
         r = await c.post("/dead/discard-all", data={"expect": "2"}, allow_redirects=False)
         assert r.status == 403
         assert await _keys(db) == {a1, a2, b, amb}

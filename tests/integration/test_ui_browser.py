@@ -110,6 +110,11 @@ def _browse(base_url: str) -> list[str]:
             driver.execute_script("return document.querySelector('details.per-minute').open")
             is False
         )
+        # The toggle redraws the charts in the other theme's colours.
+        driver.find_element("id", "theme-toggle").click()
+        assert driver.execute_script(
+            "return document.querySelectorAll('.chart .uplot').length"
+        ) == len(charts)
         problems += _problems(driver, "/forecast")
         driver.get(base_url + "/")
         before = driver.execute_script("return document.documentElement.dataset.theme")
