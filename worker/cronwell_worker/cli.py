@@ -324,6 +324,7 @@ def dev(
                     namespace=item.job.metadata.namespace,
                     name=item.job.metadata.name,
                     spec=item.job.spec,
+                    labels=item.job.metadata.labels,
                 )
                 click.echo(
                     f"{a.namespace}/{a.name}: {a.action}, next run {fmt_time(a.next_run_at)} UTC"
