@@ -25,7 +25,7 @@ from cronwell.models import ScheduledJobSpec
 from cronwell.store.db import Database
 from cronwell.ui.app import CONFIG, CSRF_FIELD, SECURITY_HEADERS, UiConfig, make_app
 from tests.helpers.store import fail_dead
-from tests.integration.helpers import make_job, set_cursor
+from tests.integration.helpers import make_job, seed_started_runs, set_cursor
 from tests.integration.worker_helpers import handler_job, occurrence, trigger
 
 
@@ -430,17 +430,7 @@ async def test_job_page_start_lag_histogram(db: Database, client: TestClient) ->
     job_id = await _labelled(db, "laggy", {})
     # Lags (seconds) of runs scheduled 1-4 hours ago, and one two days ago.
     seeded = [(60, 0.01), (120, 0.2), (180, 0.2), (240, 3.0), (2 * 24 * 60, 40.0)]
-    async with db.connection() as conn:
-        for minutes_ago, lag in seeded:
-            await conn.execute(
-                "INSERT INTO cronwell_occurrences (idempotency_key, job_id, pool, scheduled_for,"
-                " run_at, state, overlap, delivery, max_attempts, timeout_seconds, attempt,"
-                " started_at, finished_at) "
-                "SELECT %(key)s, %(job)s, 'default', t, t, 'succeeded', 'Allow', 'AtLeastOnce',"
-                " 1, 60, 1, t + make_interval(secs => %(lag)s), t + make_interval(secs => 5)"
-                " FROM (SELECT date_trunc('second', now()) - make_interval(mins => %(ago)s) t) s",
-                {"key": f"laggy-{minutes_ago}", "job": job_id, "lag": lag, "ago": minutes_ago},
-            )
+    await seed_started_runs(db, job_id, seeded)
     html = await (await client.get("/jobs/default/laggy")).text()
     assert "Start lag, last 24h" in html
     # percentile_cont over [0.01, 0.2, 0.2, 3.0]: p50 0.2, p99 0.2 + 0.97 * 2.8 = 2.916.

@@ -14,7 +14,7 @@ from aiohttp.test_utils import TestServer
 
 from cronwell.store.db import Database
 from cronwell.ui.app import UiConfig, make_app
-from tests.integration.helpers import make_job
+from tests.integration.helpers import make_job, seed_started_runs
 
 CHROMIUM, CHROMEDRIVER = Path("/usr/bin/chromium"), Path("/usr/bin/chromedriver")
 IMAGES = Path(__file__).resolve().parents[2] / "docs" / "images"
@@ -27,7 +27,9 @@ pytestmark = pytest.mark.skipif(
 
 @pytest.fixture
 async def base_url(db: Database) -> AsyncIterator[str]:
-    await make_job(db, "nightly-report", schedule="0 3 * * *", timeZone="Europe/Paris")
+    job = await make_job(db, "nightly-report", schedule="0 3 * * *", timeZone="Europe/Paris")
+    # Runs with start lags, so the job page draws its histogram (SVG under the CSP).
+    await seed_started_runs(db, job.id, [(60 * h, 0.02 * h) for h in range(1, 20)])
     await make_job(db, "every-minute", schedule="* * * * *")
     server = TestServer(make_app(UiConfig(db=db)), host="127.0.0.1")
     await server.start_server()
@@ -63,6 +65,9 @@ def _browse(base_url: str) -> list[str]:
                 got = driver.execute_script("return document.documentElement.dataset.theme")
                 assert got == theme, (path, got)
                 driver.save_screenshot(str(IMAGES / f"ui-{name}-{theme}.png"))
+                if name == "job":  # below the fold: the start-lag histogram on its own
+                    chart = driver.find_element("css selector", "svg.hist")
+                    chart.screenshot(str(IMAGES / f"ui-job-lag-{theme}.png"))
             problems += [
                 f"{path}: {e['message']}"
                 for e in driver.get_log("browser")
