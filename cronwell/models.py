@@ -499,6 +499,7 @@ class ObjectMeta(BaseModel):
     namespace: str = "default"
     uid: str | None = None
     generation: int | None = None
+    labels: dict[str, str] = Field(default_factory=dict)
     annotations: dict[str, str] = Field(default_factory=dict)
 
     @field_validator("name", "namespace")

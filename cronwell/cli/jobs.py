@@ -90,6 +90,7 @@ def apply_cmd(env: Env, paths: tuple[Path, ...]) -> None:
                     namespace=item.job.metadata.namespace,
                     name=item.job.metadata.name,
                     spec=item.job.spec,
+                    labels=item.job.metadata.labels,
                 )
                 for item in loaded
             ]

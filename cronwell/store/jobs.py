@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -125,9 +125,10 @@ async def insert(
     partition: int,
     next_run_at: datetime | None,
     suspended: bool,
+    labels: Mapping[str, str] | None = None,
     conn: Conn | None = None,
 ) -> None:
-    """Create a job (`spec` is its stored document)."""
+    """Create a job (`spec` is its stored document, `labels` its CR's)."""
     await db.execute(
         "JobInsert",
         {
@@ -141,7 +142,19 @@ async def insert(
             "partition": partition,
             "next_run_at": next_run_at,
             "suspended": suspended,
+            "labels": json.dumps(dict(labels or {}), sort_keys=True),
         },
+        conn=conn,
+    )
+
+
+async def set_labels(
+    db: Database, *, job_id: uuid.UUID, labels: Mapping[str, str], conn: Conn | None = None
+) -> None:
+    """Record a job's labels (no write when unchanged); the dashboard filters on them."""
+    await db.execute(
+        "JobLabelsSet",
+        {"id": job_id, "labels": json.dumps(dict(labels), sort_keys=True)},
         conn=conn,
     )
 

@@ -20,9 +20,15 @@ FROM cronwell_jobs WHERE id = %(id)s FOR UPDATE;
 -- name: JobInsert
 -- A new job.
 INSERT INTO cronwell_jobs (id, namespace, name, spec, spec_hash, generation, pool, partition,
-                           next_run_at, suspended)
+                           next_run_at, suspended, labels)
 VALUES (%(id)s, %(namespace)s, %(name)s, %(spec)s, %(spec_hash)s, %(generation)s, %(pool)s,
-        %(partition)s, %(next_run_at)s, %(suspended)s);
+        %(partition)s, %(next_run_at)s, %(suspended)s, %(labels)s);
+
+-- name: JobLabelsSet
+-- A job's labels (its CR's metadata), written only when they changed: labels are not part
+-- of the spec hash, so an apply whose spec is unchanged still records a relabel.
+UPDATE cronwell_jobs SET labels = %(labels)s
+WHERE id = %(id)s AND labels <> %(labels)s::jsonb;
 
 -- name: JobUpdate
 -- A changed spec (next_run_at recomputed by the caller when the schedule changed).

@@ -4,6 +4,7 @@ store functions it reuses)."""
 
 from __future__ import annotations
 
+import json
 import uuid
 from dataclasses import dataclass
 from datetime import datetime
@@ -21,12 +22,32 @@ class JobRow:
     name: str
     pool: str
     spec: dict[str, Any]
+    labels: dict[str, str]
     next_run_at: datetime | None
     suspended: bool
     recent: list[str]
     """States of the last 20 due occurrences, oldest first."""
     last_state: str | None
     """State of the latest finished occurrence."""
+    last_run_at: datetime | None
+    """When its latest run finished (success or failure), from the job's counters."""
+
+
+JOB_STATES = ("suspended", "active", "failing", "late")
+JOB_SORTS = {"name": "UiJobPageByName", "next_run": "UiJobPageByNextRun",
+             "last_run": "UiJobPageByLastRun"}  # fmt: skip
+"""`?sort=` values and their queries: one per order, so each pages on its own index."""
+
+
+@dataclass(frozen=True, slots=True)
+class JobCursor:
+    """Where a jobs page starts: after this job in the sort's order. `key` is the sort
+    key as PostgreSQL text ('infinity' for no next run, '-infinity' for never run), None
+    for the name order."""
+
+    namespace: str
+    name: str
+    key: str | None = None
 
 
 async def job_page(
@@ -35,19 +56,25 @@ async def job_page(
     namespace: str | None,
     pool: str | None,
     text: str | None,
-    after: tuple[str, str] | None,
+    state: str | None = None,
+    labels: dict[str, str] | None = None,
+    sort: str = "name",
+    after: JobCursor | None,
     limit: int,
 ) -> list[JobRow]:
-    """Up to `limit` live jobs after the (namespace, name) cursor, in that order."""
+    """Up to `limit` live jobs after the cursor in the `sort` order (JOB_SORTS)."""
     return await db.rows(
         JobRow,
-        "UiJobPage",
+        JOB_SORTS[sort],
         {
             "namespace": namespace,
             "pool": pool,
             "text": text,
-            "after_ns": after[0] if after else None,
-            "after_name": after[1] if after else None,
+            "state": state,
+            "labels": json.dumps(labels) if labels else None,
+            "after_ns": after.namespace if after else None,
+            "after_name": after.name if after else None,
+            "after_key": after.key if after else None,
             "limit": limit,
         },
     )
@@ -111,3 +138,29 @@ async def run_page(
             "limit": limit,
         },
     )
+
+
+LAG_EDGES = (0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0)
+"""Start-lag bucket edges in seconds: bucket 0 is below 50 ms, the last is a minute or more."""
+
+
+@dataclass(frozen=True, slots=True)
+class LagHistogram:
+    """A job's start lags over a window: runs started, p50/p99 (None without runs) and
+    the count per LAG_EDGES bucket (len(LAG_EDGES) + 1 of them)."""
+
+    runs: int
+    p50: float | None
+    p99: float | None
+    buckets: list[int]
+
+
+async def lag_histogram(db: Database, *, job_id: uuid.UUID, window_seconds: int) -> LagHistogram:
+    """The start-lag histogram of one job's runs scheduled in the last `window_seconds`."""
+    found = await db.row(
+        LagHistogram,
+        "UiJobLagHistogram",
+        {"job_id": job_id, "window_seconds": window_seconds, "edges": list(LAG_EDGES)},
+    )
+    assert found is not None  # an aggregate always returns its row
+    return found

@@ -1,13 +1,22 @@
 -- Read models of the web dashboard (`cronwell ui`): read-only, keyset-paginated.
 
--- name: UiJobPage
--- One page of live jobs after the (namespace, name) cursor, filtered by namespace, pool and
--- a substring of namespace/name, with the states of its last 20 due occurrences (oldest
--- first, one index range scan each) and its last finished result; keyset pagination (no
--- OFFSET) so a page costs its size.
-SELECT j.namespace, j.name, j.pool, j.spec, j.next_run_at, j.suspended,
-       coalesce(r.recent, '{}') AS recent, last.state AS last_state
+-- Filters shared by the three UiJobPage* queries (one per sort order, each keyset-paginated
+-- on its own index, no OFFSET, so a page costs its size): namespace, pool, a substring of
+-- namespace/name, labels (`@>`, GIN index cronwell_jobs_labels) and a state: suspended,
+-- active (not suspended), failing (its last run died: consecutive_failures, partial index
+-- cronwell_jobs_failing), late (not suspended and its next instant is past but not
+-- materialised, or a materialised one is past its run_at and not started). Each row has the
+-- states of its last 20 due occurrences (oldest first, one index range scan each), its last
+-- finished result and when its last run finished (the counters' latest success/failure).
+
+-- name: UiJobPageByName
+-- One page of live jobs in (namespace, name) order after that cursor (index
+-- cronwell_jobs_live_name).
+SELECT j.namespace, j.name, j.pool, j.spec, j.labels, j.next_run_at, j.suspended,
+       coalesce(r.recent, '{}') AS recent, last.state AS last_state,
+       greatest(c.last_successful_at, c.last_failure_at) AS last_run_at
 FROM cronwell_jobs j
+LEFT JOIN cronwell_job_counters c ON c.job_id = j.id
 LEFT JOIN LATERAL (
     SELECT array_agg(d.state ORDER BY d.scheduled_for) AS recent
     FROM (SELECT o.state, o.scheduled_for FROM cronwell_occurrences o
@@ -23,8 +32,99 @@ WHERE j.deleted_at IS NULL
   AND (%(namespace)s::text IS NULL OR j.namespace = %(namespace)s)
   AND (%(pool)s::text IS NULL OR j.pool = %(pool)s)
   AND (%(text)s::text IS NULL OR strpos(j.namespace || '/' || j.name, %(text)s) > 0)
+  AND (%(labels)s::jsonb IS NULL OR j.labels @> %(labels)s::jsonb)
+  AND (%(state)s::text IS NULL
+       OR (%(state)s = 'suspended' AND j.suspended)
+       OR (%(state)s = 'active' AND NOT j.suspended)
+       OR (%(state)s = 'failing' AND j.consecutive_failures <> 0)
+       OR (%(state)s = 'late' AND NOT j.suspended
+           AND (j.next_run_at < now()
+                OR EXISTS (SELECT 1 FROM cronwell_occurrences o
+                           WHERE o.job_id = j.id AND o.scheduled_for < now()
+                             AND o.state = 'pending' AND o.run_at < now()))))
   AND (%(after_ns)s::text IS NULL OR (j.namespace, j.name) > (%(after_ns)s, %(after_name)s))
 ORDER BY j.namespace, j.name
+LIMIT %(limit)s;
+
+-- name: UiJobPageByNextRun
+-- One page of live jobs soonest next run first (ended schedules last), after the
+-- (next run, namespace, name) cursor (index cronwell_jobs_live_next, 0009).
+SELECT j.namespace, j.name, j.pool, j.spec, j.labels, j.next_run_at, j.suspended,
+       coalesce(r.recent, '{}') AS recent, last.state AS last_state,
+       greatest(c.last_successful_at, c.last_failure_at) AS last_run_at
+FROM cronwell_jobs j
+LEFT JOIN cronwell_job_counters c ON c.job_id = j.id
+LEFT JOIN LATERAL (
+    SELECT array_agg(d.state ORDER BY d.scheduled_for) AS recent
+    FROM (SELECT o.state, o.scheduled_for FROM cronwell_occurrences o
+          WHERE o.job_id = j.id AND o.scheduled_for <= now()
+          ORDER BY o.scheduled_for DESC LIMIT 20) d
+) r ON true
+LEFT JOIN LATERAL (
+    SELECT o.state FROM cronwell_occurrences o
+    WHERE o.job_id = j.id AND o.finished_at IS NOT NULL
+    ORDER BY o.scheduled_for DESC LIMIT 1
+) last ON true
+WHERE j.deleted_at IS NULL
+  AND (%(namespace)s::text IS NULL OR j.namespace = %(namespace)s)
+  AND (%(pool)s::text IS NULL OR j.pool = %(pool)s)
+  AND (%(text)s::text IS NULL OR strpos(j.namespace || '/' || j.name, %(text)s) > 0)
+  AND (%(labels)s::jsonb IS NULL OR j.labels @> %(labels)s::jsonb)
+  AND (%(state)s::text IS NULL
+       OR (%(state)s = 'suspended' AND j.suspended)
+       OR (%(state)s = 'active' AND NOT j.suspended)
+       OR (%(state)s = 'failing' AND j.consecutive_failures <> 0)
+       OR (%(state)s = 'late' AND NOT j.suspended
+           AND (j.next_run_at < now()
+                OR EXISTS (SELECT 1 FROM cronwell_occurrences o
+                           WHERE o.job_id = j.id AND o.scheduled_for < now()
+                             AND o.state = 'pending' AND o.run_at < now()))))
+  AND (%(after_ns)s::text IS NULL
+       OR (coalesce(j.next_run_at, 'infinity'::timestamptz), j.namespace, j.name)
+          > (%(after_key)s::timestamptz, %(after_ns)s, %(after_name)s))
+ORDER BY coalesce(j.next_run_at, 'infinity'::timestamptz), j.namespace, j.name
+LIMIT %(limit)s;
+
+-- name: UiJobPageByLastRun
+-- One page of live jobs latest finished run first (never run last), after the (last run,
+-- namespace, name) cursor, all three descending so the cursor is one row comparison. The
+-- order spans two tables (jobs, counters): it is a keyset, not an index, order.
+SELECT j.namespace, j.name, j.pool, j.spec, j.labels, j.next_run_at, j.suspended,
+       coalesce(r.recent, '{}') AS recent, last.state AS last_state,
+       greatest(c.last_successful_at, c.last_failure_at) AS last_run_at
+FROM cronwell_jobs j
+LEFT JOIN cronwell_job_counters c ON c.job_id = j.id
+LEFT JOIN LATERAL (
+    SELECT array_agg(d.state ORDER BY d.scheduled_for) AS recent
+    FROM (SELECT o.state, o.scheduled_for FROM cronwell_occurrences o
+          WHERE o.job_id = j.id AND o.scheduled_for <= now()
+          ORDER BY o.scheduled_for DESC LIMIT 20) d
+) r ON true
+LEFT JOIN LATERAL (
+    SELECT o.state FROM cronwell_occurrences o
+    WHERE o.job_id = j.id AND o.finished_at IS NOT NULL
+    ORDER BY o.scheduled_for DESC LIMIT 1
+) last ON true
+WHERE j.deleted_at IS NULL
+  AND (%(namespace)s::text IS NULL OR j.namespace = %(namespace)s)
+  AND (%(pool)s::text IS NULL OR j.pool = %(pool)s)
+  AND (%(text)s::text IS NULL OR strpos(j.namespace || '/' || j.name, %(text)s) > 0)
+  AND (%(labels)s::jsonb IS NULL OR j.labels @> %(labels)s::jsonb)
+  AND (%(state)s::text IS NULL
+       OR (%(state)s = 'suspended' AND j.suspended)
+       OR (%(state)s = 'active' AND NOT j.suspended)
+       OR (%(state)s = 'failing' AND j.consecutive_failures <> 0)
+       OR (%(state)s = 'late' AND NOT j.suspended
+           AND (j.next_run_at < now()
+                OR EXISTS (SELECT 1 FROM cronwell_occurrences o
+                           WHERE o.job_id = j.id AND o.scheduled_for < now()
+                             AND o.state = 'pending' AND o.run_at < now()))))
+  AND (%(after_ns)s::text IS NULL
+       OR (coalesce(greatest(c.last_successful_at, c.last_failure_at),
+                    '-infinity'::timestamptz), j.namespace, j.name)
+          < (%(after_key)s::timestamptz, %(after_ns)s, %(after_name)s))
+ORDER BY coalesce(greatest(c.last_successful_at, c.last_failure_at), '-infinity'::timestamptz)
+         DESC, j.namespace DESC, j.name DESC
 LIMIT %(limit)s;
 
 -- name: UiJobGet
@@ -48,3 +148,25 @@ WHERE (%(namespace)s::text IS NULL OR j.namespace = %(namespace)s)
        OR (o.scheduled_for, o.id) < (%(after_at)s::timestamptz, %(after_id)s::bigint))
 ORDER BY o.scheduled_for DESC, o.id DESC
 LIMIT %(limit)s;
+
+-- name: UiJobLagHistogram
+-- Start lags (started_at - scheduled_for, seconds) of one job's occurrences scheduled in
+-- the last `window_seconds` (index cronwell_occurrences_job range scan): how many started,
+-- p50 and p99 (percentile_cont), and the count per bucket of `edges` (width_bucket: bucket
+-- 0 is below edges[1], bucket i is [edges[i], edges[i+1]), the last is >= the last edge).
+WITH lags AS (
+    SELECT extract(epoch FROM o.started_at - o.scheduled_for)::float8 AS lag
+    FROM cronwell_occurrences o
+    WHERE o.job_id = %(job_id)s
+      AND o.scheduled_for >= now() - make_interval(secs => %(window_seconds)s)
+      AND o.scheduled_for <= now()
+      AND o.started_at IS NOT NULL
+)
+SELECT count(*) AS runs,
+       percentile_cont(0.5) WITHIN GROUP (ORDER BY lag) AS p50,
+       percentile_cont(0.99) WITHIN GROUP (ORDER BY lag) AS p99,
+       ARRAY(SELECT count(l.lag)
+             FROM generate_series(0, cardinality(%(edges)s::float8[])) AS b
+             LEFT JOIN lags l ON width_bucket(l.lag, %(edges)s::float8[]) = b
+             GROUP BY b ORDER BY b) AS buckets
+FROM lags;

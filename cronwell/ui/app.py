@@ -17,6 +17,7 @@ from aiohttp import web
 
 from cronwell.cronexpr import load_zone
 from cronwell.store.db import Database
+from cronwell.ui import words
 
 log = logging.getLogger(__name__)
 
@@ -110,6 +111,7 @@ def make_app(config: UiConfig) -> web.Application:
         undefined=jinja2.StrictUndefined,
     )
     app[TEMPLATES].filters["in_zone"] = in_zone
+    app[TEMPLATES].filters["in_words"] = words.describe
     static = resources.files("cronwell.ui") / "static"
     app.router.add_get("/", views.jobs_page)
     app.router.add_get("/jobs/{namespace}/{name}", views.job_page)

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Callable, Mapping
+import re
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 from urllib.parse import urlencode
@@ -30,6 +32,49 @@ PAGE_DEFAULT = 50
 PROCESS_TTL_SECONDS = 15
 NEXT_INSTANTS = 10
 JOB_RUNS = 25
+LAG_WINDOWS = {"1h": 3600, "24h": 86400, "7d": 7 * 86400}
+"""`?window=` of the job page's start-lag histogram."""
+CHART_HEIGHT = 100
+BAR_WIDTH = 40
+
+
+@dataclass(frozen=True)
+class Bar:
+    """One bar of the start-lag chart, in SVG user units (attributes, not CSS: the CSP
+    forbids style attributes)."""
+
+    label: str
+    count: int
+    x: int
+    y: int
+    height: int
+
+
+@dataclass(frozen=True)
+class LagChart:
+    """The job page's start-lag histogram, ready for its SVG."""
+
+    runs: int
+    p50: float | None
+    p99: float | None
+    bars: list[Bar]
+    width: int
+    height: int
+
+
+def _secs(s: float) -> str:
+    return f"{s * 1000:g} ms" if s < 1 else f"{s:g} s"
+
+
+def lag_chart(h: ui.LagHistogram) -> LagChart:
+    """Bars scaled to the fullest bucket, labelled with their lower edge."""
+    top = max(h.buckets, default=0) or 1
+    labels = [f"< {_secs(ui.LAG_EDGES[0])}"] + [f"≥ {_secs(e)}" for e in ui.LAG_EDGES]
+    bars = []
+    for i, (label, n) in enumerate(zip(labels, h.buckets, strict=True)):
+        height = round(CHART_HEIGHT * n / top)
+        bars.append(Bar(label, n, i * BAR_WIDTH, CHART_HEIGHT - height, height))
+    return LagChart(h.runs, h.p50, h.p99, bars, BAR_WIDTH * len(bars), CHART_HEIGHT)
 
 
 def render(request: web.Request, template: str, **context: Any) -> web.Response:
@@ -71,31 +116,105 @@ def next_page(
     return rows, query | {"after": cursor(rows[-1]), "limit": str(limit)}
 
 
-def job_cursor(request: web.Request) -> tuple[str, str] | None:
-    """`?after=<namespace>/<name>`; any other shape: 400."""
+def _choice(request: web.Request, key: str, allowed: Iterable[str]) -> str | None:
+    """`?key=` if it is one of `allowed`; anything else: 400."""
+    value = _text(request, key)
+    if value is not None and value not in allowed:
+        raise web.HTTPBadRequest(reason=f"{key} must be one of {', '.join(allowed)}")
+    return value
+
+
+_LABEL_KEY = re.compile(
+    r"^([a-z0-9]([-a-z0-9.]*[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$"
+)
+_LABEL_VALUE = re.compile(r"^([A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?)?$")
+
+
+def label_filter(request: web.Request) -> tuple[str | None, dict[str, str] | None]:
+    """`?label=key=value` (a Kubernetes label key and value); any other shape: 400."""
+    raw = _text(request, "label")
+    if raw is None:
+        return None, None
+    key, sep, value = raw.partition("=")
+    if not sep or not _LABEL_KEY.match(key) or not _LABEL_VALUE.match(value) or len(value) > 63:
+        raise web.HTTPBadRequest(reason="label must be key=value (a Kubernetes label)")
+    return raw, {key: value}
+
+
+def job_cursor(request: web.Request, sort: str) -> ui.JobCursor | None:
+    """`?after=<namespace>/<name>` (name order) or `<sort key>~<namespace>/<name>` (the
+    key an ISO instant, `none` for no next run, `never` for never run); else 400."""
     raw = _text(request, "after")
     if raw is None:
         return None
+    key: str | None = None
+    if sort != "name":
+        at, sep, raw = raw.partition("~")
+        try:
+            if not sep:
+                raise ValueError(at)
+            if at == ("none" if sort == "next_run" else "never"):
+                key = "infinity" if sort == "next_run" else "-infinity"
+            else:
+                when = datetime.fromisoformat(at)
+                if when.tzinfo is None:
+                    raise ValueError(at)
+                key = when.isoformat()
+        except ValueError:
+            raise web.HTTPBadRequest(
+                reason="after must be <ISO instant with offset>~<namespace>/<name>"
+            ) from None
     namespace, sep, name = raw.partition("/")
     if not sep or not namespace or not name or "/" in name:
-        raise web.HTTPBadRequest(reason="after must be <namespace>/<name>")
-    return namespace, name
+        raise web.HTTPBadRequest(reason="after must end with <namespace>/<name>")
+    return ui.JobCursor(namespace, name, key)
+
+
+def _job_cursor_of(sort: str) -> Callable[[ui.JobRow], str]:
+    """The `after` value of a row in the `sort` order (what job_cursor parses back)."""
+
+    def cursor(row: ui.JobRow) -> str:
+        ref = f"{row.namespace}/{row.name}"
+        if sort == "next_run":
+            return f"{row.next_run_at.isoformat() if row.next_run_at else 'none'}~{ref}"
+        if sort == "last_run":
+            return f"{row.last_run_at.isoformat() if row.last_run_at else 'never'}~{ref}"
+        return ref
+
+    return cursor
 
 
 async def jobs_page(request: web.Request) -> web.Response:
-    """Live jobs, filtered by namespace, pool and text, one keyset page at a time."""
+    """Live jobs, filtered by namespace, pool, text, state and label, in the chosen order,
+    one keyset page at a time."""
     limit = page_size(request)
     filters = {k: _text(request, k) for k in ("namespace", "pool", "text")}
+    filters["state"] = _choice(request, "state", ui.JOB_STATES)
+    filters["label"], labels = label_filter(request)
+    sort = _choice(request, "sort", ui.JOB_SORTS) or "name"
     rows = await ui.job_page(
         request.app[CONFIG].db,
         namespace=filters["namespace"],
         pool=filters["pool"],
         text=filters["text"],
-        after=job_cursor(request),
+        state=filters["state"],
+        labels=labels,
+        sort=sort,
+        after=job_cursor(request, sort),
         limit=limit + 1,
     )
-    rows, next_query = next_page(rows, limit, filters, lambda last: f"{last.namespace}/{last.name}")
-    return render(request, "jobs.html", jobs=rows, filters=filters, next_query=next_query)
+    filters["sort"] = sort if sort != "name" else None
+    rows, next_query = next_page(rows, limit, filters, _job_cursor_of(sort))
+    return render(
+        request,
+        "jobs.html",
+        jobs=rows,
+        filters=filters,
+        next_query=next_query,
+        states=ui.JOB_STATES,
+        sorts=list(ui.JOB_SORTS),
+        sort=sort,
+    )
 
 
 async def status_page(request: web.Request) -> web.Response:
@@ -293,6 +412,7 @@ async def job_page(request: web.Request) -> web.Response:
     )
     if job is None:
         raise web.HTTPNotFound(reason="No such job")
+    window = _choice(request, "window", LAG_WINDOWS) or "24h"
     spec = ScheduledJobSpec.model_validate(job.spec)
     sched = JobSchedule.from_spec(job.id, spec)
     upcoming = list(itertools.islice(sched.iter_from(datetime.now(UTC)), NEXT_INSTANTS))
@@ -303,6 +423,11 @@ async def job_page(request: web.Request) -> web.Response:
         zone=spec.time_zone or "UTC",
         upcoming=upcoming,
         runs=await runs.list_for_job(db, job_id=job.id, state=None, limit=JOB_RUNS),
+        windows=list(LAG_WINDOWS),
+        window=window,
+        lag=lag_chart(
+            await ui.lag_histogram(db, job_id=job.id, window_seconds=LAG_WINDOWS[window])
+        ),
     )
 
 

@@ -242,6 +242,7 @@ def _register_resource_handlers(registry: kopf.OperatorRegistry, ctx: HandlerDep
                 spec=spec,
                 uid=ref.uid,
                 generation=generation,
+                labels=dict(body.metadata.labels),
             )
             if applied.action == "deleted":
                 ctx.m.operator_reconciles.labels(outcome="error").inc()

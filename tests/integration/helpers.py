@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import uuid
 from datetime import datetime
 from typing import Any
 
@@ -27,6 +28,21 @@ async def set_cursor(db: Database, name: str, sql_instant: str) -> None:
             f"UPDATE cronwell_jobs SET next_run_at = {sql_instant} WHERE name = %s",  # type: ignore[arg-type]
             (name,),
         )
+
+
+async def seed_started_runs(db: Database, job_id: uuid.UUID, runs: list[tuple[int, float]]) -> None:
+    """Succeeded runs of a job, each (minutes ago it was scheduled, its start lag in s)."""
+    async with db.connection() as conn:
+        for minutes_ago, lag in runs:
+            await conn.execute(
+                "INSERT INTO cronwell_occurrences (idempotency_key, job_id, pool, scheduled_for,"
+                " run_at, state, overlap, delivery, max_attempts, timeout_seconds, attempt,"
+                " started_at, finished_at) "
+                "SELECT %(key)s, %(job)s, 'default', t, t, 'succeeded', 'Allow', 'AtLeastOnce',"
+                " 1, 60, 1, t + make_interval(secs => %(lag)s), t + make_interval(secs => 5)"
+                " FROM (SELECT date_trunc('second', now()) - make_interval(mins => %(ago)s) t) s",
+                {"key": f"{job_id}:{minutes_ago}", "job": job_id, "lag": lag, "ago": minutes_ago},
+            )
 
 
 async def scheduler(db: Database, *, partition_count: int = 1, **settings: Any) -> Scheduler:

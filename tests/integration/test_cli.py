@@ -6,8 +6,11 @@ import functools
 import json
 import os
 import re
+import socket
 import subprocess
 import sys
+import time
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -305,3 +308,62 @@ def test_convert_prints_nothing_when_a_document_is_not_a_cronjob(tmp_path: Path)
     assert "1 document(s) not converted; nothing printed" in r.stderr
     missing = cli("convert", "-f", str(tmp_path / "nope.yaml"))
     assert missing.returncode == 1 and f"{tmp_path / 'nope.yaml'}: no such file" in missing.stderr
+
+
+@pytest.mark.slow
+def test_dev_first_minutes_dashboard_first_one_line_per_run(tmp_path: Path) -> None:
+    """What `make run` shows a newcomer: the dashboard's URL first (another port when the
+    default is taken), no warning on either stream (a fresh embedded PostgreSQL with no
+    XDG_RUNTIME_DIR, as under root or in CI, is what used to warn), and each run once
+    (the job's own log line no longer repeats the run's line)."""
+    jobs = tmp_path / "jobs"
+    jobs.mkdir()
+    (jobs / "tick.yaml").write_text(
+        "apiVersion: cronwell.dev/v1alpha1\nkind: ScheduledJob\nmetadata: {name: tick}\n"
+        "spec: {schedule: '*/2 * * * * *', target: {log: {message: tick-effect}}}\n"
+    )
+    data = tmp_path / "pg"
+    env = {k: v for k, v in os.environ.items() if k not in ("XDG_RUNTIME_DIR", "PYTHONWARNINGS")}
+    env = {k: v for k, v in env.items() if not k.startswith("CRONWELL_")}
+    env["PYTHONWARNINGS"] = "default"  # every warning shown, as a newcomer's Python would
+    base = [sys.executable, "-m", "cronwell", "--data-dir", str(data)]
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        taken = busy.getsockname()[1]
+        proc = subprocess.Popen(
+            [*base, "dev", "--jobs", str(jobs), "--duration", "10", "--ui-port", str(taken)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            cwd=REPO,
+            env=env,
+        )
+        try:
+            assert proc.stdout is not None
+            first = proc.stdout.readline()
+            m = re.fullmatch(r"dashboard: (http://127\.0\.0\.1:(\d+)/)\n", first)
+            assert m, first
+            assert int(m.group(2)) != taken
+            for _ in range(300):
+                try:
+                    with urllib.request.urlopen(m.group(1) + "status", timeout=5) as r:
+                        assert r.status == 200
+                        break
+                except OSError:
+                    time.sleep(0.1)
+            else:
+                pytest.fail("the dashboard did not answer")
+            out, err = proc.communicate(timeout=120)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+            subprocess.run([*base, "db", "stop"], capture_output=True, env=env, check=False)
+    assert proc.returncode == 0, err
+    assert "Warning" not in first + out and "Warning" not in err, (out, err)
+    runs = [ln for ln in out.splitlines() if ln.startswith("default/tick ") and " lag " in ln]
+    assert len(runs) >= 2, out
+    instants = [ln.split("scheduled ", 1)[1][:19] for ln in runs]
+    assert len(instants) == len(set(instants)), out
+    assert "tick-effect" not in out + err

@@ -7,23 +7,27 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import signal
 import socket
 import sys
+import uuid
 from collections.abc import AsyncIterator
 from datetime import datetime, timedelta
 from html import unescape as html_unescape
+from typing import Any
 from urllib.parse import parse_qsl, urlsplit
 
 import aiohttp
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
-from cronwell import dispatch
+from cronwell import dispatch, jobs
+from cronwell.models import ScheduledJobSpec
 from cronwell.store.db import Database
 from cronwell.ui.app import CONFIG, CSRF_FIELD, SECURITY_HEADERS, UiConfig, make_app
 from tests.helpers.store import fail_dead
-from tests.integration.helpers import make_job, sql
+from tests.integration.helpers import make_job, seed_started_runs, set_cursor, sql
 from tests.integration.worker_helpers import attempts, handler_job, occurrence, trigger
 
 
@@ -494,6 +498,112 @@ async def test_forecast_pool_filter_defaults_and_empty(db: Database, client: Tes
     assert "No live jobs in pool none due in the next hour" in html
 
 
+async def _labelled(db: Database, name: str, labels: dict[str, str], **spec: Any) -> uuid.UUID:
+    spec.setdefault("schedule", "*/5 * * * *")
+    spec.setdefault("target", {"log": {"message": name}})
+    applied = await jobs.apply_job(
+        db,
+        namespace="default",
+        name=name,
+        spec=ScheduledJobSpec.model_validate(spec),
+        labels=labels,
+    )
+    return applied.id
+
+
+def _names(html: str, candidates: list[str]) -> list[str]:
+    """The candidates the page lists, in page order."""
+    found = [(html.index(f">{n}<"), n) for n in candidates if f">{n}<" in html]
+    return [n for _, n in sorted(found)]
+
+
+async def _pages(client: TestClient, params: dict[str, str], names: list[str]) -> list[str]:
+    """Every page of the jobs view from `params`, following its rel=next links."""
+    seen: list[str] = []
+    for _ in range(20):
+        r = await client.get("/", params=params)
+        assert r.status == 200, await r.text()
+        page = await r.text()
+        seen += _names(page, names)
+        if 'rel="next"' not in page:
+            return seen
+        href = html_unescape(page.split('rel="next" href="', 1)[1].split('"', 1)[0])
+        params = dict(parse_qsl(urlsplit(href).query))
+    pytest.fail("no last page")
+
+
+async def test_jobs_state_and_label_filters(db: Database, client: TestClient) -> None:
+    await _labelled(db, "lab-a", {"team": "a", "tier": "1"})
+    await _labelled(db, "lab-b", {"team": "b"})
+    await _labelled(db, "lab-susp", {"team": "a"}, suspend=True)
+    await _labelled(db, "lab-late", {})
+    await set_cursor(db, "lab-late", "now() - interval '10 minutes'")
+    await _dead(db, "lab-failing")
+    names = ["lab-a", "lab-b", "lab-susp", "lab-late", "lab-failing"]
+
+    async def listed(**params: str) -> list[str]:
+        return sorted(_names(await (await client.get("/", params=params)).text(), names))
+
+    assert await listed(state="suspended") == ["lab-susp"]
+    assert await listed(state="active") == ["lab-a", "lab-b", "lab-failing", "lab-late"]
+    assert await listed(state="failing") == ["lab-failing"]
+    assert await listed(state="late") == ["lab-late"]
+    assert await listed(label="team=a") == ["lab-a", "lab-susp"]
+    assert await listed(label="team=a", state="active") == ["lab-a"]
+    assert await listed(label="tier=2") == []
+    # A relabel with an unchanged spec is recorded.
+    await _labelled(db, "lab-b", {"team": "a"})
+    assert await listed(label="team=a") == ["lab-a", "lab-b", "lab-susp"]
+    # The filters survive into the next page's link.
+    html = await (await client.get("/", params={"label": "team=a", "limit": "1"})).text()
+    href = html_unescape(html.split('rel="next" href="', 1)[1].split('"', 1)[0])
+    assert dict(parse_qsl(urlsplit(href).query))["label"] == "team=a"
+
+
+async def test_jobs_sorted_by_next_run_across_pages(db: Database, client: TestClient) -> None:
+    names = [f"nx-{i}" for i in range(5)]
+    for n in names:
+        await make_job(db, n, schedule="*/5 * * * *")
+    # Distinct next runs in an order unlike the names' (nx-3 soonest, nx-0 ended: last).
+    for n, minutes in (("nx-1", 50), ("nx-2", 30), ("nx-3", 10), ("nx-4", 30)):
+        await set_cursor(db, n, f"date_trunc('minute', now()) + interval '{minutes} minutes'")
+    await set_cursor(db, "nx-0", "NULL")
+    expected = ["nx-3", "nx-2", "nx-4", "nx-1", "nx-0"]
+    assert await _pages(client, {"sort": "next_run", "text": "nx-", "limit": "2"}, names) == (
+        expected
+    )
+    assert await _pages(client, {"sort": "next_run", "text": "nx-", "limit": "1"}, names) == (
+        expected
+    )
+    assert await _pages(client, {"text": "nx-", "limit": "2"}, names) == names
+
+
+async def test_jobs_sorted_by_last_run_across_pages(db: Database, client: TestClient) -> None:
+    names = [f"lr-{i}" for i in range(4)]
+    ids = {n: (await make_job(db, n, schedule="*/5 * * * *")).id for n in names}
+    async with db.connection() as conn:
+        for n, ago in (("lr-0", 30), ("lr-2", 5), ("lr-3", 30)):
+            await conn.execute(
+                "INSERT INTO cronwell_job_counters (job_id, last_successful_at) "
+                "VALUES (%s, date_trunc('minute', now()) - make_interval(mins => %s))",
+                (ids[n], ago),
+            )
+    # Newest first; lr-0 and lr-3 tie (name descending); lr-1 never ran: last.
+    expected = ["lr-2", "lr-3", "lr-0", "lr-1"]
+    assert await _pages(client, {"sort": "last_run", "text": "lr-", "limit": "1"}, names) == (
+        expected
+    )
+    assert await _pages(client, {"sort": "last_run", "text": "lr-", "limit": "3"}, names) == (
+        expected
+    )
+
+
+async def test_jobs_schedule_in_words(db: Database, client: TestClient) -> None:
+    await make_job(db, "words-job", schedule="0 2 * * 1")
+    html = await (await client.get("/", params={"text": "words-job"})).text()
+    assert '<span class="words">at 02:00 on Monday</span>' in html
+
+
 @pytest.mark.parametrize(
     "query",
     [
@@ -514,3 +624,50 @@ async def test_forecast_bad_parameters_are_400(client: TestClient, query: str) -
         assert r.status == 400, (path, query)
         assert "Traceback" not in await r.text()
         assert_secure(r.headers)
+
+
+@pytest.mark.parametrize(
+    "query",
+    [
+        {"state": "sleeping"},
+        {"sort": "age"},
+        {"label": "novalue"},
+        {"label": "a b=c"},
+        {"label": "team=a=b"},
+        {"sort": "next_run", "after": "default/x"},
+        {"sort": "next_run", "after": "2026-01-01T00:00:00~default/x"},
+        {"sort": "last_run", "after": "none~default/x"},
+        {"sort": "next_run", "after": "2026-01-01T00:00:00+00:00~nons"},
+    ],
+)
+async def test_bad_jobs_filters_are_400(client: TestClient, query: dict[str, str]) -> None:
+    r = await client.get("/", params=query)
+    assert r.status == 400
+    assert "Traceback" not in await r.text()
+    assert_secure(r.headers)
+
+
+async def test_job_page_start_lag_histogram(db: Database, client: TestClient) -> None:
+    job_id = await _labelled(db, "laggy", {})
+    # Lags (seconds) of runs scheduled 1-4 hours ago, and one two days ago.
+    seeded = [(60, 0.01), (120, 0.2), (180, 0.2), (240, 3.0), (2 * 24 * 60, 40.0)]
+    await seed_started_runs(db, job_id, seeded)
+    html = await (await client.get("/jobs/default/laggy")).text()
+    assert "Start lag, last 24h" in html
+    # percentile_cont over [0.01, 0.2, 0.2, 3.0]: p50 0.2, p99 0.2 + 0.97 * 2.8 = 2.916.
+    assert "4 runs started" in html
+    assert '<span class="p50">0.200 s</span>' in html
+    assert '<span class="p99">2.916 s</span>' in html
+    counts = [int(c) for c in re.findall(r'data-count="(\d+)"', html)]
+    # Buckets: <50ms, [50,100)ms, [100,250)ms, ... [2,5)s is the 7th, >=60s the 11th.
+    assert counts == [1, 0, 2, 0, 0, 0, 1, 0, 0, 0, 0]
+    assert 'style="' not in html
+    html = await (await client.get("/jobs/default/laggy", params={"window": "7d"})).text()
+    assert "5 runs started" in html
+    counts = [int(c) for c in re.findall(r'data-count="(\d+)"', html)]
+    assert counts == [1, 0, 2, 0, 0, 0, 1, 0, 0, 1, 0]
+    html = await (await client.get("/jobs/default/laggy", params={"window": "1h"})).text()
+    assert "No run started in this window." in html
+    r = await client.get("/jobs/default/laggy", params={"window": "2h"})
+    assert r.status == 400
+    assert_secure(r.headers)

@@ -21,7 +21,7 @@ from cronwell import dispatch
 from cronwell.store.db import Database
 from cronwell.ui.app import UiConfig, make_app
 from tests.helpers.store import fail_dead
-from tests.integration.helpers import make_job
+from tests.integration.helpers import make_job, seed_started_runs
 from tests.integration.worker_helpers import handler_job, occurrence, trigger
 
 CHROMIUM, CHROMEDRIVER = Path("/usr/bin/chromium"), Path("/usr/bin/chromedriver")
@@ -37,7 +37,9 @@ pytestmark = pytest.mark.skipif(
 
 @pytest.fixture
 async def base_url(db: Database) -> AsyncIterator[str]:
-    await make_job(db, "nightly-report", schedule="0 3 * * *", timeZone="Europe/Paris")
+    job = await make_job(db, "nightly-report", schedule="0 3 * * *", timeZone="Europe/Paris")
+    # Runs with start lags, so the job page draws its histogram (SVG under the CSP).
+    await seed_started_runs(db, job.id, [(60 * h, 0.02 * h) for h in range(1, 20)])
     await make_job(db, "every-minute", schedule="* * * * *")
     for i in range(8):
         await make_job(db, f"batch-{i}", schedule="*/15 * * * *", pool="batch")
@@ -90,6 +92,9 @@ def _browse(base_url: str) -> list[str]:
                 got = driver.execute_script("return document.documentElement.dataset.theme")
                 assert got == theme, (path, got)
                 driver.save_screenshot(str(IMAGES / f"ui-{name}-{theme}.png"))
+                if name == "job":  # below the fold: the start-lag histogram on its own
+                    chart = driver.find_element("css selector", "svg.hist")
+                    chart.screenshot(str(IMAGES / f"ui-job-lag-{theme}.png"))
             problems += _problems(driver, path)
         # The forecast: one uPlot chart per pool, its table folded, instants in the viewer's
         # zone (the JSON says UTC; the browser runs in UTC+05:30).

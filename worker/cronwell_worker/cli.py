@@ -7,12 +7,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import importlib
+import logging
+import socket
 import statistics
 import sys
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -31,10 +33,14 @@ from cronwell.metrics import Metrics
 from cronwell.scheduler import Scheduler
 from cronwell.settings import SchedulerSettings, WorkerSettings
 from cronwell.store import processes
+from cronwell.store.db import Database
 from cronwell.supervise import wait_event
 from cronwell_worker.kubejob import KubeJobs
 from cronwell_worker.outbox import HttpPublisher, Relay, RelaySettings, load_hook
 from cronwell_worker.runtime import Outcome, Worker
+
+if TYPE_CHECKING:
+    from aiohttp import web
 
 
 def _import(modules: tuple[str, ...]) -> None:
@@ -246,6 +252,44 @@ def workers(env: Env) -> None:
         )
 
 
+DEV_UI_PORT = 8480
+"""The dashboard's port in `cronwell dev` (as `cronwell ui`'s default)."""
+
+
+def _quiet_unless_asked() -> None:
+    """`dev` prints one line per attempt itself: the processes' info logs (a job's own log
+    line, each process's start, the durability notice per process) would repeat or bury
+    them, so they show only when --log-level or CRONWELL_LOG_LEVEL asks for them."""
+    ctx = click.get_current_context()
+    root = ctx.find_root()
+    if root.get_parameter_source("log_level") is click.core.ParameterSource.DEFAULT:
+        logging.getLogger().setLevel(max(logging.WARNING, logging.getLogger().level))
+
+
+def _dashboard_socket(port: int) -> socket.socket:
+    """A listening socket on 127.0.0.1:`port`, or on a free port if that one is taken."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind(("127.0.0.1", port))
+    except OSError:
+        sock.bind(("127.0.0.1", 0))
+    sock.listen(128)
+    return sock
+
+
+async def _serve_dashboard(db: Database, sock: socket.socket) -> web.AppRunner:
+    """The read-only dashboard over `db` on the bound socket (the same app as `cronwell ui`)."""
+    from aiohttp import web
+
+    from cronwell.ui.app import UiConfig, make_app
+
+    runner = web.AppRunner(make_app(UiConfig(db=db)), access_log=None)
+    await runner.setup()
+    await web.SockSite(runner, sock).start()
+    return runner
+
+
 class LiveView:
     """The `dev` console: one line per finished attempt and a summary at the end."""
 
@@ -298,6 +342,14 @@ class LiveView:
 @click.option(
     "--pool", "pools", multiple=True, help="Pools to serve (default: every pool the jobs name)."
 )
+@click.option(
+    "--ui-port",
+    type=click.IntRange(0, 65535),
+    default=DEV_UI_PORT,
+    show_default=True,
+    help="Serve the read-only dashboard on 127.0.0.1 at this port (another free one if it "
+    "is taken); 0: no dashboard.",
+)
 @_import_opt
 @click.pass_obj
 def dev(
@@ -306,11 +358,18 @@ def dev(
     duration: float,
     n_workers: int,
     pools: tuple[str, ...],
+    ui_port: int,
     imports: tuple[str, ...],
 ) -> None:
-    """Apply YAML and run a scheduler and workers in one process, printing each attempt."""
+    """Apply YAML and run a scheduler and workers in one process, printing each attempt
+    (and serving the dashboard)."""
+    _quiet_unless_asked()
     _import(imports)
     loaded = load_or_fail((jobs_dir,), standalone=True)
+    # Bound before the database starts, so its URL is the first line a newcomer sees.
+    ui_sock = _dashboard_socket(ui_port) if ui_port else None
+    if ui_sock is not None:
+        click.echo(f"dashboard: http://127.0.0.1:{ui_sock.getsockname()[1]}/")
     view = LiveView()
     stop = asyncio.Event()
     serve = sorted(set(pools) or {i.job.spec.pool for i in loaded} or {"default"})
@@ -324,10 +383,12 @@ def dev(
                     namespace=item.job.metadata.namespace,
                     name=item.job.metadata.name,
                     spec=item.job.spec,
+                    labels=item.job.metadata.labels,
                 )
                 click.echo(
                     f"{a.namespace}/{a.name}: {a.action}, next run {fmt_time(a.next_run_at)} UTC"
                 )
+            ui = await _serve_dashboard(db, ui_sock) if ui_sock is not None else None
             sched = Scheduler(db, settings)
             ws = [
                 Worker(db, WorkerSettings(pool=p, concurrency=16), on_outcome=view)
@@ -344,6 +405,8 @@ def dev(
             for w in ws:
                 w.stop()
             results = await asyncio.gather(*tasks, return_exceptions=True)
+            if ui is not None:
+                await ui.cleanup()
             for r in results:
                 if isinstance(r, CronwellError):
                     raise r
