@@ -5,13 +5,13 @@ counted in metrics); the check runs after DNS resolution and on every redirect h
 from __future__ import annotations
 
 import contextlib
-import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any
 
 from cronwell.egress import EgressPolicy
 from cronwell.store.db import Database
+from tests.helpers.http import serve
 from tests.helpers.wait import wait_for
 
 from .helpers import make_job
@@ -44,8 +44,7 @@ def redirector(address: str, location: str) -> Iterator[tuple[str, list[str]]]:
         def log_message(self, format: str, *args: Any) -> None:
             pass
 
-    server = ThreadingHTTPServer((address, 0), H)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    server = serve(address, H)
     try:
         yield f"http://{address}:{server.server_address[1]}/start", seen
     finally:

@@ -13,6 +13,7 @@ from cryptography.fernet import Fernet
 from cronwell.secretbox import SecretBox
 from cronwell.store import job_secrets
 from cronwell.store.db import Database
+from tests.helpers.http import serve
 from tests.helpers.wait import wait_for
 
 from .helpers import make_job, sql
@@ -74,8 +75,7 @@ async def test_values_are_decrypted_per_attempt_and_redacted_from_errors(
 
 async def test_an_echoed_credential_is_redacted(db: Database, db_url: str) -> None:
     """A server that puts the request's Authorization into its error answer."""
-    import threading
-    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+    from http.server import BaseHTTPRequestHandler
     from typing import Any
 
     class Echo(BaseHTTPRequestHandler):
@@ -90,8 +90,7 @@ async def test_an_echoed_credential_is_redacted(db: Database, db_url: str) -> No
         def log_message(self, format: str, *args: Any) -> None:
             pass
 
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Echo)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    server = serve("127.0.0.1", Echo)
     box = SecretBox(Fernet.generate_key().decode())
     secret = "Bearer echoed-9b3e11"
     try:

@@ -18,7 +18,7 @@ import time
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -35,6 +35,7 @@ from cronwell.store import attempts as attempts_store
 from cronwell.store import claims, runs
 from cronwell.store.db import Database
 from cronwell_worker.runtime import Outcome, Worker
+from tests.helpers.http import serve
 from tests.helpers.wait import wait_for
 
 from .helpers import make_job, sql
@@ -241,10 +242,8 @@ def http_server(statuses: list[int] | None = None) -> Iterator[HttpServer]:
         def log_message(self, format: str, *args: Any) -> None:
             pass
 
-    server = ThreadingHTTPServer(("127.0.0.1", 0), H)
+    server = serve("127.0.0.1", H)
     state.url = f"http://127.0.0.1:{server.server_address[1]}/hook"
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
     try:
         yield state
     finally:

@@ -14,7 +14,7 @@ import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +23,7 @@ import pytest
 
 from cronwell.embedded import EmbeddedPostgres
 from cronwell.testing.node import Node
+from tests.helpers.http import BurstServer, serve
 from tests.helpers.kube import Helm
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -69,7 +70,7 @@ class Ledger:
         return first
 
 
-def serve_ledger(address: str) -> tuple[ThreadingHTTPServer, Ledger]:
+def serve_ledger(address: str) -> tuple[BurstServer, Ledger]:
     ledger = Ledger()
 
     class Handler(BaseHTTPRequestHandler):
@@ -89,8 +90,7 @@ def serve_ledger(address: str) -> tuple[ThreadingHTTPServer, Ledger]:
         def log_message(self, format: str, *args: Any) -> None:
             pass
 
-    server = ThreadingHTTPServer((address, 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    server = serve(address, Handler)
     return server, ledger
 
 
