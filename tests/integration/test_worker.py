@@ -22,7 +22,6 @@ from cronwell.schedule import format_instant
 from cronwell.sdk import Context
 from cronwell.store import claims
 from cronwell.store.db import Database
-from cronwell_worker.dlq import replay
 from cronwell_worker.runtime import backoff_seconds, self_fence_margin
 from tests.helpers.wait import wait_for
 
@@ -245,7 +244,7 @@ async def test_backoff_moves_run_at_then_dead_then_replay_keeps_the_key(
         assert CONTROL["calls:retrying"] == 3
 
         CONTROL["retrying"] = False
-        replayed = await replay(db, key=key)
+        replayed = await dispatch.replay_dead(db, key=key)
         assert [(r.idempotency_key, r.max_attempts) for r in replayed] == [(key, 6)]
         o = await wait_for(lambda: state_is(db, key, "succeeded"))
     atts = await attempts(db, key)
@@ -326,8 +325,8 @@ async def test_at_most_once_never_reruns_an_ambiguous_attempt(db: Database, db_u
         refused = await trigger(db, "amo-refused")
         r = await wait_for(lambda: state_is(db, refused, "dead"))
         # Replays skip Ambiguous occurrences unless asked.
-        assert await replay(db, name="amo") == []
-        assert await replay(db, key=lease_key) == []
+        assert await dispatch.replay_dead(db, name="amo") == []
+        assert await dispatch.replay_dead(db, key=lease_key) == []
         await asyncio.sleep(0.5)  # give the worker every chance to (wrongly) run them again
     assert (o["reason"], o["attempt"]) == ("Ambiguous", 1)
     assert CONTROL["calls:amo"] == 1, "an ambiguous AtMostOnce attempt ran again"

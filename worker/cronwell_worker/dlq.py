@@ -20,7 +20,6 @@ import click
 from cronwell import dispatch
 from cronwell.cli import Env, duration_option, fmt_time, json_line, render_dead, run
 from cronwell.store import dead, runs
-from cronwell.store.db import Database
 
 
 @click.group("dlq")
@@ -98,20 +97,6 @@ def show_cmd(env: Env, key: str, as_json: bool) -> None:
         )
 
 
-async def replay(
-    db: Database,
-    *,
-    key: str | None = None,
-    name: str | None = None,
-    namespace: str | None = None,
-    include_ambiguous: bool = False,
-) -> list[dead.Replayed]:
-    """Dead occurrences back to pending (same key); wakes the pools' workers."""
-    return await dispatch.replay_dead(
-        db, key=key, name=name, namespace=namespace, include_ambiguous=include_ambiguous
-    )
-
-
 @dlq.command("replay")
 @click.argument("key", required=False)
 @click.option("--job", "name", help="Every dead occurrence of this job (NAME).")
@@ -141,7 +126,7 @@ def replay_cmd(
 
     async def go() -> tuple[list[dead.Replayed], runs.Occurrence | None]:
         async with env.database() as db:
-            rows = await replay(
+            rows = await dispatch.replay_dead(
                 db, key=key, name=name, namespace=namespace, include_ambiguous=include_ambiguous
             )
             occ = await runs.get(db, key) if key is not None and not rows else None
