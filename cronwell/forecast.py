@@ -110,6 +110,39 @@ class PoolForecast:
     def horizon_seconds(self) -> float:
         return len(self.counts) * self.resolution
 
+    def due(self) -> list[int]:
+        """Occurrences due per bucket: the arrivals, and the backlog in bucket 0 (due now)."""
+        due = list(self.counts)
+        if due:
+            due[0] += self.backlog
+        return due
+
+
+@dataclass(frozen=True, slots=True)
+class Window:
+    """A run of buckets summarised for a table: its start, the occurrences due in it, and
+    the most concurrency and replicas any of its buckets needs."""
+
+    time: datetime
+    due: int
+    concurrency: int
+    replicas: int
+
+
+def windows(pf: PoolForecast, replicas: Sequence[int], step: int) -> list[Window]:
+    """`pf` and its planned `replicas` per `step` buckets (`cronwell forecast`'s table and
+    the dashboard's per-minute one)."""
+    due = pf.due()
+    return [
+        Window(
+            pf.bucket_time(i),
+            sum(due[i : i + step]),
+            max(pf.concurrency[i : i + step]),
+            max(replicas[i : i + step]),
+        )
+        for i in range(0, len(due), step)
+    ]
+
 
 def _quantise(d: float) -> float:
     if d <= 0:

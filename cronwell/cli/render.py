@@ -182,6 +182,8 @@ def render_forecast(
     pools: Sequence[tuple[str, PoolForecast, ReplicaPlan]], *, horizon: str, bucket_seconds: float
 ) -> None:
     """Per pool: a summary line, then due occurrences, concurrency and replicas per bucket."""
+    from cronwell.forecast import windows  # here: every command imports this module (~20 ms)
+
     step = max(1, round(bucket_seconds))
     fmt = "{:<20} {:>10} {:>12} {:>9}"
     for name, pf, plan in pools:
@@ -192,16 +194,8 @@ def render_forecast(
             + (f"{fmt_time(burst.time)} ({burst.size} due)" if burst else "none")
         )
         click.echo(fmt.format("TIME (UTC)", "DUE", "CONCURRENCY", "REPLICAS"))
-        for i in range(0, len(pf.counts), step):
-            j = i + step
-            click.echo(
-                fmt.format(
-                    fmt_time(pf.bucket_time(i)),
-                    sum(pf.counts[i:j]) + (pf.backlog if i == 0 else 0),
-                    max(pf.concurrency[i:j]),
-                    max(plan.series[i:j]),
-                )
-            )
+        for w in windows(pf, plan.series, step):
+            click.echo(fmt.format(fmt_time(w.time), w.due, w.concurrency, w.replicas))
 
 
 def pyplot() -> Any:

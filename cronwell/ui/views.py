@@ -17,6 +17,7 @@ from aiohttp import web
 
 from cronwell import dispatch
 from cronwell.fleet_forecast import Forecaster
+from cronwell.forecast import windows
 from cronwell.models import ScheduledJobSpec
 from cronwell.prescale import plan_pool
 from cronwell.schedule import JobSchedule
@@ -541,18 +542,15 @@ async def forecast_data(request: web.Request) -> dict[str, Any]:
     for name, pf in sorted(forecasts.items()):
         start, resolution = pf.start, pf.resolution
         pp = plan_pool(pf, spec, 0.0)
-        due = list(pf.counts)
-        if due:
-            due[0] += pf.backlog  # the backlog is due now
-        series, conc = pp.plan.series, pf.concurrency
+        due, series, conc = pf.due(), pp.plan.series, pf.concurrency
         rows = [
             {
-                "time": _iso(pf.bucket_time(i)),
-                "due": sum(due[i : i + FORECAST_ROW_SECONDS]),
-                "concurrency": max(conc[i : i + FORECAST_ROW_SECONDS]),
-                "replicas": max(series[i : i + FORECAST_ROW_SECONDS]),
+                "time": _iso(w.time),
+                "due": w.due,
+                "concurrency": w.concurrency,
+                "replicas": w.replicas,
             }
-            for i in range(0, len(due), FORECAST_ROW_SECONDS)
+            for w in windows(pf, series, FORECAST_ROW_SECONDS)
         ]
         bursts += [
             {
