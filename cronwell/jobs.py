@@ -103,7 +103,7 @@ async def apply_job(
             )
             return Applied(job_id, namespace, name, "created", nxt)
         job_id = row.id
-        if labels is not None:
+        if labels is not None and dict(labels) != row.labels:
             await store_jobs.set_labels(db, job_id=job_id, labels=labels, conn=conn)
         if row.spec_hash == digest:
             return Applied(job_id, namespace, name, "unchanged", row.next_run_at)

@@ -23,6 +23,7 @@ class LiveJob:
     generation: int
     suspended: bool
     next_run_at: datetime | None
+    labels: dict[str, str]
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,6 +39,7 @@ class StoredJob:
     suspended: bool
     next_run_at: datetime | None
     deleted_at: datetime | None
+    labels: dict[str, str]
 
 
 @dataclass(frozen=True, slots=True)
@@ -151,7 +153,7 @@ async def insert(
 async def set_labels(
     db: Database, *, job_id: uuid.UUID, labels: Mapping[str, str], conn: Conn | None = None
 ) -> None:
-    """Record a job's labels (no write when unchanged); the dashboard filters on them."""
+    """Record a job's changed labels; the dashboard filters on them."""
     await db.execute(
         "JobLabelsSet",
         {"id": job_id, "labels": json.dumps(dict(labels), sort_keys=True)},

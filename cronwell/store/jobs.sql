@@ -8,13 +8,14 @@ SELECT pg_advisory_xact_lock(7367, hashtext(%(namespace)s || '/' || %(name)s));
 
 -- name: JobGetLive
 -- The live job of a namespace/name, locked for an upsert or delete.
-SELECT id, spec, spec_hash, generation, suspended, next_run_at
+SELECT id, spec, spec_hash, generation, suspended, next_run_at, labels
 FROM cronwell_jobs WHERE namespace = %(namespace)s AND name = %(name)s AND deleted_at IS NULL
 FOR UPDATE;
 
 -- name: JobGetById
 -- A job by uid (live or tombstoned), locked for an upsert or delete.
-SELECT id, namespace, name, spec, spec_hash, generation, suspended, next_run_at, deleted_at
+SELECT id, namespace, name, spec, spec_hash, generation, suspended, next_run_at, deleted_at,
+       labels
 FROM cronwell_jobs WHERE id = %(id)s FOR UPDATE;
 
 -- name: JobInsert
@@ -25,10 +26,10 @@ VALUES (%(id)s, %(namespace)s, %(name)s, %(spec)s, %(spec_hash)s, %(generation)s
         %(partition)s, %(next_run_at)s, %(suspended)s, %(labels)s);
 
 -- name: JobLabelsSet
--- A job's labels (its CR's metadata), written only when they changed: labels are not part
--- of the spec hash, so an apply whose spec is unchanged still records a relabel.
-UPDATE cronwell_jobs SET labels = %(labels)s
-WHERE id = %(id)s AND labels <> %(labels)s::jsonb;
+-- A job's labels (its CR's metadata), written by an apply that found them changed on the
+-- row it locked: labels are not part of the spec hash, so an apply whose spec is unchanged
+-- still records a relabel.
+UPDATE cronwell_jobs SET labels = %(labels)s WHERE id = %(id)s;
 
 -- name: JobUpdate
 -- A changed spec (next_run_at recomputed by the caller when the schedule changed).
