@@ -41,12 +41,13 @@ _MONTH = ("month", 1, 12, 3)
 _DOW = ("day-of-week", 0, 7, 4)
 _FieldDef = tuple[str, int, int, int]
 
-# English names whatever the locale (calendar's names follow LC_TIME)
-_MONTH_FULL = ["", "January", "February", "March", "April", "May", "June", "July", "August",
+# English names whatever the locale (calendar's names follow LC_TIME); the dashboard's
+# schedules in words (cronwell/ui/words.py) use them too
+MONTH_FULL = ["", "January", "February", "March", "April", "May", "June", "July", "August",
                "September", "October", "November", "December"]  # fmt: skip
-_MONTH_NAMES = {m[:3].lower(): i for i, m in enumerate(_MONTH_FULL) if m}
-_DAY_FULL = ["Sunday", "Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday"]
-_DAY_NAMES = {d[:3].lower(): i for i, d in enumerate(_DAY_FULL)}
+MONTH_NAMES = {m[:3].lower(): i for i, m in enumerate(MONTH_FULL) if m}
+DAY_FULL = ["Sunday", "Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday"]
+DAY_NAMES = {d[:3].lower(): i for i, d in enumerate(DAY_FULL)}
 
 _HASH = re.compile(r"^h(?:\((\d+)-(\d+)\))?(?:/(\d+))?$")
 _EVERY = re.compile(r"^(?:(\d+)d)?(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s)?$")
@@ -186,10 +187,10 @@ def _number(tok: str, f: _FieldDef) -> int:
     name, lo, hi, _ = f
     if tok.isdigit():
         v = int(tok)
-    elif f is _MONTH and tok in _MONTH_NAMES:
-        v = _MONTH_NAMES[tok]
-    elif f is _DOW and tok in _DAY_NAMES:
-        v = _DAY_NAMES[tok]
+    elif f is _MONTH and tok in MONTH_NAMES:
+        v = MONTH_NAMES[tok]
+    elif f is _DOW and tok in DAY_NAMES:
+        v = DAY_NAMES[tok]
     else:
         raise _Bad(f"{name} value {tok!r} is not a number" + _names_hint(f))
     if not lo <= v <= hi:
@@ -399,22 +400,23 @@ def _never_fires(c: Cron) -> tuple[str, str] | None:
         for length in (28, 29) if m == 2 else (calendar.monthrange(2001, m)[1],):
             if any(c.days_of(length, first) for first in range(7)):
                 return None
-    months = [_MONTH_FULL[m] for m in c.months]
+    months = [MONTH_FULL[m] for m in c.months]
     if c.both:
         return (
-            f"{_join(_dom_words(c), 'or')} is never {_join(_dow_words(c), 'or')}"
+            f"{join_words(_dom_words(c), 'or')} is never {join_words(_dow_words(c), 'or')}"
             " (with #, L or W, day-of-month and day-of-week must both match)",
             "set one of the two day fields to ?",
         )
     missing = [_ordinal(d) for d in sorted(c.days | c.nearest)] or _dom_words(c)
     has = "has" if len(months) == 1 else "have"
     return (
-        f"{_join(months, 'and')} {has} no {_join(missing, 'or')}",
+        f"{join_words(months, 'and')} {has} no {join_words(missing, 'or')}",
         "use a day every chosen month has (L is the last day), or other months",
     )
 
 
-def _join(xs: list[str], word: str) -> str:
+def join_words(xs: list[str], word: str) -> str:
+    """`a`, `a and b`, `a, b and c` (with `word` for "and"): errors and the dashboard."""
     return xs[0] if len(xs) == 1 else ", ".join(xs[:-1]) + f" {word} " + xs[-1]
 
 
@@ -426,9 +428,9 @@ def _dom_words(c: Cron) -> list[str]:
 
 
 def _dow_words(c: Cron) -> list[str]:
-    words = [f"a {_DAY_FULL[d]}" for d in sorted(c.weekdays)]
-    words += [f"the {_ordinal(k)} {_DAY_FULL[d]}" for d, k in sorted(c.nth)]
-    return words + [f"the last {_DAY_FULL[d]}" for d in sorted(c.last_of)]
+    words = [f"a {DAY_FULL[d]}" for d in sorted(c.weekdays)]
+    words += [f"the {_ordinal(k)} {DAY_FULL[d]}" for d, k in sorted(c.nth)]
+    return words + [f"the last {DAY_FULL[d]}" for d in sorted(c.last_of)]
 
 
 def _parse_every(expr: str) -> Every:

@@ -10,14 +10,19 @@ from __future__ import annotations
 
 import re
 
-from cronwell.cronexpr import MACROS, uses_hash
+from cronwell.cronexpr import (
+    DAY_FULL,
+    DAY_NAMES,
+    MACROS,
+    MONTH_FULL,
+    MONTH_NAMES,
+    Every,
+    join_words,
+    parse,
+    uses_hash,
+)
+from cronwell.errors import SpecError
 
-_DAYS = ["Sunday", "Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday"]
-_MONTHS = ["January", "February", "March", "April", "May", "June", "July", "August",
-           "September", "October", "November", "December"]  # fmt: skip
-_DAY_NUM = {d[:3].lower(): i for i, d in enumerate(_DAYS)}
-_MONTH_NUM = {m[:3].lower(): i + 1 for i, m in enumerate(_MONTHS)}
-_EVERY = re.compile(r"^(?:(\d+)d)?(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s)?$")
 _UNITS = (("day", 86400), ("hour", 3600), ("minute", 60), ("second", 1))
 _NUM = re.compile(r"^\d+$")
 _STEP = re.compile(r"^(?:\*|0)/(\d+)$")
@@ -32,13 +37,14 @@ def _plural(n: int, unit: str) -> str:
 
 
 def _every(expr: str) -> str | None:
-    m = _EVERY.match(expr[len("@every") :].strip().lower())
-    if not m or not any(m.groups()):
+    """`@every DURATION` (parsed by the scheduler's own cronexpr) as words."""
+    try:
+        every = parse(expr)
+    except SpecError:
         return None
-    secs = sum(int(g or 0) * u for g, (_, u) in zip(m.groups(), _UNITS, strict=True))
-    if secs <= 0:
+    if not isinstance(every, Every):
         return None
-    parts = []
+    secs, parts = every.seconds, []
     for unit, size in _UNITS:
         n, secs = divmod(secs, size)
         if n:
@@ -67,7 +73,7 @@ def _list(text: str, names: dict[str, int], label: list[str], offset: int) -> st
             out.append(f"{label[a % len(label) - offset]} through {label[b % len(label) - offset]}")
         else:
             out.append(label[_value(part, names) % len(label) - offset])
-    return out[0] if len(out) == 1 else ", ".join(out[:-1]) + " and " + out[-1]
+    return join_words(out, "and")
 
 
 def _days(dom: str, month: str, dow: str) -> str:
@@ -76,7 +82,7 @@ def _days(dom: str, month: str, dow: str) -> str:
     if dow not in ("*", "?"):
         if any(c in dow for c in "#L/"):
             raise _Unsaid(dow)
-        text += " on " + _list(dow, _DAY_NUM, _DAYS, 0)
+        text += " on " + _list(dow, DAY_NAMES, DAY_FULL, 0)
     if dom not in ("*", "?"):
         if not all(_NUM.match(p) for p in dom.split(",")):
             raise _Unsaid(dom)
@@ -86,8 +92,7 @@ def _days(dom: str, month: str, dow: str) -> str:
     if month != "*":
         if "/" in month:
             raise _Unsaid(month)
-        months = ["", *_MONTHS]
-        text += " in " + _list(month, _MONTH_NUM, months[1:], 1)
+        text += " in " + _list(month, MONTH_NAMES, MONTH_FULL[1:], 1)
     return text
 
 
