@@ -16,6 +16,7 @@ import jinja2
 from aiohttp import web
 
 from cronwell.cronexpr import load_zone
+from cronwell.errors import DatabaseUnavailable
 from cronwell.store.db import Database
 from cronwell.ui import words
 
@@ -71,6 +72,9 @@ async def guard(request: web.Request, handler: Handler) -> web.StreamResponse:
             e.headers.update(SECURITY_HEADERS)
             raise
         response = error_page(request, e.status, e.reason)
+    except DatabaseUnavailable as e:  # an outage or a failover, not a bug: no traceback
+        log.warning("dashboard request %s %s: %s", request.method, request.path, e)
+        response = error_page(request, 503, "The database did not answer; try again shortly")
     except Exception:
         log.exception("dashboard request %s %s failed", request.method, request.path)
         response = error_page(request, 500, "Internal error")

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import re
 import signal
 import socket
@@ -47,6 +48,32 @@ async def client(db: Database) -> AsyncIterator[TestClient]:
 def assert_secure(headers: object) -> None:
     for name, value in SECURITY_HEADERS.items():
         assert headers[name] == value, name  # type: ignore[index]
+
+
+async def test_a_silent_database_is_a_503_at_the_deadline(db_url: str) -> None:
+    """The server process behind the dashboard's one connection stops (a frozen primary):
+    a page answers 503 at the call's deadline instead of hanging, and the next request,
+    on a new connection, works."""
+    async with Database(db_url, max_size=1, deadline_seconds=1.0) as small:
+        c = await _client(small)
+        try:
+            async with small.connection() as conn:
+                cur = await conn.execute("SELECT pg_backend_pid() AS pid")
+                row = await cur.fetchone()
+                assert row is not None
+            os.kill(int(row["pid"]), signal.SIGSTOP)
+            try:
+                async with asyncio.timeout(20):
+                    r = await c.get("/")
+            finally:
+                os.kill(int(row["pid"]), signal.SIGCONT)
+            assert r.status == 503
+            text = await r.text()
+            assert "did not answer" in text and "Traceback" not in text
+            assert_secure(r.headers)
+            assert (await c.get("/")).status == 200
+        finally:
+            await c.close()
 
 
 async def test_jobs_page_lists_jobs(db: Database, client: TestClient) -> None:
