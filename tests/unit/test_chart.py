@@ -676,6 +676,19 @@ def test_every_command_and_flag_the_chart_passes_exists(rendered: list[dict[str,
     assert seen == {"operator", "scheduler", "worker", "migrate"}
 
 
+def test_scheduler_and_worker_liveness_is_progress_not_a_port(
+    rendered: list[dict[str, Any]],
+) -> None:
+    """Liveness means progress (invariant 9): schedulers and workers are probed on
+    /healthz, which fails while a database loop is stalled; a TCP check passes then."""
+    deployments = [d for d in of_kind(rendered, "Deployment") if component(d) != "operator"]
+    assert {component(d) for d in deployments} >= {"scheduler", "worker"}
+    for d in deployments:
+        for c in d["spec"]["template"]["spec"]["containers"]:
+            probe = c["livenessProbe"]
+            assert probe["httpGet"] == {"path": "/healthz", "port": "metrics"}, d["metadata"]
+
+
 def test_optional_parts_switch_off_cleanly() -> None:
     base = ("-f", str(CHART / "ci" / "default-values.yaml"))
     no_operator = render(*base, "--set", "operator.enabled=false")
