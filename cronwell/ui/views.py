@@ -13,7 +13,16 @@ from aiohttp import web
 from cronwell.models import ScheduledJobSpec
 from cronwell.schedule import JobSchedule
 from cronwell.store import dead, fences, gauges, leases, processes, runs, ui
-from cronwell.ui.app import CONFIG, CSRF_FIELD, TEMPLATES
+from cronwell.ui.app import (
+    ACT_VERB,
+    CONFIG,
+    CSRF_FIELD,
+    TEMPLATES,
+    VIEW_VERB,
+    current_user,
+    require,
+    visible_namespaces,
+)
 
 T = TypeVar("T")
 
@@ -26,10 +35,15 @@ JOB_RUNS = 25
 
 
 def render(request: web.Request, template: str, **context: Any) -> web.Response:
+    user = current_user(request)
     html = (
         request.app[TEMPLATES]
         .get_template(template)
-        .render(allow_actions=request.app[CONFIG].allow_actions, **context)
+        .render(
+            allow_actions=request.app[CONFIG].allow_actions,
+            user=user.name if user else None,
+            **context,
+        )
     )
     return web.Response(text=html, content_type="text/html")
 
@@ -81,6 +95,7 @@ async def jobs_page(request: web.Request) -> web.Response:
     filters = {k: _text(request, k) for k in ("namespace", "pool", "text")}
     rows = await ui.job_page(
         request.app[CONFIG].db,
+        namespaces=await visible_namespaces(request),
         namespace=filters["namespace"],
         pool=filters["pool"],
         text=filters["text"],
@@ -93,8 +108,11 @@ async def jobs_page(request: web.Request) -> web.Response:
 
 async def status_page(request: web.Request) -> web.Response:
     """What `cronwell status` prints: durability and fence epoch, partition owners, live
-    processes, occurrences by state (the same store functions)."""
+    processes, occurrences by state (the same store functions). Aggregates of every
+    namespace: with authentication, shown to whoever may see at least one."""
     db = request.app[CONFIG].db
+    if await visible_namespaces(request) == []:
+        raise web.HTTPForbidden(reason="You may not list ScheduledJobs in any namespace")
     parts = await leases.list_all(db)
     owners: dict[str, list[int]] = {}
     for p in parts:
@@ -114,8 +132,12 @@ async def status_page(request: web.Request) -> web.Response:
 async def dead_page(request: web.Request) -> web.Response:
     """Dead-lettered occurrences, newest first (filtered by namespace and job name)."""
     namespace, name = _text(request, "namespace"), _text(request, "job")
-    rows = await dead.list_dead(
-        request.app[CONFIG].db, namespace=namespace, name=name, limit=page_size(request)
+    rows = await ui.dead_page(
+        request.app[CONFIG].db,
+        namespaces=await visible_namespaces(request),
+        namespace=namespace,
+        name=name,
+        limit=page_size(request),
     )
     return render(
         request,
@@ -129,13 +151,19 @@ async def dead_page(request: web.Request) -> web.Response:
 
 async def dead_replay(request: web.Request) -> web.Response:
     """POST (guarded by app.guard): one dead key back to pending under the same key, as
-    `cronwell dead replay KEY` does."""
+    `cronwell dead replay KEY` does. With authentication, only a key the user may see, and
+    only if they may update ScheduledJobs in its namespace."""
     form = await request.post()
     key = form.get("key")
     if not isinstance(key, str) or not key or len(key) > 1024:
         raise web.HTTPBadRequest(reason="key is required")
+    db = request.app[CONFIG].db
+    namespace = await ui.dead_namespace(db, key=key, namespaces=await visible_namespaces(request))
+    if namespace is None:
+        raise web.HTTPNotFound(reason="No replayable dead occurrence with that key")
+    await require(request, ACT_VERB, namespace)
     replayed = await dead.replay(
-        request.app[CONFIG].db, key=key, namespace=None, name=None, include_ambiguous=False
+        db, key=key, namespace=namespace, name=None, include_ambiguous=False
     )
     if not replayed:
         raise web.HTTPNotFound(reason="No replayable dead occurrence with that key")
@@ -144,11 +172,12 @@ async def dead_replay(request: web.Request) -> web.Response:
 
 async def job_page(request: web.Request) -> web.Response:
     """One job: its spec summary, the next instants of its schedule (the scheduler's own
-    engine), its recent runs. Unknown job: 404."""
+    engine), its recent runs. A namespace the user may not see: 403 (whether or not the job
+    exists); unknown job: 404."""
     db = request.app[CONFIG].db
-    job = await ui.job_get(
-        db, namespace=request.match_info["namespace"], name=request.match_info["name"]
-    )
+    namespace = request.match_info["namespace"]
+    await require(request, VIEW_VERB, namespace)
+    job = await ui.job_get(db, namespace=namespace, name=request.match_info["name"])
     if job is None:
         raise web.HTTPNotFound(reason="No such job")
     spec = ScheduledJobSpec.model_validate(job.spec)
@@ -184,6 +213,7 @@ async def _runs(request: web.Request) -> dict[str, Any]:
     filters = {k: _text(request, k) for k in ("namespace", "job", "state")}
     rows = await ui.run_page(
         request.app[CONFIG].db,
+        namespaces=await visible_namespaces(request),
         namespace=filters["namespace"],
         name=filters["job"],
         state=filters["state"],
