@@ -1,6 +1,9 @@
 """Read models of the web dashboard (`cronwell ui`): what a page shows, read-only, one
 keyset-paginated query per view (the dashboard never writes except through the existing
-store functions it reuses)."""
+store functions it reuses).
+
+`namespaces` is what the viewer may see (None: every namespace, the dashboard without
+authentication); it goes into the query, so a page is filtered before its LIMIT."""
 
 from __future__ import annotations
 
@@ -12,6 +15,7 @@ from decimal import Decimal
 from typing import Any
 
 from cronwell.store.db import Database
+from cronwell.store.dead import Dead
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,6 +57,7 @@ class JobCursor:
 async def job_page(
     db: Database,
     *,
+    namespaces: list[str] | None,
     namespace: str | None,
     pool: str | None,
     text: str | None,
@@ -67,6 +72,7 @@ async def job_page(
         JobRow,
         JOB_SORTS[sort],
         {
+            "namespaces": namespaces,
             "namespace": namespace,
             "pool": pool,
             "text": text,
@@ -119,6 +125,7 @@ class RunRow:
 async def run_page(
     db: Database,
     *,
+    namespaces: list[str] | None,
     namespace: str | None,
     name: str | None,
     state: str | None,
@@ -130,6 +137,7 @@ async def run_page(
         RunRow,
         "UiRunPage",
         {
+            "namespaces": namespaces,
             "namespace": namespace,
             "name": name,
             "state": state,
@@ -164,3 +172,31 @@ async def lag_histogram(db: Database, *, job_id: uuid.UUID, window_seconds: int)
     )
     assert found is not None  # an aggregate always returns its row
     return found
+
+
+async def dead_page(
+    db: Database,
+    *,
+    namespaces: list[str] | None,
+    namespace: str | None,
+    name: str | None,
+    limit: int,
+) -> list[Dead]:
+    """Dead occurrences the viewer may see (optionally one namespace / job name), newest first."""
+    return await db.rows(
+        Dead,
+        "UiDeadList",
+        {"namespaces": namespaces, "namespace": namespace, "name": name, "limit": limit},
+    )
+
+
+async def dead_namespace(db: Database, *, key: str, namespaces: list[str] | None) -> str | None:
+    """The namespace of dead occurrence `key` if the viewer may see it: where an action on it
+    is authorised."""
+    found = await db.scalar("UiDeadNamespace", {"key": key, "namespaces": namespaces})
+    return str(found) if found is not None else None
+
+
+async def namespaces(db: Database) -> list[str]:
+    """Namespaces that have jobs (live or deleted): the candidates of per-namespace access."""
+    return [str(r["namespace"]) for r in await db.fetch("UiNamespaces")]

@@ -1,4 +1,6 @@
--- Read models of the web dashboard (`cronwell ui`): read-only, keyset-paginated.
+-- Read models of the web dashboard (`cronwell ui`): read-only, keyset-paginated. Every list
+-- takes %(namespaces)s, the namespaces the viewer may see (NULL: all, the dashboard without
+-- authentication), so a page is filtered before LIMIT, never after.
 
 -- Filters shared by the three UiJobPage* queries (one per sort order, each keyset-paginated
 -- on its own index, no OFFSET, so a page costs its size): namespace, pool, a substring of
@@ -29,6 +31,7 @@ LEFT JOIN LATERAL (
     ORDER BY o.scheduled_for DESC LIMIT 1
 ) last ON true
 WHERE j.deleted_at IS NULL
+  AND (%(namespaces)s::text[] IS NULL OR j.namespace = ANY(%(namespaces)s::text[]))
   AND (%(namespace)s::text IS NULL OR j.namespace = %(namespace)s)
   AND (%(pool)s::text IS NULL OR j.pool = %(pool)s)
   AND (%(text)s::text IS NULL OR strpos(j.namespace || '/' || j.name, %(text)s) > 0)
@@ -66,6 +69,7 @@ LEFT JOIN LATERAL (
     ORDER BY o.scheduled_for DESC LIMIT 1
 ) last ON true
 WHERE j.deleted_at IS NULL
+  AND (%(namespaces)s::text[] IS NULL OR j.namespace = ANY(%(namespaces)s::text[]))
   AND (%(namespace)s::text IS NULL OR j.namespace = %(namespace)s)
   AND (%(pool)s::text IS NULL OR j.pool = %(pool)s)
   AND (%(text)s::text IS NULL OR strpos(j.namespace || '/' || j.name, %(text)s) > 0)
@@ -106,6 +110,7 @@ LEFT JOIN LATERAL (
     ORDER BY o.scheduled_for DESC LIMIT 1
 ) last ON true
 WHERE j.deleted_at IS NULL
+  AND (%(namespaces)s::text[] IS NULL OR j.namespace = ANY(%(namespaces)s::text[]))
   AND (%(namespace)s::text IS NULL OR j.namespace = %(namespace)s)
   AND (%(pool)s::text IS NULL OR j.pool = %(pool)s)
   AND (%(text)s::text IS NULL OR strpos(j.namespace || '/' || j.name, %(text)s) > 0)
@@ -141,7 +146,8 @@ SELECT o.id, j.namespace, j.name, o.idempotency_key, o.scheduled_for, o.state, o
        extract(epoch FROM o.started_at - o.run_at) AS lag_seconds,
        extract(epoch FROM o.finished_at - o.started_at) AS duration_seconds
 FROM cronwell_occurrences o JOIN cronwell_jobs j ON j.id = o.job_id
-WHERE (%(namespace)s::text IS NULL OR j.namespace = %(namespace)s)
+WHERE (%(namespaces)s::text[] IS NULL OR j.namespace = ANY(%(namespaces)s::text[]))
+  AND (%(namespace)s::text IS NULL OR j.namespace = %(namespace)s)
   AND (%(name)s::text IS NULL OR j.name = %(name)s)
   AND (%(state)s::text IS NULL OR o.state = %(state)s)
   AND (%(after_at)s::timestamptz IS NULL
@@ -170,3 +176,43 @@ SELECT count(*) AS runs,
              LEFT JOIN lags l ON width_bucket(l.lag, %(edges)s::float8[]) = b
              GROUP BY b ORDER BY b) AS buckets
 FROM lags;
+
+-- name: UiDeadList
+-- Dead-lettered occurrences, newest first, of the namespaces the viewer may see, optionally
+-- of one namespace / job name; the columns of DeadList.
+SELECT j.namespace, j.name, o.idempotency_key, o.scheduled_for, o.state, o.reason,
+       o.last_error, o.attempt, o.max_attempts, o.fence, o.delivery, o.origin, o.started_at,
+       o.finished_at
+FROM cronwell_occurrences o JOIN cronwell_jobs j ON j.id = o.job_id
+WHERE o.state = 'dead'
+  AND (%(namespaces)s::text[] IS NULL OR j.namespace = ANY(%(namespaces)s::text[]))
+  AND (%(namespace)s::text IS NULL OR j.namespace = %(namespace)s)
+  AND (%(name)s::text IS NULL OR j.name = %(name)s)
+ORDER BY o.finished_at DESC NULLS LAST, o.id DESC
+LIMIT %(limit)s;
+
+-- name: UiDeadNamespace
+-- The namespace of a dead occurrence's job, among the namespaces the viewer may see (an action
+-- is then authorised in that namespace; a key outside them is not found, not forbidden).
+SELECT j.namespace
+FROM cronwell_occurrences o JOIN cronwell_jobs j ON j.id = o.job_id
+WHERE o.idempotency_key = %(key)s AND o.state = 'dead'
+  AND (%(namespaces)s::text[] IS NULL OR j.namespace = ANY(%(namespaces)s::text[]));
+
+-- name: UiNamespaces
+-- Namespaces that have jobs, the candidates whose access the dashboard asks the API server
+-- about: live jobs by a loose index scan of cronwell_jobs_live_name (one probe per namespace,
+-- not a scan of every job), deleted ones (whose runs and dead letters remain) by the partial
+-- index of deleted jobs.
+WITH RECURSIVE live(namespace) AS (
+    (SELECT namespace FROM cronwell_jobs WHERE deleted_at IS NULL ORDER BY namespace LIMIT 1)
+    UNION ALL
+    SELECT (SELECT j.namespace FROM cronwell_jobs j
+            WHERE j.deleted_at IS NULL AND j.namespace > live.namespace
+            ORDER BY j.namespace LIMIT 1)
+    FROM live WHERE live.namespace IS NOT NULL
+)
+SELECT namespace FROM live WHERE namespace IS NOT NULL
+UNION
+SELECT namespace FROM cronwell_jobs WHERE deleted_at IS NOT NULL
+ORDER BY namespace;

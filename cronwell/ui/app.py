@@ -1,6 +1,7 @@
 """The dashboard's aiohttp app: routes, and the middleware every response passes through
-(security headers, CSRF and read-only guard on every non-GET request, errors as plain
-pages, never a traceback)."""
+(authentication when enabled, security headers, CSRF and read-only guard on every non-GET
+request, errors as plain pages, never a traceback), and the per-namespace access checks
+the views call."""
 
 from __future__ import annotations
 
@@ -17,8 +18,10 @@ from aiohttp import web
 
 from cronwell.cronexpr import load_zone
 from cronwell.errors import DatabaseUnavailable
+from cronwell.store import ui
 from cronwell.store.db import Database
 from cronwell.ui import words
+from cronwell.ui.auth import MAX_TOKEN_LENGTH, KubeAuth, ReviewUnavailable, User
 
 log = logging.getLogger(__name__)
 
@@ -30,21 +33,29 @@ SECURITY_HEADERS = {
 }
 _SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 CSRF_FIELD = "csrf_token"
+#: The one path served without a token: the kubelet's probes have none.
+HEALTH_PATH = "/healthz"
+#: Verb on scheduledjobs that makes a namespace visible; the one that allows an action.
+VIEW_VERB, ACT_VERB = "list", "update"
 
 
 @dataclass(frozen=True)
 class UiConfig:
-    """What a request handler needs: the store, the mode and the per-process CSRF token."""
+    """What a request handler needs: the store, the mode, the per-process CSRF token and,
+    with --auth kubernetes, the API server's reviews (None: no authentication)."""
 
     db: Database
     allow_actions: bool = False
     csrf_token: str = field(default_factory=lambda: secrets.token_urlsafe(32))
+    auth: KubeAuth | None = None
 
 
 CONFIG = web.AppKey("config", UiConfig)
 TEMPLATES = web.AppKey("templates", jinja2.Environment)
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+_USER = "cronwell.user"
+_VISIBLE = "cronwell.visible"
 
 
 def in_zone(t: datetime, zone: str) -> str:
@@ -60,9 +71,13 @@ def error_page(request: web.Request, status: int, message: str) -> web.Response:
 
 @web.middleware
 async def guard(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """Refuse every state-changing request unless actions are allowed and the form carries
-    the CSRF token; turn errors into plain pages; add the security headers to everything."""
+    """Authenticate every request but the health check (when enabled); refuse every
+    state-changing request unless actions are allowed and the form carries the CSRF token;
+    turn errors into plain pages; add the security headers to everything."""
     try:
+        auth = request.app[CONFIG].auth
+        if auth is not None and request.path != HEALTH_PATH:
+            request[_USER] = await _authenticate(request, auth)
         if request.method not in _SAFE_METHODS:
             response = await _guarded(request, handler)
         else:
@@ -72,14 +87,67 @@ async def guard(request: web.Request, handler: Handler) -> web.StreamResponse:
             e.headers.update(SECURITY_HEADERS)
             raise
         response = error_page(request, e.status, e.reason)
+        if "WWW-Authenticate" in e.headers:
+            response.headers["WWW-Authenticate"] = e.headers["WWW-Authenticate"]
     except DatabaseUnavailable as e:  # an outage or a failover, not a bug: no traceback
         log.warning("dashboard request %s %s: %s", request.method, request.path, e)
         response = error_page(request, 503, "The database did not answer; try again shortly")
+    except ReviewUnavailable as e:
+        log.warning("dashboard request %s %s: %s", request.method, request.path, e)
+        response = error_page(request, 503, "The Kubernetes API server cannot check access now")
     except Exception:
         log.exception("dashboard request %s %s failed", request.method, request.path)
         response = error_page(request, 500, "Internal error")
     response.headers.update(SECURITY_HEADERS)
     return response
+
+
+def _unauthorized(reason: str, error: str | None = None) -> web.HTTPUnauthorized:
+    challenge = f'Bearer realm="cronwell", error="{error}"' if error else 'Bearer realm="cronwell"'
+    return web.HTTPUnauthorized(reason=reason, headers={"WWW-Authenticate": challenge})
+
+
+async def _authenticate(request: web.Request, auth: KubeAuth) -> User:
+    """The user of the request's bearer token (a TokenReview); 401 without a valid one."""
+    scheme, _, token = request.headers.get("Authorization", "").strip().partition(" ")
+    token = token.strip()
+    if scheme.lower() != "bearer" or not token:
+        raise _unauthorized("A Kubernetes bearer token is required (Authorization: Bearer)")
+    if len(token) > MAX_TOKEN_LENGTH or not token.isascii() or not token.isprintable():
+        raise _unauthorized("Invalid bearer token", "invalid_token")
+    user = await auth.authenticate(token)
+    if user is None:
+        raise _unauthorized("Invalid or expired bearer token", "invalid_token")
+    return user
+
+
+def current_user(request: web.Request) -> User | None:
+    """The authenticated user (None without authentication)."""
+    user: User | None = request.get(_USER)
+    return user
+
+
+async def visible_namespaces(request: web.Request) -> list[str] | None:
+    """The namespaces whose jobs, runs and dead letters the request may see, for the store's
+    queries (None: all, without authentication). Asked once per request."""
+    auth, user = request.app[CONFIG].auth, current_user(request)
+    if auth is None or user is None:
+        return None
+    if _VISIBLE not in request:
+        candidates = await ui.namespaces(request.app[CONFIG].db)
+        request[_VISIBLE] = await auth.namespaces(user, candidates, VIEW_VERB)
+    visible: list[str] = request[_VISIBLE]
+    return visible
+
+
+async def require(request: web.Request, verb: str, namespace: str) -> None:
+    """403 unless the request's user may `verb` scheduledjobs in `namespace` (no-op without
+    authentication)."""
+    auth, user = request.app[CONFIG].auth, current_user(request)
+    if auth is None or user is None:
+        return
+    if not await auth.allowed(user, verb, namespace):
+        raise web.HTTPForbidden(reason=f"You may not {verb} ScheduledJobs in namespace {namespace}")
 
 
 async def _guarded(request: web.Request, handler: Handler) -> web.StreamResponse:
@@ -91,6 +159,11 @@ async def _guarded(request: web.Request, handler: Handler) -> web.StreamResponse
     if not isinstance(token, str) or not hmac.compare_digest(token, config.csrf_token):
         raise web.HTTPForbidden(reason="Missing or invalid CSRF token")
     return await handler(request)
+
+
+async def healthz(request: web.Request) -> web.Response:
+    """Liveness/readiness: the process serves (no token, no database)."""
+    return web.Response(text="ok", content_type="text/plain")
 
 
 async def robots(request: web.Request) -> web.Response:
@@ -130,6 +203,7 @@ def make_app(config: UiConfig) -> web.Application:
     app.router.add_get("/status", views.status_page)
     app.router.add_get("/forecast", views.forecast_page)
     app.router.add_get("/forecast.json", views.forecast_json)
+    app.router.add_get(HEALTH_PATH, healthz)
     app.router.add_get("/robots.txt", robots)
     app.router.add_get("/favicon.ico", favicon)
     app.router.add_static("/static", str(static))

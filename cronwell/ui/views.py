@@ -22,7 +22,16 @@ from cronwell.models import ScheduledJobSpec
 from cronwell.prescale import plan_pool
 from cronwell.schedule import JobSchedule
 from cronwell.store import dead, fences, gauges, leases, processes, runs, ui
-from cronwell.ui.app import CONFIG, CSRF_FIELD, TEMPLATES
+from cronwell.ui.app import (
+    ACT_VERB,
+    CONFIG,
+    CSRF_FIELD,
+    TEMPLATES,
+    VIEW_VERB,
+    current_user,
+    require,
+    visible_namespaces,
+)
 from cronwell.workerpool import WorkerPoolSpec
 
 T = TypeVar("T")
@@ -79,10 +88,15 @@ def lag_chart(h: ui.LagHistogram) -> LagChart:
 
 
 def render(request: web.Request, template: str, **context: Any) -> web.Response:
+    user = current_user(request)
     html = (
         request.app[TEMPLATES]
         .get_template(template)
-        .render(allow_actions=request.app[CONFIG].allow_actions, **context)
+        .render(
+            allow_actions=request.app[CONFIG].allow_actions,
+            user=user.name if user else None,
+            **context,
+        )
     )
     return web.Response(text=html, content_type="text/html")
 
@@ -195,6 +209,7 @@ async def jobs_page(request: web.Request) -> web.Response:
     sort = _choice(request, "sort", ui.JOB_SORTS) or "name"
     rows = await ui.job_page(
         request.app[CONFIG].db,
+        namespaces=await visible_namespaces(request),
         namespace=filters["namespace"],
         pool=filters["pool"],
         text=filters["text"],
@@ -220,8 +235,11 @@ async def jobs_page(request: web.Request) -> web.Response:
 
 async def status_page(request: web.Request) -> web.Response:
     """What `cronwell status` prints: durability and fence epoch, partition owners, live
-    processes, occurrences by state (the same store functions)."""
+    processes, occurrences by state (the same store functions). Aggregates of every
+    namespace: with authentication, shown to whoever may see at least one."""
     db = request.app[CONFIG].db
+    if await visible_namespaces(request) == []:
+        raise web.HTTPForbidden(reason="You may not list ScheduledJobs in any namespace")
     parts = await leases.list_all(db)
     owners: dict[str, list[int]] = {}
     for p in parts:
@@ -256,12 +274,13 @@ def _dead_filters(request: web.Request) -> dict[str, str | None]:
 
 
 async def dead_page(request: web.Request) -> web.Response:
-    """Dead-lettered occurrences, newest first (filtered by namespace and job name); after
-    an action, what it did (from the redirect's query)."""
+    """Dead-lettered occurrences the viewer may see, newest first (filtered by namespace and
+    job name); after an action, what it did (from the redirect's query)."""
     filters = _dead_filters(request)
     done = {k: n for k in DEAD_DONE if (n := _count(request.query.get(k), k)) is not None}
-    rows = await dead.list_dead(
+    rows = await ui.dead_page(
         request.app[CONFIG].db,
+        namespaces=await visible_namespaces(request),
         namespace=filters["namespace"],
         name=filters["job"],
         limit=page_size(request),
@@ -306,9 +325,17 @@ def _form_key(form: Mapping[str, object]) -> str:
 
 async def dead_replay(request: web.Request) -> web.Response:
     """POST (guarded by app.guard): one dead key back to pending under the same key, as
-    `cronwell dlq replay KEY` does (Ambiguous ones are not replayed from here)."""
+    `cronwell dlq replay KEY` does (Ambiguous ones are not replayed from here). With
+    authentication, only a key the user may see, and only if they may update ScheduledJobs
+    in its namespace."""
     form = await request.post()
-    replayed = await dispatch.replay_dead(request.app[CONFIG].db, key=_form_key(form))
+    key = _form_key(form)
+    db = request.app[CONFIG].db
+    namespace = await ui.dead_namespace(db, key=key, namespaces=await visible_namespaces(request))
+    if namespace is None:
+        raise web.HTTPNotFound(reason="No replayable dead occurrence with that key")
+    await require(request, ACT_VERB, namespace)
+    replayed = await dispatch.replay_dead(db, key=key, namespace=namespace)
     if not replayed:
         raise web.HTTPNotFound(reason="No replayable dead occurrence with that key")
     raise _back_to_dead(_form_filters(form), replayed=len(replayed))
@@ -406,11 +433,12 @@ async def dead_discard_all(request: web.Request) -> web.Response:
 
 async def job_page(request: web.Request) -> web.Response:
     """One job: its spec summary, the next instants of its schedule (the scheduler's own
-    engine), its recent runs. Unknown job: 404."""
+    engine), its recent runs. A namespace the user may not see: 403 (whether or not the job
+    exists); unknown job: 404."""
     db = request.app[CONFIG].db
-    job = await ui.job_get(
-        db, namespace=request.match_info["namespace"], name=request.match_info["name"]
-    )
+    namespace = request.match_info["namespace"]
+    await require(request, VIEW_VERB, namespace)
+    job = await ui.job_get(db, namespace=namespace, name=request.match_info["name"])
     if job is None:
         raise web.HTTPNotFound(reason="No such job")
     window = _choice(request, "window", LAG_WINDOWS) or "24h"
@@ -452,6 +480,7 @@ async def _runs(request: web.Request) -> dict[str, Any]:
     filters = {k: _text(request, k) for k in ("namespace", "job", "state")}
     rows = await ui.run_page(
         request.app[CONFIG].db,
+        namespaces=await visible_namespaces(request),
         namespace=filters["namespace"],
         name=filters["job"],
         state=filters["state"],

@@ -20,3 +20,27 @@ async def fail_dead(
         error=error,
         delay_seconds=0,
     )
+
+
+async def dead_letter(db: Database, namespace: str, name: str) -> str:
+    """A job `namespace/name` (in a pool of its own) whose triggered occurrence died on its
+    first attempt; the dead letter's key."""
+    from cronwell import jobs
+    from cronwell.models import ScheduledJobSpec
+
+    pool = f"p-{namespace}-{name}"[:63]
+    spec = {
+        "schedule": "0 0 1 1 *",
+        "pool": pool,
+        "target": {"handler": {"name": "t-fail", "payload": {}}},
+        "retry": {"maxAttempts": 2},
+    }
+    await jobs.apply_job(
+        db, namespace=namespace, name=name, spec=ScheduledJobSpec.model_validate(spec)
+    )
+    key, created = await jobs.trigger_job(db, namespace=namespace, name=name)
+    assert created
+    (c,) = await dispatch.claim(db, pool=pool, worker_id="w1", limit=5, lease_seconds=60)
+    assert c.idempotency_key == key
+    assert await fail_dead(db, key, c.fence, "HTTP400", "answered 400") == "dead"
+    return key

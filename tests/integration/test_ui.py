@@ -25,9 +25,10 @@ from aiohttp.test_utils import TestClient, TestServer
 
 from cronwell import dispatch, jobs
 from cronwell.models import ScheduledJobSpec
+from cronwell.store import ui
 from cronwell.store.db import Database
 from cronwell.ui.app import CONFIG, CSRF_FIELD, SECURITY_HEADERS, UiConfig, make_app
-from tests.helpers.store import fail_dead
+from tests.helpers.store import dead_letter, fail_dead
 from tests.integration.helpers import make_job, seed_started_runs, set_cursor, sql
 from tests.integration.worker_helpers import attempts, handler_job, occurrence, trigger
 
@@ -698,3 +699,67 @@ async def test_job_page_start_lag_histogram(db: Database, client: TestClient) ->
     r = await client.get("/jobs/default/laggy", params={"window": "2h"})
     assert r.status == 400
     assert_secure(r.headers)
+
+
+async def test_healthz_is_ok_with_headers(client: TestClient) -> None:
+    r = await client.get("/healthz")
+    assert r.status == 200 and await r.text() == "ok"
+    assert_secure(r.headers)
+
+
+async def test_store_filters_by_visible_namespaces_before_the_page_limit(db: Database) -> None:
+    """What --auth kubernetes passes the store: the namespaces a viewer may see. The filter
+    is in the query, so a page of N holds N visible rows however many hidden ones sort
+    before them, and a dead letter's namespace is found only among the visible ones."""
+    hidden = [await dead_letter(db, "aa-hidden", f"h{i}") for i in range(3)]
+    shown = [await dead_letter(db, "bb-shown", f"s{i}") for i in range(3)]
+    assert await ui.namespaces(db) == ["aa-hidden", "bb-shown"]
+
+    jobs = await ui.job_page(
+        db, namespaces=["bb-shown"], namespace=None, pool=None, text=None, after=None, limit=2
+    )
+    assert [(j.namespace, j.name) for j in jobs] == [("bb-shown", "s0"), ("bb-shown", "s1")]
+    everything = await ui.job_page(
+        db, namespaces=None, namespace=None, pool=None, text=None, after=None, limit=10
+    )
+    assert len(everything) == 6
+    none = await ui.job_page(
+        db, namespaces=[], namespace="aa-hidden", pool=None, text=None, after=None, limit=10
+    )
+    assert none == []
+
+    runs = await ui.run_page(
+        db, namespaces=["bb-shown"], namespace=None, name=None, state=None, after=None, limit=3
+    )
+    assert sorted(r.idempotency_key for r in runs) == sorted(shown)
+    dead = await ui.dead_page(db, namespaces=["bb-shown"], namespace=None, name=None, limit=3)
+    assert sorted(d.idempotency_key for d in dead) == sorted(shown)
+    assert await ui.dead_page(db, namespaces=[], namespace=None, name=None, limit=3) == []
+
+    assert await ui.dead_namespace(db, key=hidden[0], namespaces=None) == "aa-hidden"
+    assert await ui.dead_namespace(db, key=hidden[0], namespaces=["bb-shown"]) is None
+    assert await ui.dead_namespace(db, key=shown[0], namespaces=["bb-shown"]) == "bb-shown"
+
+
+@pytest.mark.parametrize(
+    ("args", "code", "message"),
+    [
+        (["--auth", "kubernetes"], 1, "--auth kubernetes needs the API server"),
+        (["--auth-audience", "x"], 2, "--auth-audience needs --auth kubernetes"),
+        (["--auth", "basic"], 2, "is not one of 'none', 'kubernetes'"),
+    ],
+)
+def test_cronwell_ui_auth_mistakes_are_one_line(
+    args: list[str], code: int, message: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Refused before anything is served: no kubeconfig for --auth kubernetes (and no
+    in-cluster config), an audience without it, an unknown mode."""
+    from click.testing import CliRunner
+
+    from cronwell.cli import main
+
+    monkeypatch.setenv("KUBECONFIG", "/nonexistent/kubeconfig")
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    result = CliRunner().invoke(main, ["--database-url", "postgresql:///x", "ui", *args])
+    assert result.exit_code == code, result.output
+    assert message in result.output and "Traceback" not in result.output
