@@ -92,45 +92,53 @@ LIMIT %(limit)s;
 -- name: UiJobPageByLastRun
 -- One page of live jobs latest finished run first (never run last), after the (last run,
 -- namespace, name) cursor, all three descending so the cursor is one row comparison. The
--- order spans two tables (jobs, counters): it is a keyset, not an index, order.
-SELECT j.namespace, j.name, j.pool, j.spec, j.labels, j.next_run_at, j.suspended,
-       coalesce(r.recent, '{}') AS recent, last.state AS last_state,
-       greatest(c.last_successful_at, c.last_failure_at) AS last_run_at
-FROM cronwell_jobs j
-LEFT JOIN cronwell_job_counters c ON c.job_id = j.id
+-- order spans two tables (jobs, counters): it is a keyset over a top-N sort of the filtered
+-- live jobs, not an index order. The page is chosen first (subquery `p`) and only its rows
+-- read their recent runs: with the lateral reads beside the sort, every live job read its
+-- last 20 runs before the sort kept 50 (100k index scans per page at 100k jobs).
+SELECT p.namespace, p.name, p.pool, p.spec, p.labels, p.next_run_at, p.suspended,
+       coalesce(r.recent, '{}') AS recent, last.state AS last_state, p.last_run_at
+FROM (
+    SELECT j.id, j.namespace, j.name, j.pool, j.spec, j.labels, j.next_run_at, j.suspended,
+           greatest(c.last_successful_at, c.last_failure_at) AS last_run_at
+    FROM cronwell_jobs j
+    LEFT JOIN cronwell_job_counters c ON c.job_id = j.id
+    WHERE j.deleted_at IS NULL
+      AND (%(namespaces)s::text[] IS NULL OR j.namespace = ANY(%(namespaces)s::text[]))
+      AND (%(namespace)s::text IS NULL OR j.namespace = %(namespace)s)
+      AND (%(pool)s::text IS NULL OR j.pool = %(pool)s)
+      AND (%(text)s::text IS NULL OR strpos(j.namespace || '/' || j.name, %(text)s) > 0)
+      AND (%(labels)s::jsonb IS NULL OR j.labels @> %(labels)s::jsonb)
+      AND (%(state)s::text IS NULL
+           OR (%(state)s = 'suspended' AND j.suspended)
+           OR (%(state)s = 'active' AND NOT j.suspended)
+           OR (%(state)s = 'failing' AND j.consecutive_failures <> 0)
+           OR (%(state)s = 'late' AND NOT j.suspended
+               AND (j.next_run_at < now()
+                    OR EXISTS (SELECT 1 FROM cronwell_occurrences o
+                               WHERE o.job_id = j.id AND o.scheduled_for < now()
+                                 AND o.state = 'pending' AND o.run_at < now()))))
+      AND (%(after_ns)s::text IS NULL
+           OR (coalesce(greatest(c.last_successful_at, c.last_failure_at),
+                        '-infinity'::timestamptz), j.namespace, j.name)
+              < (%(after_key)s::timestamptz, %(after_ns)s, %(after_name)s))
+    ORDER BY coalesce(greatest(c.last_successful_at, c.last_failure_at),
+                      '-infinity'::timestamptz) DESC, j.namespace DESC, j.name DESC
+    LIMIT %(limit)s
+) p
 LEFT JOIN LATERAL (
     SELECT array_agg(d.state ORDER BY d.scheduled_for) AS recent
     FROM (SELECT o.state, o.scheduled_for FROM cronwell_occurrences o
-          WHERE o.job_id = j.id AND o.scheduled_for <= now()
+          WHERE o.job_id = p.id AND o.scheduled_for <= now()
           ORDER BY o.scheduled_for DESC LIMIT 20) d
 ) r ON true
 LEFT JOIN LATERAL (
     SELECT o.state FROM cronwell_occurrences o
-    WHERE o.job_id = j.id AND o.finished_at IS NOT NULL
+    WHERE o.job_id = p.id AND o.finished_at IS NOT NULL
     ORDER BY o.scheduled_for DESC LIMIT 1
 ) last ON true
-WHERE j.deleted_at IS NULL
-  AND (%(namespaces)s::text[] IS NULL OR j.namespace = ANY(%(namespaces)s::text[]))
-  AND (%(namespace)s::text IS NULL OR j.namespace = %(namespace)s)
-  AND (%(pool)s::text IS NULL OR j.pool = %(pool)s)
-  AND (%(text)s::text IS NULL OR strpos(j.namespace || '/' || j.name, %(text)s) > 0)
-  AND (%(labels)s::jsonb IS NULL OR j.labels @> %(labels)s::jsonb)
-  AND (%(state)s::text IS NULL
-       OR (%(state)s = 'suspended' AND j.suspended)
-       OR (%(state)s = 'active' AND NOT j.suspended)
-       OR (%(state)s = 'failing' AND j.consecutive_failures <> 0)
-       OR (%(state)s = 'late' AND NOT j.suspended
-           AND (j.next_run_at < now()
-                OR EXISTS (SELECT 1 FROM cronwell_occurrences o
-                           WHERE o.job_id = j.id AND o.scheduled_for < now()
-                             AND o.state = 'pending' AND o.run_at < now()))))
-  AND (%(after_ns)s::text IS NULL
-       OR (coalesce(greatest(c.last_successful_at, c.last_failure_at),
-                    '-infinity'::timestamptz), j.namespace, j.name)
-          < (%(after_key)s::timestamptz, %(after_ns)s, %(after_name)s))
-ORDER BY coalesce(greatest(c.last_successful_at, c.last_failure_at), '-infinity'::timestamptz)
-         DESC, j.namespace DESC, j.name DESC
-LIMIT %(limit)s;
+ORDER BY coalesce(p.last_run_at, '-infinity'::timestamptz) DESC, p.namespace DESC,
+         p.name DESC;
 
 -- name: UiJobGet
 -- The live job of a namespace/name for its page (uid for its runs, spec for its schedule).
@@ -140,7 +148,11 @@ WHERE namespace = %(namespace)s AND name = %(name)s AND deleted_at IS NULL;
 
 -- name: UiRunPage
 -- One page of occurrences, newest first, after the (scheduled_for, id) cursor, filtered by
--- namespace, job name and state; columns as RunsList plus the id the cursor needs.
+-- namespace, job name and state; columns as RunsList plus the id the cursor needs. Pages
+-- walk cronwell_occurrences_recent (0010); a job's runs are those of the live job of that
+-- name (cronwell_jobs_live_name) and of its deleted namesakes (cronwell_jobs_deleted), each
+-- read by cronwell_occurrences_job: `j.name = X` alone matched no index (the name index
+-- holds live jobs only), so the planner scanned every job.
 SELECT o.id, j.namespace, j.name, o.idempotency_key, o.scheduled_for, o.state, o.attempt,
        o.fence, o.last_error,
        extract(epoch FROM o.started_at - o.run_at) AS lag_seconds,
@@ -148,7 +160,13 @@ SELECT o.id, j.namespace, j.name, o.idempotency_key, o.scheduled_for, o.state, o
 FROM cronwell_occurrences o JOIN cronwell_jobs j ON j.id = o.job_id
 WHERE (%(namespaces)s::text[] IS NULL OR j.namespace = ANY(%(namespaces)s::text[]))
   AND (%(namespace)s::text IS NULL OR j.namespace = %(namespace)s)
-  AND (%(name)s::text IS NULL OR j.name = %(name)s)
+  AND (%(name)s::text IS NULL
+       OR o.job_id IN (SELECT l.id FROM cronwell_jobs l
+                       WHERE l.name = %(name)s AND l.deleted_at IS NULL
+                         AND (%(namespace)s::text IS NULL OR l.namespace = %(namespace)s)
+                       UNION ALL
+                       SELECT d.id FROM cronwell_jobs d
+                       WHERE d.deleted_at IS NOT NULL AND d.name = %(name)s))
   AND (%(state)s::text IS NULL OR o.state = %(state)s)
   AND (%(after_at)s::timestamptz IS NULL
        OR (o.scheduled_for, o.id) < (%(after_at)s::timestamptz, %(after_id)s::bigint))
@@ -216,3 +234,36 @@ SELECT namespace FROM live WHERE namespace IS NOT NULL
 UNION
 SELECT namespace FROM cronwell_jobs WHERE deleted_at IS NOT NULL
 ORDER BY namespace;
+
+-- name: UiOccurrenceRows
+-- The planner's row count of cronwell_occurrences (pg_class.reltuples, kept by
+-- autovacuum/ANALYZE; NULL before the first one): whether /status counts every row or
+-- estimates the final states (UiOccurrenceCounts).
+SELECT nullif(reltuples, -1)::bigint AS n FROM pg_class
+WHERE oid = 'cronwell_occurrences'::regclass;
+
+-- name: UiOccurrenceCounts
+-- Occurrences by state for /status on a large store, without reading every row: the states
+-- work is waiting on or that need a person (pending, waiting, running, dead) counted
+-- exactly, each through its partial index (cronwell_occurrences_claim, _active, _lease,
+-- _dead), and the final states (succeeded, skipped, missed, cancelled) estimated from the
+-- planner's statistics (row count x the state's frequency in pg_stats), `estimate` true.
+SELECT state, n, false AS estimate FROM (
+    SELECT 'pending' AS state, count(*) AS n FROM cronwell_occurrences WHERE state = 'pending'
+    UNION ALL
+    SELECT 'waiting', count(*) FROM cronwell_occurrences WHERE state = 'waiting'
+    UNION ALL
+    SELECT 'running', count(*) FROM cronwell_occurrences WHERE state = 'running'
+    UNION ALL
+    SELECT 'dead', count(*) FROM cronwell_occurrences WHERE state = 'dead'
+) exact WHERE n > 0
+UNION ALL
+SELECT m.state, round(c.reltuples * m.freq)::bigint, true
+FROM pg_class c, pg_stats s,
+     unnest(s.most_common_vals::text::text[], s.most_common_freqs) AS m(state, freq)
+WHERE c.oid = 'cronwell_occurrences'::regclass
+  AND s.schemaname = current_schema() AND s.tablename = 'cronwell_occurrences'
+  AND s.attname = 'state'
+  AND m.state NOT IN ('pending', 'waiting', 'running', 'dead')
+  AND round(c.reltuples * m.freq) > 0
+ORDER BY state;

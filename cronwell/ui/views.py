@@ -16,12 +16,11 @@ import pydantic
 from aiohttp import web
 
 from cronwell import dispatch
-from cronwell.fleet_forecast import Forecaster
 from cronwell.forecast import windows
 from cronwell.models import ScheduledJobSpec
 from cronwell.prescale import plan_pool
 from cronwell.schedule import JobSchedule
-from cronwell.store import dead, fences, gauges, leases, processes, runs, ui
+from cronwell.store import dead, fences, leases, processes, runs, ui
 from cronwell.ui.app import (
     ACT_VERB,
     CONFIG,
@@ -252,7 +251,7 @@ async def status_page(request: web.Request) -> web.Response:
         partition_count=len(parts),
         owners=sorted(owners.items()),
         procs=await processes.list_all(db, ttl_seconds=PROCESS_TTL_SECONDS),
-        counts=await gauges.occurrence_counts(db),
+        counts=await ui.occurrence_counts(db),
     )
 
 
@@ -558,12 +557,11 @@ async def forecast_data(request: web.Request) -> dict[str, Any]:
     per second, the instants with occurrences due, and the next burst. JSON-ready."""
     spec = pool_spec(request)
     only = _text(request, "pool")
-    forecasts = await Forecaster().forecast(
-        request.app[CONFIG].db,
-        FORECAST_HORIZON_SECONDS,
-        pool=only,
-        slo_seconds=spec.start_slo_seconds,
-    )
+    config = request.app[CONFIG]
+    async with config.forecast_lock:
+        forecasts = await config.forecaster.forecast(
+            config.db, FORECAST_HORIZON_SECONDS, pool=only, slo_seconds=spec.start_slo_seconds
+        )
     pools: list[dict[str, Any]] = []
     bursts: list[dict[str, Any]] = []
     start: datetime | None = None
