@@ -49,6 +49,7 @@ from bench.common import (
     discard,
     load_average,
     machine_facts,
+    merge_latest,
     worker_env,
 )
 from cronwell import jobs
@@ -574,12 +575,14 @@ def write_results(
     out: Path,
     started: float,
 ) -> None:
-    """One results file per run (run-<UTC start>.json), latest.json = this run (the one to
-    commit), the raw lags and the CDF plot."""
+    """One results file per run (run-<UTC start>.json), latest.json = this run merged over
+    the previous one (the one to commit), the raw lags and the CDF plot."""
     text = json.dumps(results, indent=2)
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(started))
     (out / f"run-{stamp}.json").write_text(text)
-    (out / "latest.json").write_text(text)
+    (out / "latest.json").write_text(
+        json.dumps(merge_latest(out / "latest.json", results), indent=2)
+    )
     print(f"results: {out / f'run-{stamp}.json'} (= {out / 'latest.json'})")
     if not lags:
         return
