@@ -99,7 +99,8 @@ INSERT INTO cronwell_occurrences (idempotency_key, job_id, pool, scheduled_for, 
 SELECT j.id || ':' || k, j.id, j.pool, r.ts, r.ts, r.state,
        CASE r.state WHEN 'dead' THEN 'AttemptsExhausted' WHEN 'skipped' THEN 'Overlap'
                     WHEN 'missed' THEN 'Downtime' WHEN 'cancelled' THEN 'Cancelled' END,
-       'Skip', 'AtLeastOnce', 3, 3600, r.attempt, CASE WHEN r.attempt > 0 THEN n * 100000 + k END,
+       'Skip', 'AtLeastOnce', 3, 3600, r.attempt,
+       CASE WHEN r.attempt > 0 THEN x.n::bigint * 100000 + k END,
        CASE WHEN r.attempt > 0 THEN 'worker-' || n %% 8 END,
        CASE WHEN r.state = 'running' THEN now() + interval '1 minute' END,
        CASE WHEN r.state IN ('succeeded', 'dead', 'running', 'cancelled') THEN r.ts + r.lag END,
@@ -365,6 +366,7 @@ async def ui_bench(
             "over_budget": sorted(over),
             "plans_over_budget": explained,
         }
+        print(f"ui {n} jobs:", json.dumps(out[str(n)]), flush=True)  # kept if a later size fails
     report(out, sizes)
     return out
 
