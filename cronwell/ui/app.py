@@ -8,7 +8,7 @@ from __future__ import annotations
 import hmac
 import logging
 import secrets
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import datetime
 from importlib import resources
@@ -150,6 +150,15 @@ async def visible_namespaces(request: web.Request) -> list[str] | None:
         candidates = await ui.namespaces(request.app[CONFIG].db)
         request[_VISIBLE] = await auth.namespaces(user, candidates, VIEW_VERB)
     return request[_VISIBLE]
+
+
+async def permitted(request: web.Request, verb: str, namespaces: Iterable[str]) -> set[str] | None:
+    """Which of `namespaces` the request's user may `verb` scheduledjobs in (None: all,
+    without authentication): to offer only the actions `require` would allow."""
+    auth, user = request.app[CONFIG].auth, current_user(request)
+    if auth is None or user is None:
+        return None
+    return set(await auth.namespaces(user, sorted(set(namespaces)), verb))
 
 
 async def require(request: web.Request, verb: str, namespace: str) -> None:

@@ -30,6 +30,7 @@ from cronwell.ui.app import (
     TEMPLATES,
     VIEW_VERB,
     current_user,
+    permitted,
     require,
     visible_namespaces,
 )
@@ -275,11 +276,13 @@ def _dead_filters(request: web.Request) -> dict[str, str | None]:
 
 async def dead_page(request: web.Request) -> web.Response:
     """Dead-lettered occurrences the viewer may see, newest first (filtered by namespace and
-    job name); after an action, what it did (from the redirect's query)."""
+    job name), with Replay/Discard on those they may update; after an action, what it did
+    (from the redirect's query)."""
     filters = _dead_filters(request)
     done = {k: n for k in DEAD_DONE if (n := _count(request.query.get(k), k)) is not None}
+    config = request.app[CONFIG]
     rows = await ui.dead_page(
-        request.app[CONFIG].db,
+        config.db,
         namespaces=await visible_namespaces(request),
         namespace=filters["namespace"],
         name=filters["job"],
@@ -289,11 +292,14 @@ async def dead_page(request: web.Request) -> web.Response:
         request,
         "dead.html",
         rows=rows,
+        actionable=await permitted(request, ACT_VERB, (r.namespace for r in rows))
+        if config.allow_actions
+        else None,
         bulk_needs_namespace=current_user(request) is not None and not filters["namespace"],
         filters=filters,
         query={k: v for k, v in filters.items() if v},
         done=done,
-        csrf_token=request.app[CONFIG].csrf_token,
+        csrf_token=config.csrf_token,
         csrf_field=CSRF_FIELD,
     )
 

@@ -306,6 +306,9 @@ async def test_the_viewer_sees_namespace_a_only(
                 assert f"{accounts.a}/job-a" in html or ">job-a<" in html, path
         html = await (await c.get("/dead", headers=viewer)).text()
         assert letters.a1 in html and letters.a2 in html
+        assert 'action="/dead/replay"' not in html  # no button the viewer may not use
+        html = await (await c.get("/dead", params={"namespace": accounts.a}, headers=viewer)).text()
+        assert letters.a1 in html and "/dead/confirm" not in html
         assert "system:serviceaccount:" in html and ":viewer" in html  # who is signed in
         r = await c.get(f"/jobs/{accounts.a}/job-a", headers=viewer)
         assert r.status == 200 and "Start lag" in await r.text()
@@ -362,7 +365,10 @@ async def test_the_viewer_may_not_act_and_the_editor_may_in_a_only(
 
         # Bulk: a namespace filter is required, and update in it.
         html = await (await c.get("/dead", headers=editor)).text()
+        assert html.count('action="/dead/replay"') == 1  # a2; b1 is not shown
         assert "Filter by namespace to replay or discard" in html and "/dead/confirm" not in html
+        html = await (await c.get("/dead", params={"namespace": accounts.a}, headers=editor)).text()
+        assert "/dead/confirm" in html
         r = await c.get("/dead/confirm", params={"action": "discard"}, headers=editor)
         assert r.status == 400 and "filter by namespace" in await r.text()
         r = await c.get("/dead/confirm", params=confirm | {"action": "discard"}, headers=editor)
