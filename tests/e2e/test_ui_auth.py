@@ -17,6 +17,7 @@ import uuid
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -98,6 +99,7 @@ def _allowed(admin: Any, user: str, verb: str, namespace: str | None, group: str
             )
         )
     )
+    assert review.status is not None
     return bool(review.status.allowed)
 
 
@@ -138,7 +140,7 @@ def accounts(
         ("dashboard", "create", None, "authorization.k8s.io", "subjectaccessreviews"),
     ]:
         wait_until(
-            lambda q=(sa + user, verb, namespace, group, res): _allowed(kube_api, *q),
+            partial(_allowed, kube_api, sa + user, verb, namespace, group, res),
             30,
             f"RBAC of {user} in effect",
         )
@@ -186,7 +188,7 @@ async def dashboard(
     *,
     allow_actions: bool = True,
     audience: str | None = None,
-) -> AsyncIterator[TestClient]:
+) -> AsyncIterator[TestClient[Any, Any]]:
     """The app as `cronwell ui --auth kubernetes` serves it, its reviews made with the
     credentials of `kubeconfig`."""
     auth = KubeAuth(api_client(str(kubeconfig)), audience=audience)
@@ -237,7 +239,7 @@ async def test_every_route_but_the_open_ones_needs_a_valid_token(
     db: Database, accounts: Accounts, letters: Letters
 ) -> None:
     async with dashboard(db, accounts.dashboard) as c:
-        table = routes(c.app)  # type: ignore[arg-type]
+        table = routes(c.app)
         assert {p for _, p, is_open in table if is_open} >= {"/healthz", "/static/app.js"}
         for method, template, is_open in table:
             path = url(template, accounts.a, "job-a")
@@ -267,8 +269,8 @@ async def test_every_action_is_refused_without_update_in_its_namespace(
         dashboard(db, accounts.dashboard, allow_actions=False) as read_only,
         dashboard(db, accounts.dashboard) as c,
     ):
-        token = c.app[CONFIG].csrf_token  # type: ignore[index]
-        actions = [(m, p) for m, p, _ in routes(c.app) if m not in ("GET", "HEAD")]  # type: ignore[arg-type]
+        token = c.app[CONFIG].csrf_token
+        actions = [(m, p) for m, p, _ in routes(c.app) if m not in ("GET", "HEAD")]
         assert ("POST", "/dead/replay") in actions and len(actions) >= 4
 
         def form(namespace: str, key: str, name: str) -> dict[str, str]:
@@ -340,7 +342,7 @@ async def test_the_viewer_may_not_act_and_the_editor_may_in_a_only(
 ) -> None:
     viewer, editor = bearer(accounts.tokens["viewer"]), bearer(accounts.tokens["editor"])
     async with dashboard(db, accounts.dashboard) as c:
-        token = c.app[CONFIG].csrf_token  # type: ignore[index]
+        token = c.app[CONFIG].csrf_token
         before = await snapshot(db)
         for path in ("/dead/replay", "/dead/discard"):
             r = await c.post(path, data={CSRF_FIELD: token, "key": letters.a1}, headers=viewer)

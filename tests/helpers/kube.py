@@ -49,8 +49,8 @@ def service_account_token(
         spec=client.V1TokenRequestSpec(audiences=list(audiences), expiration_seconds=3600)
     )
     answer = client.CoreV1Api(admin).create_namespaced_service_account_token(sa, ns, request)
-    token: str = answer.status.token
-    return token
+    assert answer.status is not None and answer.status.token
+    return str(answer.status.token)
 
 
 def service_account_kubeconfig(kube: Cluster, admin: Any, ns: str, sa: str, path: Path) -> Path:
