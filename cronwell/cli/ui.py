@@ -38,8 +38,9 @@ def _loopback(host: str) -> bool:
     show_default=True,
     help="none: no authentication (keep it on loopback). kubernetes: every request needs "
     "`Authorization: Bearer <token>`, checked with a TokenReview; a namespace is shown only "
-    "if a SubjectAccessReview allows its user to list scheduledjobs there, an action only "
-    "if it allows update. Uses the Pod's ServiceAccount in a cluster, else KUBECONFIG.",
+    "if a SubjectAccessReview allows its user to list scheduledjobs there (status and "
+    "forecast: in every namespace), an action only if it allows update. Uses the Pod's "
+    "ServiceAccount in a cluster, else KUBECONFIG.",
 )
 @click.option(
     "--auth-audience",

@@ -24,11 +24,13 @@ from cronwell.schedule import JobSchedule
 from cronwell.store import dead, fences, gauges, leases, processes, runs, ui
 from cronwell.ui.app import (
     ACT_VERB,
+    ALL_NAMESPACES,
     CONFIG,
     CSRF_FIELD,
     TEMPLATES,
     VIEW_VERB,
     current_user,
+    permitted,
     require,
     visible_namespaces,
 )
@@ -236,10 +238,9 @@ async def jobs_page(request: web.Request) -> web.Response:
 async def status_page(request: web.Request) -> web.Response:
     """What `cronwell status` prints: durability and fence epoch, partition owners, live
     processes, occurrences by state (the same store functions). Aggregates of every
-    namespace: with authentication, shown to whoever may see at least one."""
+    namespace: with authentication, only for a cluster-wide `list` grant."""
+    await require(request, VIEW_VERB, ALL_NAMESPACES)
     db = request.app[CONFIG].db
-    if await visible_namespaces(request) == []:
-        raise web.HTTPForbidden(reason="You may not list ScheduledJobs in any namespace")
     parts = await leases.list_all(db)
     owners: dict[str, list[int]] = {}
     for p in parts:
@@ -275,11 +276,13 @@ def _dead_filters(request: web.Request) -> dict[str, str | None]:
 
 async def dead_page(request: web.Request) -> web.Response:
     """Dead-lettered occurrences the viewer may see, newest first (filtered by namespace and
-    job name); after an action, what it did (from the redirect's query)."""
+    job name), with Replay/Discard on those they may update; after an action, what it did
+    (from the redirect's query)."""
     filters = _dead_filters(request)
     done = {k: n for k in DEAD_DONE if (n := _count(request.query.get(k), k)) is not None}
+    config = request.app[CONFIG]
     rows = await ui.dead_page(
-        request.app[CONFIG].db,
+        config.db,
         namespaces=await visible_namespaces(request),
         namespace=filters["namespace"],
         name=filters["job"],
@@ -289,10 +292,14 @@ async def dead_page(request: web.Request) -> web.Response:
         request,
         "dead.html",
         rows=rows,
+        actionable=await permitted(request, ACT_VERB, (r.namespace for r in rows))
+        if config.allow_actions
+        else None,
+        bulk_needs_namespace=current_user(request) is not None and not filters["namespace"],
         filters=filters,
         query={k: v for k, v in filters.items() if v},
         done=done,
-        csrf_token=request.app[CONFIG].csrf_token,
+        csrf_token=config.csrf_token,
         csrf_field=CSRF_FIELD,
     )
 
@@ -323,19 +330,25 @@ def _form_key(form: Mapping[str, object]) -> str:
     return key
 
 
-async def dead_replay(request: web.Request) -> web.Response:
-    """POST (guarded by app.guard): one dead key back to pending under the same key, as
-    `cronwell dlq replay KEY` does (Ambiguous ones are not replayed from here). With
-    authentication, only a key the user may see, and only if they may update ScheduledJobs
-    in its namespace."""
-    form = await request.post()
+async def _dead_target(request: web.Request, form: Mapping[str, object]) -> tuple[str, str]:
+    """The dead key a form names and its job's namespace, where an action on it is decided:
+    404 unless the user may see it, then (with authentication) 403 unless they may update
+    ScheduledJobs in that namespace."""
     key = _form_key(form)
     db = request.app[CONFIG].db
     namespace = await ui.dead_namespace(db, key=key, namespaces=await visible_namespaces(request))
     if namespace is None:
-        raise web.HTTPNotFound(reason="No replayable dead occurrence with that key")
+        raise web.HTTPNotFound(reason="No dead occurrence with that key")
     await require(request, ACT_VERB, namespace)
-    replayed = await dispatch.replay_dead(db, key=key, namespace=namespace)
+    return key, namespace
+
+
+async def dead_replay(request: web.Request) -> web.Response:
+    """POST (guarded by app.guard): one dead key back to pending under the same key, as
+    `cronwell dlq replay KEY` does (Ambiguous ones are not replayed from here)."""
+    form = await request.post()
+    key, namespace = await _dead_target(request, form)
+    replayed = await dispatch.replay_dead(request.app[CONFIG].db, key=key, namespace=namespace)
     if not replayed:
         raise web.HTTPNotFound(reason="No replayable dead occurrence with that key")
     raise _back_to_dead(_form_filters(form), replayed=len(replayed))
@@ -344,15 +357,28 @@ async def dead_replay(request: web.Request) -> web.Response:
 async def dead_discard(request: web.Request) -> web.Response:
     """POST (guarded): delete one dead key and its attempts, as `cronwell dlq discard KEY`."""
     form = await request.post()
-    gone = await dead.discard(
-        request.app[CONFIG].db, key=_form_key(form), namespace=None, name=None
-    )
+    key, namespace = await _dead_target(request, form)
+    gone = await dead.discard(request.app[CONFIG].db, key=key, namespace=namespace, name=None)
     if not gone:
         raise web.HTTPNotFound(reason="No dead occurrence with that key")
     raise _back_to_dead(_form_filters(form), discarded=len(gone))
 
 
 BULK_ACTIONS = ("replay", "discard")
+
+
+async def _bulk_allowed(request: web.Request, namespace: str | None) -> None:
+    """With authentication a bulk action stays inside one namespace where the user may
+    update ScheduledJobs: its filter must name it (400 without, 403 if not allowed there).
+    Nothing to check without authentication."""
+    if current_user(request) is None:
+        return
+    if namespace is None:
+        raise web.HTTPBadRequest(
+            reason="With --auth kubernetes, act on all matching dead letters of one namespace: "
+            "filter by namespace first"
+        )
+    await require(request, ACT_VERB, namespace)
 
 
 async def dead_confirm(request: web.Request) -> web.Response:
@@ -364,6 +390,7 @@ async def dead_confirm(request: web.Request) -> web.Response:
     if action not in BULK_ACTIONS:
         raise web.HTTPBadRequest(reason="action must be replay or discard")
     filters = _dead_filters(request)
+    await _bulk_allowed(request, filters["namespace"])
     counts = await dead.count(
         request.app[CONFIG].db, namespace=filters["namespace"], name=filters["job"]
     )
@@ -381,8 +408,10 @@ async def dead_confirm(request: web.Request) -> web.Response:
 
 
 async def _bulk_form(request: web.Request) -> tuple[dict[str, str | None], int]:
+    """The filter and confirmed count of a bulk action's form, once the user may act on it."""
     form = await request.post()
     filters = _form_filters(form)
+    await _bulk_allowed(request, filters["namespace"])
     raw = form.get("expect")
     expect = _count(raw if isinstance(raw, str) else None, "expect")
     if expect is None:
@@ -555,7 +584,10 @@ def _iso(t: datetime | None) -> str | None:
 async def forecast_data(request: web.Request) -> dict[str, Any]:
     """The next hour per pool as `cronwell forecast` and the pre-scaler compute it (the same
     Forecaster and prescale.plan_pool): due occurrences, concurrency and planned replicas
-    per second, the instants with occurrences due, and the next burst. JSON-ready."""
+    per second, the instants with occurrences due, and the next burst. JSON-ready. Pools
+    serve every namespace, so this adds them all up: with authentication, only for a
+    cluster-wide `list` grant."""
+    await require(request, VIEW_VERB, ALL_NAMESPACES)
     spec = pool_spec(request)
     only = _text(request, "pool")
     forecasts = await Forecaster().forecast(
