@@ -37,6 +37,9 @@ class JobRow:
     """When its latest run finished (success or failure), from the job's counters."""
 
 
+RUN_STATES = ("pending", "waiting", "running", "succeeded", "dead", "skipped", "missed",
+              "cancelled")  # fmt: skip
+"""An occurrence's states (the CHECK of cronwell_occurrences.state): the runs' `?state=`."""
 JOB_STATES = ("suspended", "active", "failing", "late")
 JOB_SORTS = {"name": "UiJobPageByName", "next_run": "UiJobPageByNextRun",
              "last_run": "UiJobPageByLastRun"}  # fmt: skip

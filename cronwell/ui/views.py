@@ -524,6 +524,7 @@ async def _runs(request: web.Request) -> dict[str, Any]:
     limit = page_size(request)
     since, until = run_window(request)
     filters = {k: _text(request, k) for k in RUN_FILTERS}
+    filters["state"] = _choice(request, "state", ui.RUN_STATES)
     rows = await ui.run_page(
         request.app[CONFIG].db,
         namespaces=await visible_namespaces(request),
@@ -553,6 +554,7 @@ async def runs_page(request: web.Request) -> web.Response:
         request,
         "runs.html",
         windows=list(LAG_WINDOWS),
+        states=ui.RUN_STATES,
         refresh_choices=REFRESH_SECONDS,
         **await _runs(request),
     )

@@ -25,8 +25,7 @@ from cronwell.store import processes
 from cronwell.store.db import Database
 from cronwell.ui.app import UiConfig, make_app
 from tests.helpers.store import fail_dead
-from tests.integration.helpers import make_job, seed_started_runs
-from tests.integration.test_ui_views import seed_runs
+from tests.integration.helpers import make_job, seed_runs, seed_started_runs
 from tests.integration.worker_helpers import handler_job, occurrence, trigger
 
 CHROMIUM, CHROMEDRIVER = Path("/usr/bin/chromium"), Path("/usr/bin/chromedriver")
