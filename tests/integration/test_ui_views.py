@@ -245,15 +245,22 @@ SORT_MAX_ROWS = 1000
 """A sort of more rows than this (estimated, of 120,000) sorts a large part of the runs."""
 
 
+POOL, RECENT = "cronwell_occurrences_pool", "cronwell_occurrences_recent"
+"""A pool's runs: its own index (0011); for a large pool, walking every run newest first
+(0010, the bench branch's) and keeping the pool's is as good, and the planner may pick it."""
+
+
 async def test_new_queries_plan_index_range_scans(db: Database) -> None:
-    """A pool's runs (with or without a window) are a range of cronwell_occurrences_pool,
-    a job's window one of cronwell_occurrences_job, the backlog probes of
-    cronwell_occurrences_claim and the oldest finished run one of _finished: no sequential
-    scan of the runs and no sort of many of them."""
+    """A pool's runs (with or without a window) are a range of cronwell_occurrences_pool
+    (a large pool's may walk every run newest first instead), a job's window one of
+    cronwell_occurrences_job, the backlog probes of cronwell_occurrences_claim and the
+    oldest finished run one of _finished: no sequential scan of the runs and no sort of
+    many of them."""
     await sql(
         db,
         "INSERT INTO cronwell_jobs (id, namespace, name, spec, spec_hash, pool, partition)"
-        " SELECT gen_random_uuid(), 'default', 'job-' || i, '{}', 'h', 'pool-' || i % 8, 0"
+        " SELECT gen_random_uuid(), 'default', 'job-' || i, '{}', 'h',"
+        "  CASE WHEN i = 1 THEN 'small' ELSE 'pool-' || i % 8 END, 0"
         " FROM generate_series(1, 2000) i",
     )
     await sql(
@@ -267,23 +274,22 @@ async def test_new_queries_plan_index_range_scans(db: Database) -> None:
     )
     await sql(db, "ANALYZE cronwell_occurrences")
     await sql(db, "ANALYZE cronwell_jobs")
-    (job,) = await sql(db, "SELECT id FROM cronwell_jobs WHERE name = 'job-7'")
     now = datetime.now(UTC)
     window = {"since": now - timedelta(hours=1), "until": now - timedelta(minutes=10)}
     cases = {
-        "runs pool": ("UiRunPage", RUNS | {"pool": "pool-3"}, "cronwell_occurrences_pool"),
-        "runs pool window": (
-            "UiRunPage", RUNS | {"pool": "pool-3"} | window, "cronwell_occurrences_pool",
-        ),
+        "runs small pool": ("UiRunPage", RUNS | {"pool": "small"}, {POOL}),
+        "runs small pool window": ("UiRunPage", RUNS | {"pool": "small"} | window, {POOL}),
+        "runs pool": ("UiRunPage", RUNS | {"pool": "pool-3"}, {POOL, RECENT}),
+        "runs pool window": ("UiRunPage", RUNS | {"pool": "pool-3"} | window, {POOL, RECENT}),
         "runs job window": (
             "UiRunPage", RUNS | {"namespace": "default", "name": "job-7"} | window,
-            "cronwell_occurrences_job",
+            {"cronwell_occurrences_job"},
         ),
-        "backlog": ("UiBacklog", {"cap": 10_000}, "cronwell_occurrences_claim"),
-        "oldest finished": ("UiOldestFinished", {}, "cronwell_occurrences_finished"),
+        "backlog": ("UiBacklog", {"cap": 10_000}, {"cronwell_occurrences_claim"}),
+        "oldest finished": ("UiOldestFinished", {}, {"cronwell_occurrences_finished"}),
     }  # fmt: skip
     bad = {}
-    for label, (name, params, index) in cases.items():
+    for label, (name, params, indexes) in cases.items():
         nodes = await _plan(db, name, params)
         reads = _occurrence_reads(nodes)
         sorts = [
@@ -291,7 +297,6 @@ async def test_new_queries_plan_index_range_scans(db: Database) -> None:
             for n in nodes
             if n["Node Type"] == "Sort" and n["Plans"][0]["Plan Rows"] > SORT_MAX_ROWS
         ]
-        if reads != {index} or sorts:
+        if not reads or not reads <= indexes or sorts:
             bad[label] = {"reads": sorted(reads), "sorts": sorts}
     assert not bad, json.dumps(bad, indent=1)
-    assert job  # the job case names one of the seeded jobs
