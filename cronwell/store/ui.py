@@ -188,6 +188,14 @@ async def lag_histogram(db: Database, *, job_id: uuid.UUID, window_seconds: int)
     return found
 
 
+@dataclass(frozen=True, slots=True)
+class DeadRow(Dead):
+    """A dead letter as the dashboard lists it: with its job's zone (None: UTC), where its
+    instants are shown when the viewer picks the job's zone."""
+
+    time_zone: str | None = None
+
+
 async def dead_page(
     db: Database,
     *,
@@ -195,10 +203,10 @@ async def dead_page(
     namespace: str | None,
     name: str | None,
     limit: int,
-) -> list[Dead]:
+) -> list[DeadRow]:
     """Dead occurrences the viewer may see (optionally one namespace / job name), newest first."""
     return await db.rows(
-        Dead,
+        DeadRow,
         "UiDeadList",
         {"namespaces": namespaces, "namespace": namespace, "name": name, "limit": limit},
     )

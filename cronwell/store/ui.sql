@@ -186,10 +186,10 @@ FROM lags;
 
 -- name: UiDeadList
 -- Dead-lettered occurrences, newest first, of the namespaces the viewer may see, optionally
--- of one namespace / job name; the columns of DeadList.
+-- of one namespace / job name; the columns of DeadList and the job's zone.
 SELECT j.namespace, j.name, o.idempotency_key, o.scheduled_for, o.state, o.reason,
        o.last_error, o.attempt, o.max_attempts, o.fence, o.delivery, o.origin, o.started_at,
-       o.finished_at
+       o.finished_at, j.spec->>'timeZone' AS time_zone
 FROM cronwell_occurrences o JOIN cronwell_jobs j ON j.id = o.job_id
 WHERE o.state = 'dead'
   AND (%(namespaces)s::text[] IS NULL OR j.namespace = ANY(%(namespaces)s::text[]))

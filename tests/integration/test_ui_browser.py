@@ -185,7 +185,7 @@ def _switch_zone(driver: Any, base_url: str) -> list[str]:
     driver.refresh()
     assert driver.execute_script("return document.documentElement.dataset.zone") == "job"
     driver.save_screenshot(str(IMAGES / "ui-job-zone-light.png"))
-    driver.get(base_url + "/dead")  # no job zone on this page: the viewer's
+    driver.get(base_url + "/status")  # instants of no job: the viewer's
     assert driver.execute_script("return document.documentElement.dataset.zone") == "local"
     assert not driver.find_elements("css selector", "#zone-switch option[value=job]")
     driver.execute_script("localStorage.removeItem('cronwell-zone')")

@@ -138,8 +138,8 @@ async def test_instants_carry_the_job_zone_for_the_zone_switch(
     db: Database, client: TestClient
 ) -> None:
     job = await make_job(db, "zoned", schedule="0 3 * * *", timeZone="Asia/Tokyo")
-    await seed_runs(db, job.id, "default", [3])
-    for path in ("/", "/runs", "/jobs/default/zoned"):
+    await seed_runs(db, job.id, "default", [3], state="dead")
+    for path in ("/", "/runs", "/jobs/default/zoned", "/dead"):
         html = await (await client.get(path)).text()
         assert 'data-zone="Asia/Tokyo"' in html, path
         assert '<select id="zone-switch"' in html and 'value="job"' in html, path
