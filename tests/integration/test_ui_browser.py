@@ -64,7 +64,7 @@ async def base_url(db: Database) -> AsyncIterator[str]:
             version="dev", concurrency=8, running=4,
         ),
     )  # fmt: skip
-    await seed_runs(db, job.id, "default", [2], state="pending", due_seconds_ago=45)
+    await seed_runs(db, job.id, "default", [2], state="pending")
     server = TestServer(make_app(UiConfig(db=db)), host="127.0.0.1")
     await server.start_server()
     yield f"http://127.0.0.1:{server.port}"
