@@ -8,7 +8,7 @@ import math
 import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
 from urllib.parse import urlencode
 
@@ -21,6 +21,7 @@ from cronwell.forecast import windows
 from cronwell.models import ScheduledJobSpec
 from cronwell.prescale import plan_pool
 from cronwell.schedule import JobSchedule
+from cronwell.settings import SchedulerSettings
 from cronwell.store import dead, fences, gauges, leases, processes, runs, ui
 from cronwell.ui.app import (
     ACT_VERB,
@@ -158,6 +159,15 @@ def label_filter(request: web.Request) -> tuple[str | None, dict[str, str] | Non
     return raw, {key: value}
 
 
+def _aware(raw: str) -> datetime:
+    """An ISO 8601 instant with its offset (`Z` for UTC); ValueError otherwise: a wall
+    time without a zone would mean a different instant to each viewer."""
+    when = datetime.fromisoformat(raw)
+    if when.tzinfo is None:
+        raise ValueError(raw)
+    return when
+
+
 def job_cursor(request: web.Request, sort: str) -> ui.JobCursor | None:
     """`?after=<namespace>/<name>` (name order) or `<sort key>~<namespace>/<name>` (the
     key an ISO instant, `none` for no next run, `never` for never run); else 400."""
@@ -173,10 +183,7 @@ def job_cursor(request: web.Request, sort: str) -> ui.JobCursor | None:
             if at == ("none" if sort == "next_run" else "never"):
                 key = "infinity" if sort == "next_run" else "-infinity"
             else:
-                when = datetime.fromisoformat(at)
-                if when.tzinfo is None:
-                    raise ValueError(at)
-                key = when.isoformat()
+                key = _aware(at).isoformat()
         except ValueError:
             raise web.HTTPBadRequest(
                 reason="after must be <ISO instant with offset>~<namespace>/<name>"
@@ -237,8 +244,9 @@ async def jobs_page(request: web.Request) -> web.Response:
 
 async def status_page(request: web.Request) -> web.Response:
     """What `cronwell status` prints: durability and fence epoch, partition owners, live
-    processes, occurrences by state (the same store functions). Aggregates of every
-    namespace: with authentication, only for a cluster-wide `list` grant."""
+    processes, occurrences by state (the same store functions); and the backlog per pool,
+    the workers' load, the retention and the tables' sizes. Aggregates of every namespace:
+    with authentication, only for a cluster-wide `list` grant."""
     await require(request, VIEW_VERB, ALL_NAMESPACES)
     db = request.app[CONFIG].db
     parts = await leases.list_all(db)
@@ -254,6 +262,11 @@ async def status_page(request: web.Request) -> web.Response:
         owners=sorted(owners.items()),
         procs=await processes.list_all(db, ttl_seconds=PROCESS_TTL_SECONDS),
         counts=await gauges.occurrence_counts(db),
+        backlog=await ui.backlog(db),
+        backlog_cap=ui.BACKLOG_CAP,
+        sizes=await ui.table_sizes(db),
+        retention=SchedulerSettings(),
+        oldest_finished=await ui.oldest_finished(db),
     )
 
 
@@ -479,6 +492,7 @@ async def job_page(request: web.Request) -> web.Response:
         "job.html",
         job=job,
         zone=spec.time_zone or "UTC",
+        history=(spec.successful_jobs_history_limit, spec.failed_jobs_history_limit),
         upcoming=upcoming,
         runs=await runs.list_for_job(db, job_id=job.id, state=None, limit=JOB_RUNS),
         windows=list(LAG_WINDOWS),
@@ -496,23 +510,59 @@ def run_cursor(request: web.Request) -> tuple[datetime, int] | None:
         return None
     at, sep, ident = raw.rpartition("~")
     try:
-        when = datetime.fromisoformat(at)
-        if not sep or when.tzinfo is None:
+        if not sep:
             raise ValueError(raw)
-        return when, int(ident)
+        return _aware(at), int(ident)
     except ValueError:
         raise web.HTTPBadRequest(reason="after must be <ISO instant with offset>~<id>") from None
 
 
+def _instant(request: web.Request, key: str) -> datetime | None:
+    """`?key=` as an ISO instant with an offset; anything else: 400."""
+    raw = _text(request, key)
+    try:
+        return None if raw is None else _aware(raw)
+    except ValueError:
+        raise web.HTTPBadRequest(
+            reason=f"{key} must be an ISO instant with an offset, e.g. 2026-12-04T03:00:00Z"
+        ) from None
+
+
+def run_window(request: web.Request) -> tuple[datetime | None, datetime | None]:
+    """The runs' window of nominal instants [since, until): `?window=` (1h, 24h, 7d: the
+    last one, sliding with each refresh) or `?since=` / `?until=`; both kinds, or since
+    not before until: 400."""
+    window = _choice(request, "window", LAG_WINDOWS)
+    since, until = _instant(request, "since"), _instant(request, "until")
+    if window is not None:
+        if since is not None or until is not None:
+            raise web.HTTPBadRequest(reason="give window or since/until, not both")
+        return datetime.now(UTC) - timedelta(seconds=LAG_WINDOWS[window]), None
+    if since is not None and until is not None and since >= until:
+        raise web.HTTPBadRequest(reason="since must be before until")
+    return since, until
+
+
+REFRESH_SECONDS = (0, 2, 5, 15, 60)
+"""The runs view's refresh intervals (0: off); static/app.js keeps the choice."""
+RUN_FILTERS = ("namespace", "job", "state", "pool", "window", "since", "until")
+"""The runs view's query parameters besides the page's (what its links carry on)."""
+
+
 async def _runs(request: web.Request) -> dict[str, Any]:
     limit = page_size(request)
-    filters = {k: _text(request, k) for k in ("namespace", "job", "state")}
+    since, until = run_window(request)
+    filters = {k: _text(request, k) for k in RUN_FILTERS}
+    filters["state"] = _choice(request, "state", ui.RUN_STATES)
     rows = await ui.run_page(
         request.app[CONFIG].db,
         namespaces=await visible_namespaces(request),
         namespace=filters["namespace"],
         name=filters["job"],
         state=filters["state"],
+        pool=filters["pool"],
+        since=since,
+        until=until,
         after=run_cursor(request),
         limit=limit + 1,
     )
@@ -527,9 +577,16 @@ async def _runs(request: web.Request) -> dict[str, Any]:
 
 
 async def runs_page(request: web.Request) -> web.Response:
-    """Recent runs, filtered by namespace, job and state, one keyset page at a time; the
-    table refreshes itself from runs_fragment every few seconds (static/app.js)."""
-    return render(request, "runs.html", **await _runs(request))
+    """Recent runs, filtered by namespace, job, state, pool and time window, one keyset page
+    at a time; the table refreshes itself from runs_fragment every few seconds (static/app.js)."""
+    return render(
+        request,
+        "runs.html",
+        windows=list(LAG_WINDOWS),
+        states=ui.RUN_STATES,
+        refresh_choices=REFRESH_SECONDS,
+        **await _runs(request),
+    )
 
 
 async def runs_fragment(request: web.Request) -> web.Response:
