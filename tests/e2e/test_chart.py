@@ -119,6 +119,8 @@ def test_release_objects_exist(kube: Cluster, installed: dict[str, Any]) -> None
     notes = installed["notes"]
     assert f"kubectl label namespace {ns} pod-security.kubernetes.io/enforce=restricted" in notes
     assert "deployment/cw-cronwell-worker-default (pool default)" in notes
+    assert "deployment/cw-cronwell-ui (read-only)" in notes
+    assert f"open it: kubectl cronwell ui -n {ns}" in notes
     assert "WARNING" not in notes  # sslmode verify-full
     crd = json.loads(kube.kubectl("get", "crd", CRD, "-o", "json").stdout)
     assert crd["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
