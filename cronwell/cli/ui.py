@@ -7,10 +7,13 @@ from __future__ import annotations
 
 import asyncio
 import ipaddress
+import logging
 
 import click
 
 from cronwell.cli.main import Env, main, run_until_signal
+
+log = logging.getLogger(__name__)
 
 
 def _loopback(host: str) -> bool:
@@ -89,7 +92,7 @@ def ui_cmd(
             await runner.setup()
             try:
                 await web.TCPSite(runner, host, port).start()
-                click.echo(f"cronwell ui on http://{host}:{port}/ (auth: {auth})", err=True)
+                log.info("cronwell ui on http://%s:%s/ (auth: %s)", host, port, auth)
                 await stop.wait()
             finally:
                 await runner.cleanup()
