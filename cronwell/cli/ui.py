@@ -7,10 +7,13 @@ from __future__ import annotations
 
 import asyncio
 import ipaddress
+import logging
 
 import click
 
 from cronwell.cli.main import Env, main, run_until_signal
+
+log = logging.getLogger(__name__)
 
 
 def _loopback(host: str) -> bool:
@@ -38,8 +41,9 @@ def _loopback(host: str) -> bool:
     show_default=True,
     help="none: no authentication (keep it on loopback). kubernetes: every request needs "
     "`Authorization: Bearer <token>`, checked with a TokenReview; a namespace is shown only "
-    "if a SubjectAccessReview allows its user to list scheduledjobs there, an action only "
-    "if it allows update. Uses the Pod's ServiceAccount in a cluster, else KUBECONFIG.",
+    "if a SubjectAccessReview allows its user to list scheduledjobs there (status and "
+    "forecast: in every namespace), an action only if it allows update. Uses the Pod's "
+    "ServiceAccount in a cluster, else KUBECONFIG.",
 )
 @click.option(
     "--auth-audience",
@@ -88,7 +92,7 @@ def ui_cmd(
             await runner.setup()
             try:
                 await web.TCPSite(runner, host, port).start()
-                click.echo(f"cronwell ui on http://{host}:{port}/ (auth: {auth})", err=True)
+                log.info("cronwell ui on http://%s:%s/ (auth: %s)", host, port, auth)
                 await stop.wait()
             finally:
                 await runner.cleanup()

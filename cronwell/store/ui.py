@@ -38,6 +38,9 @@ class JobRow:
     """When its latest run finished (success or failure), from the job's counters."""
 
 
+RUN_STATES = ("pending", "waiting", "running", "succeeded", "dead", "skipped", "missed",
+              "cancelled")  # fmt: skip
+"""An occurrence's states (the CHECK of cronwell_occurrences.state): the runs' `?state=`."""
 JOB_STATES = ("suspended", "active", "failing", "late")
 JOB_SORTS = {"name": "UiJobPageByName", "next_run": "UiJobPageByNextRun",
              "last_run": "UiJobPageByLastRun"}  # fmt: skip
@@ -113,12 +116,16 @@ class RunRow:
     id: int
     namespace: str
     name: str
+    time_zone: str | None
+    """The job's zone (spec.timeZone; None: UTC)."""
     idempotency_key: str
     scheduled_for: datetime
+    pool: str
     state: str
     attempt: int
     fence: int | None
     last_error: str | None
+    jitter_seconds: Decimal
     lag_seconds: Decimal | None
     duration_seconds: Decimal | None
 
@@ -130,10 +137,14 @@ async def run_page(
     namespace: str | None,
     name: str | None,
     state: str | None,
+    pool: str | None = None,
+    since: datetime | None = None,
+    until: datetime | None = None,
     after: tuple[datetime, int] | None,
     limit: int,
 ) -> list[RunRow]:
-    """Up to `limit` occurrences older than the (scheduled_for, id) cursor, newest first."""
+    """Up to `limit` occurrences older than the (scheduled_for, id) cursor, newest first,
+    nominally scheduled in [since, until) when given."""
     return await db.rows(
         RunRow,
         "UiRunPage",
@@ -142,6 +153,9 @@ async def run_page(
             "namespace": namespace,
             "name": name,
             "state": state,
+            "pool": pool,
+            "since": since,
+            "until": until,
             "after_at": after[0] if after else None,
             "after_id": after[1] if after else None,
             "limit": limit,
@@ -175,6 +189,14 @@ async def lag_histogram(db: Database, *, job_id: uuid.UUID, window_seconds: int)
     return found
 
 
+@dataclass(frozen=True, slots=True)
+class DeadRow(Dead):
+    """A dead letter as the dashboard lists it: with its job's zone (None: UTC), where its
+    instants are shown when the viewer picks the job's zone."""
+
+    time_zone: str | None = None
+
+
 async def dead_page(
     db: Database,
     *,
@@ -182,10 +204,10 @@ async def dead_page(
     namespace: str | None,
     name: str | None,
     limit: int,
-) -> list[Dead]:
+) -> list[DeadRow]:
     """Dead occurrences the viewer may see (optionally one namespace / job name), newest first."""
     return await db.rows(
-        Dead,
+        DeadRow,
         "UiDeadList",
         {"namespaces": namespaces, "namespace": namespace, "name": name, "limit": limit},
     )
@@ -227,3 +249,44 @@ async def occurrence_counts(
     if rows is None or rows < exact_below:
         return [StateCount(c.state, c.n) for c in await gauges.occurrence_counts(db)]
     return await db.rows(StateCount, "UiOccurrenceCounts")
+
+
+BACKLOG_CAP = 10_000
+"""Due occurrences counted per pool on /status; beyond, "more than" (a bounded count)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Backlog:
+    """A pool's occurrences due and not started: how many (at most `BACKLOG_CAP`, `more`
+    when there are more) and how late the oldest is."""
+
+    pool: str
+    due: int
+    more: bool
+    oldest_run_at: datetime
+    late_seconds: Decimal
+
+
+async def backlog(db: Database, *, cap: int = BACKLOG_CAP) -> list[Backlog]:
+    """Per pool with a backlog, its due-and-not-started count (bounded) and oldest."""
+    return await db.rows(Backlog, "UiBacklog", {"cap": cap})
+
+
+@dataclass(frozen=True, slots=True)
+class TableSize:
+    """One of the store's tables on disk (indexes and TOAST included)."""
+
+    name: str
+    bytes: int
+    rows_estimate: int | None
+
+
+async def table_sizes(db: Database) -> list[TableSize]:
+    """The store's tables, largest first."""
+    return await db.rows(TableSize, "UiTableSizes")
+
+
+async def oldest_finished(db: Database) -> datetime | None:
+    """When the oldest finished occurrence still kept finished (None: none kept)."""
+    found: datetime | None = await db.scalar("UiOldestFinished")
+    return found

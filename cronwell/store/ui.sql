@@ -148,26 +148,26 @@ WHERE namespace = %(namespace)s AND name = %(name)s AND deleted_at IS NULL;
 
 -- name: UiRunPage
 -- One page of occurrences, newest first, after the (scheduled_for, id) cursor, filtered by
--- namespace, job name and state; columns as RunsList plus the id the cursor needs. Pages
--- walk cronwell_occurrences_recent (0010); a job's runs are those of the live job of that
--- name (cronwell_jobs_live_name) and of its deleted namesakes (cronwell_jobs_deleted), each
--- read by cronwell_occurrences_job: `j.name = X` alone matched no index (the name index
--- holds live jobs only), so the planner scanned every job.
-SELECT o.id, j.namespace, j.name, o.idempotency_key, o.scheduled_for, o.state, o.attempt,
-       o.fence, o.last_error,
+-- namespace, job name, state, pool and a window of nominal instants [since, until); columns
+-- as RunsList plus the id the cursor needs. The window bounds the column the page is
+-- ordered by, so it narrows the same index range scan. Pages walk
+-- cronwell_occurrences_recent (0010); a pool's runs are a range of cronwell_occurrences_pool
+-- (0011); a job's runs those of its jobs by name, live or deleted (cronwell_jobs_name, 0010:
+-- the name index of live jobs did not serve `j.name = X`, a scan of every job), each a range
+-- of cronwell_occurrences_job.
+SELECT o.id, j.namespace, j.name, j.spec->>'timeZone' AS time_zone, o.idempotency_key,
+       o.scheduled_for, o.pool, o.state, o.attempt, o.fence, o.last_error,
+       extract(epoch FROM o.run_at - o.scheduled_for) AS jitter_seconds,
        extract(epoch FROM o.started_at - o.run_at) AS lag_seconds,
        extract(epoch FROM o.finished_at - o.started_at) AS duration_seconds
 FROM cronwell_occurrences o JOIN cronwell_jobs j ON j.id = o.job_id
 WHERE (%(namespaces)s::text[] IS NULL OR j.namespace = ANY(%(namespaces)s::text[]))
   AND (%(namespace)s::text IS NULL OR j.namespace = %(namespace)s)
-  AND (%(name)s::text IS NULL
-       OR o.job_id IN (SELECT l.id FROM cronwell_jobs l
-                       WHERE l.name = %(name)s AND l.deleted_at IS NULL
-                         AND (%(namespace)s::text IS NULL OR l.namespace = %(namespace)s)
-                       UNION ALL
-                       SELECT d.id FROM cronwell_jobs d
-                       WHERE d.deleted_at IS NOT NULL AND d.name = %(name)s))
+  AND (%(name)s::text IS NULL OR j.name = %(name)s)
   AND (%(state)s::text IS NULL OR o.state = %(state)s)
+  AND (%(pool)s::text IS NULL OR o.pool = %(pool)s)
+  AND (%(since)s::timestamptz IS NULL OR o.scheduled_for >= %(since)s::timestamptz)
+  AND (%(until)s::timestamptz IS NULL OR o.scheduled_for < %(until)s::timestamptz)
   AND (%(after_at)s::timestamptz IS NULL
        OR (o.scheduled_for, o.id) < (%(after_at)s::timestamptz, %(after_id)s::bigint))
 ORDER BY o.scheduled_for DESC, o.id DESC
@@ -197,10 +197,10 @@ FROM lags;
 
 -- name: UiDeadList
 -- Dead-lettered occurrences, newest first, of the namespaces the viewer may see, optionally
--- of one namespace / job name; the columns of DeadList.
+-- of one namespace / job name; the columns of DeadList and the job's zone.
 SELECT j.namespace, j.name, o.idempotency_key, o.scheduled_for, o.state, o.reason,
        o.last_error, o.attempt, o.max_attempts, o.fence, o.delivery, o.origin, o.started_at,
-       o.finished_at
+       o.finished_at, j.spec->>'timeZone' AS time_zone
 FROM cronwell_occurrences o JOIN cronwell_jobs j ON j.id = o.job_id
 WHERE o.state = 'dead'
   AND (%(namespaces)s::text[] IS NULL OR j.namespace = ANY(%(namespaces)s::text[]))
@@ -267,3 +267,48 @@ WHERE c.oid = 'cronwell_occurrences'::regclass
   AND m.state NOT IN ('pending', 'waiting', 'running', 'dead')
   AND round(c.reltuples * m.freq) > 0
 ORDER BY state;
+
+-- name: UiBacklog
+-- Per pool, occurrences due and not started (pending, run_at <= now: the workers' claim
+-- order) counted up to `cap` + 1 (a bounded count: a stuck pool's backlog is not counted
+-- row by row on every page view) and the oldest one's run_at. Pools by a loose index scan
+-- of cronwell_occurrences_claim (one probe per pool), each count and oldest a range of it.
+WITH RECURSIVE pools(pool) AS (
+    (SELECT pool FROM cronwell_occurrences WHERE state = 'pending' ORDER BY pool LIMIT 1)
+    UNION ALL
+    SELECT (SELECT o.pool FROM cronwell_occurrences o
+            WHERE o.state = 'pending' AND o.pool > pools.pool ORDER BY o.pool LIMIT 1)
+    FROM pools WHERE pools.pool IS NOT NULL
+)
+SELECT p.pool, least(due.n, %(cap)s) AS due, due.n > %(cap)s AS more, oldest.run_at AS oldest_run_at,
+       extract(epoch FROM now() - oldest.run_at) AS late_seconds
+FROM pools p
+CROSS JOIN LATERAL (
+    SELECT count(*) AS n FROM (SELECT 1 FROM cronwell_occurrences o
+                               WHERE o.state = 'pending' AND o.pool = p.pool
+                                 AND o.run_at <= now()
+                               LIMIT %(cap)s + 1) b
+) due
+CROSS JOIN LATERAL (
+    SELECT o.run_at FROM cronwell_occurrences o
+    WHERE o.state = 'pending' AND o.pool = p.pool AND o.run_at <= now()
+    ORDER BY o.run_at LIMIT 1
+) oldest
+WHERE p.pool IS NOT NULL
+ORDER BY p.pool;
+
+-- name: UiTableSizes
+-- The store's tables (cronwell_*) with their size on disk, indexes and TOAST included
+-- (pg_total_relation_size), and the planner's row estimate (NULL before the first ANALYZE):
+-- catalogue reads, whatever the tables hold.
+SELECT c.relname AS name, pg_total_relation_size(c.oid) AS bytes,
+       nullif(c.reltuples, -1)::bigint AS rows_estimate
+FROM pg_class c
+WHERE c.relkind IN ('r', 'p') AND c.relnamespace = current_schema()::regnamespace
+  AND starts_with(c.relname::text, 'cronwell_')
+ORDER BY pg_total_relation_size(c.oid) DESC, c.relname;
+
+-- name: UiOldestFinished
+-- The oldest finished occurrence the store still keeps (what history limits and retention
+-- have left): one probe of cronwell_occurrences_finished.
+SELECT min(finished_at) FROM cronwell_occurrences WHERE finished_at IS NOT NULL;

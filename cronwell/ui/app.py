@@ -9,7 +9,7 @@ import asyncio
 import hmac
 import logging
 import secrets
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import datetime
 from importlib import resources
@@ -35,10 +35,17 @@ SECURITY_HEADERS = {
 }
 _SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 CSRF_FIELD = "csrf_token"
-#: The one path served without a token: the kubelet's probes have none.
+#: The health check: served without a token (the kubelet's probes have none).
 HEALTH_PATH = "/healthz"
+#: Routes (by their resource's canonical path) served without a token: the health check,
+#: and the package's own public files (scripts, styles, icon, robots.txt), the same in every
+#: install, which browsers fetch without the page's credentials (as Argo serves its assets).
+OPEN_RESOURCES = frozenset({HEALTH_PATH, "/robots.txt", "/favicon.ico", "/static"})
 #: Verb on scheduledjobs that makes a namespace visible; the one that allows an action.
 VIEW_VERB, ACT_VERB = "list", "update"
+#: The `namespace` of `require` for a cluster-wide grant (a ClusterRoleBinding): what the
+#: fleet-wide views need, since they add up every namespace.
+ALL_NAMESPACES = ""
 
 
 @dataclass(frozen=True)
@@ -62,8 +69,8 @@ CONFIG = web.AppKey("config", UiConfig)
 TEMPLATES = web.AppKey("templates", jinja2.Environment)
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-_USER = "cronwell.user"
-_VISIBLE = "cronwell.visible"
+_USER = web.RequestKey("cronwell.user", User)
+_VISIBLE = web.RequestKey("cronwell.visible", list[str])
 
 
 def in_zone(t: datetime, zone: str) -> str:
@@ -84,7 +91,7 @@ async def guard(request: web.Request, handler: Handler) -> web.StreamResponse:
     turn errors into plain pages; add the security headers to everything."""
     try:
         auth = request.app[CONFIG].auth
-        if auth is not None and request.path != HEALTH_PATH:
+        if auth is not None and not is_open(request):
             request[_USER] = await _authenticate(request, auth)
         if request.method not in _SAFE_METHODS:
             response = await _guarded(request, handler)
@@ -129,10 +136,16 @@ async def _authenticate(request: web.Request, auth: KubeAuth) -> User:
     return user
 
 
+def is_open(request: web.Request) -> bool:
+    """Whether the request's route is one of OPEN_RESOURCES (decided by the route it
+    matched, not by its path's text, so no spelling of a path reaches another route)."""
+    resource = request.match_info.route.resource
+    return resource is not None and resource.canonical in OPEN_RESOURCES
+
+
 def current_user(request: web.Request) -> User | None:
     """The authenticated user (None without authentication)."""
-    user: User | None = request.get(_USER)
-    return user
+    return request.get(_USER)
 
 
 async def visible_namespaces(request: web.Request) -> list[str] | None:
@@ -144,18 +157,27 @@ async def visible_namespaces(request: web.Request) -> list[str] | None:
     if _VISIBLE not in request:
         candidates = await ui.namespaces(request.app[CONFIG].db)
         request[_VISIBLE] = await auth.namespaces(user, candidates, VIEW_VERB)
-    visible: list[str] = request[_VISIBLE]
-    return visible
+    return request[_VISIBLE]
+
+
+async def permitted(request: web.Request, verb: str, namespaces: Iterable[str]) -> set[str] | None:
+    """Which of `namespaces` the request's user may `verb` scheduledjobs in (None: all,
+    without authentication): to offer only the actions `require` would allow."""
+    auth, user = request.app[CONFIG].auth, current_user(request)
+    if auth is None or user is None:
+        return None
+    return set(await auth.namespaces(user, sorted(set(namespaces)), verb))
 
 
 async def require(request: web.Request, verb: str, namespace: str) -> None:
-    """403 unless the request's user may `verb` scheduledjobs in `namespace` (no-op without
-    authentication)."""
+    """403 unless the request's user may `verb` scheduledjobs in `namespace` (ALL_NAMESPACES:
+    in every namespace, a cluster-wide grant); no-op without authentication."""
     auth, user = request.app[CONFIG].auth, current_user(request)
     if auth is None or user is None:
         return
     if not await auth.allowed(user, verb, namespace):
-        raise web.HTTPForbidden(reason=f"You may not {verb} ScheduledJobs in namespace {namespace}")
+        where = f"namespace {namespace}" if namespace else "every namespace (a cluster-wide grant)"
+        raise web.HTTPForbidden(reason=f"You may not {verb} ScheduledJobs in {where}")
 
 
 async def _guarded(request: web.Request, handler: Handler) -> web.StreamResponse:

@@ -8,7 +8,7 @@ import math
 import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
 from urllib.parse import urlencode
 
@@ -20,14 +20,17 @@ from cronwell.forecast import windows
 from cronwell.models import ScheduledJobSpec
 from cronwell.prescale import plan_pool
 from cronwell.schedule import JobSchedule
+from cronwell.settings import SchedulerSettings
 from cronwell.store import dead, fences, leases, processes, runs, ui
 from cronwell.ui.app import (
     ACT_VERB,
+    ALL_NAMESPACES,
     CONFIG,
     CSRF_FIELD,
     TEMPLATES,
     VIEW_VERB,
     current_user,
+    permitted,
     require,
     visible_namespaces,
 )
@@ -155,6 +158,15 @@ def label_filter(request: web.Request) -> tuple[str | None, dict[str, str] | Non
     return raw, {key: value}
 
 
+def _aware(raw: str) -> datetime:
+    """An ISO 8601 instant with its offset (`Z` for UTC); ValueError otherwise: a wall
+    time without a zone would mean a different instant to each viewer."""
+    when = datetime.fromisoformat(raw)
+    if when.tzinfo is None:
+        raise ValueError(raw)
+    return when
+
+
 def job_cursor(request: web.Request, sort: str) -> ui.JobCursor | None:
     """`?after=<namespace>/<name>` (name order) or `<sort key>~<namespace>/<name>` (the
     key an ISO instant, `none` for no next run, `never` for never run); else 400."""
@@ -170,10 +182,7 @@ def job_cursor(request: web.Request, sort: str) -> ui.JobCursor | None:
             if at == ("none" if sort == "next_run" else "never"):
                 key = "infinity" if sort == "next_run" else "-infinity"
             else:
-                when = datetime.fromisoformat(at)
-                if when.tzinfo is None:
-                    raise ValueError(at)
-                key = when.isoformat()
+                key = _aware(at).isoformat()
         except ValueError:
             raise web.HTTPBadRequest(
                 reason="after must be <ISO instant with offset>~<namespace>/<name>"
@@ -234,11 +243,11 @@ async def jobs_page(request: web.Request) -> web.Response:
 
 async def status_page(request: web.Request) -> web.Response:
     """What `cronwell status` prints: durability and fence epoch, partition owners, live
-    processes, occurrences by state (the same store functions). Aggregates of every
-    namespace: with authentication, shown to whoever may see at least one."""
+    processes, occurrences by state (the same store functions); and the backlog per pool,
+    the workers' load, the retention and the tables' sizes. Aggregates of every namespace:
+    with authentication, only for a cluster-wide `list` grant."""
+    await require(request, VIEW_VERB, ALL_NAMESPACES)
     db = request.app[CONFIG].db
-    if await visible_namespaces(request) == []:
-        raise web.HTTPForbidden(reason="You may not list ScheduledJobs in any namespace")
     parts = await leases.list_all(db)
     owners: dict[str, list[int]] = {}
     for p in parts:
@@ -252,6 +261,11 @@ async def status_page(request: web.Request) -> web.Response:
         owners=sorted(owners.items()),
         procs=await processes.list_all(db, ttl_seconds=PROCESS_TTL_SECONDS),
         counts=await ui.occurrence_counts(db),
+        backlog=await ui.backlog(db),
+        backlog_cap=ui.BACKLOG_CAP,
+        sizes=await ui.table_sizes(db),
+        retention=SchedulerSettings(),
+        oldest_finished=await ui.oldest_finished(db),
     )
 
 
@@ -274,11 +288,13 @@ def _dead_filters(request: web.Request) -> dict[str, str | None]:
 
 async def dead_page(request: web.Request) -> web.Response:
     """Dead-lettered occurrences the viewer may see, newest first (filtered by namespace and
-    job name); after an action, what it did (from the redirect's query)."""
+    job name), with Replay/Discard on those they may update; after an action, what it did
+    (from the redirect's query)."""
     filters = _dead_filters(request)
     done = {k: n for k in DEAD_DONE if (n := _count(request.query.get(k), k)) is not None}
+    config = request.app[CONFIG]
     rows = await ui.dead_page(
-        request.app[CONFIG].db,
+        config.db,
         namespaces=await visible_namespaces(request),
         namespace=filters["namespace"],
         name=filters["job"],
@@ -288,10 +304,14 @@ async def dead_page(request: web.Request) -> web.Response:
         request,
         "dead.html",
         rows=rows,
+        actionable=await permitted(request, ACT_VERB, (r.namespace for r in rows))
+        if config.allow_actions
+        else None,
+        bulk_needs_namespace=current_user(request) is not None and not filters["namespace"],
         filters=filters,
         query={k: v for k, v in filters.items() if v},
         done=done,
-        csrf_token=request.app[CONFIG].csrf_token,
+        csrf_token=config.csrf_token,
         csrf_field=CSRF_FIELD,
     )
 
@@ -322,19 +342,25 @@ def _form_key(form: Mapping[str, object]) -> str:
     return key
 
 
-async def dead_replay(request: web.Request) -> web.Response:
-    """POST (guarded by app.guard): one dead key back to pending under the same key, as
-    `cronwell dlq replay KEY` does (Ambiguous ones are not replayed from here). With
-    authentication, only a key the user may see, and only if they may update ScheduledJobs
-    in its namespace."""
-    form = await request.post()
+async def _dead_target(request: web.Request, form: Mapping[str, object]) -> tuple[str, str]:
+    """The dead key a form names and its job's namespace, where an action on it is decided:
+    404 unless the user may see it, then (with authentication) 403 unless they may update
+    ScheduledJobs in that namespace."""
     key = _form_key(form)
     db = request.app[CONFIG].db
     namespace = await ui.dead_namespace(db, key=key, namespaces=await visible_namespaces(request))
     if namespace is None:
-        raise web.HTTPNotFound(reason="No replayable dead occurrence with that key")
+        raise web.HTTPNotFound(reason="No dead occurrence with that key")
     await require(request, ACT_VERB, namespace)
-    replayed = await dispatch.replay_dead(db, key=key, namespace=namespace)
+    return key, namespace
+
+
+async def dead_replay(request: web.Request) -> web.Response:
+    """POST (guarded by app.guard): one dead key back to pending under the same key, as
+    `cronwell dlq replay KEY` does (Ambiguous ones are not replayed from here)."""
+    form = await request.post()
+    key, namespace = await _dead_target(request, form)
+    replayed = await dispatch.replay_dead(request.app[CONFIG].db, key=key, namespace=namespace)
     if not replayed:
         raise web.HTTPNotFound(reason="No replayable dead occurrence with that key")
     raise _back_to_dead(_form_filters(form), replayed=len(replayed))
@@ -343,15 +369,28 @@ async def dead_replay(request: web.Request) -> web.Response:
 async def dead_discard(request: web.Request) -> web.Response:
     """POST (guarded): delete one dead key and its attempts, as `cronwell dlq discard KEY`."""
     form = await request.post()
-    gone = await dead.discard(
-        request.app[CONFIG].db, key=_form_key(form), namespace=None, name=None
-    )
+    key, namespace = await _dead_target(request, form)
+    gone = await dead.discard(request.app[CONFIG].db, key=key, namespace=namespace, name=None)
     if not gone:
         raise web.HTTPNotFound(reason="No dead occurrence with that key")
     raise _back_to_dead(_form_filters(form), discarded=len(gone))
 
 
 BULK_ACTIONS = ("replay", "discard")
+
+
+async def _bulk_allowed(request: web.Request, namespace: str | None) -> None:
+    """With authentication a bulk action stays inside one namespace where the user may
+    update ScheduledJobs: its filter must name it (400 without, 403 if not allowed there).
+    Nothing to check without authentication."""
+    if current_user(request) is None:
+        return
+    if namespace is None:
+        raise web.HTTPBadRequest(
+            reason="With --auth kubernetes, act on all matching dead letters of one namespace: "
+            "filter by namespace first"
+        )
+    await require(request, ACT_VERB, namespace)
 
 
 async def dead_confirm(request: web.Request) -> web.Response:
@@ -363,6 +402,7 @@ async def dead_confirm(request: web.Request) -> web.Response:
     if action not in BULK_ACTIONS:
         raise web.HTTPBadRequest(reason="action must be replay or discard")
     filters = _dead_filters(request)
+    await _bulk_allowed(request, filters["namespace"])
     counts = await dead.count(
         request.app[CONFIG].db, namespace=filters["namespace"], name=filters["job"]
     )
@@ -380,8 +420,10 @@ async def dead_confirm(request: web.Request) -> web.Response:
 
 
 async def _bulk_form(request: web.Request) -> tuple[dict[str, str | None], int]:
+    """The filter and confirmed count of a bulk action's form, once the user may act on it."""
     form = await request.post()
     filters = _form_filters(form)
+    await _bulk_allowed(request, filters["namespace"])
     raw = form.get("expect")
     expect = _count(raw if isinstance(raw, str) else None, "expect")
     if expect is None:
@@ -449,6 +491,7 @@ async def job_page(request: web.Request) -> web.Response:
         "job.html",
         job=job,
         zone=spec.time_zone or "UTC",
+        history=(spec.successful_jobs_history_limit, spec.failed_jobs_history_limit),
         upcoming=upcoming,
         runs=await runs.list_for_job(db, job_id=job.id, state=None, limit=JOB_RUNS),
         windows=list(LAG_WINDOWS),
@@ -466,23 +509,59 @@ def run_cursor(request: web.Request) -> tuple[datetime, int] | None:
         return None
     at, sep, ident = raw.rpartition("~")
     try:
-        when = datetime.fromisoformat(at)
-        if not sep or when.tzinfo is None:
+        if not sep:
             raise ValueError(raw)
-        return when, int(ident)
+        return _aware(at), int(ident)
     except ValueError:
         raise web.HTTPBadRequest(reason="after must be <ISO instant with offset>~<id>") from None
 
 
+def _instant(request: web.Request, key: str) -> datetime | None:
+    """`?key=` as an ISO instant with an offset; anything else: 400."""
+    raw = _text(request, key)
+    try:
+        return None if raw is None else _aware(raw)
+    except ValueError:
+        raise web.HTTPBadRequest(
+            reason=f"{key} must be an ISO instant with an offset, e.g. 2026-12-04T03:00:00Z"
+        ) from None
+
+
+def run_window(request: web.Request) -> tuple[datetime | None, datetime | None]:
+    """The runs' window of nominal instants [since, until): `?window=` (1h, 24h, 7d: the
+    last one, sliding with each refresh) or `?since=` / `?until=`; both kinds, or since
+    not before until: 400."""
+    window = _choice(request, "window", LAG_WINDOWS)
+    since, until = _instant(request, "since"), _instant(request, "until")
+    if window is not None:
+        if since is not None or until is not None:
+            raise web.HTTPBadRequest(reason="give window or since/until, not both")
+        return datetime.now(UTC) - timedelta(seconds=LAG_WINDOWS[window]), None
+    if since is not None and until is not None and since >= until:
+        raise web.HTTPBadRequest(reason="since must be before until")
+    return since, until
+
+
+REFRESH_SECONDS = (0, 2, 5, 15, 60)
+"""The runs view's refresh intervals (0: off); static/app.js keeps the choice."""
+RUN_FILTERS = ("namespace", "job", "state", "pool", "window", "since", "until")
+"""The runs view's query parameters besides the page's (what its links carry on)."""
+
+
 async def _runs(request: web.Request) -> dict[str, Any]:
     limit = page_size(request)
-    filters = {k: _text(request, k) for k in ("namespace", "job", "state")}
+    since, until = run_window(request)
+    filters = {k: _text(request, k) for k in RUN_FILTERS}
+    filters["state"] = _choice(request, "state", ui.RUN_STATES)
     rows = await ui.run_page(
         request.app[CONFIG].db,
         namespaces=await visible_namespaces(request),
         namespace=filters["namespace"],
         name=filters["job"],
         state=filters["state"],
+        pool=filters["pool"],
+        since=since,
+        until=until,
         after=run_cursor(request),
         limit=limit + 1,
     )
@@ -497,9 +576,16 @@ async def _runs(request: web.Request) -> dict[str, Any]:
 
 
 async def runs_page(request: web.Request) -> web.Response:
-    """Recent runs, filtered by namespace, job and state, one keyset page at a time; the
-    table refreshes itself from runs_fragment every few seconds (static/app.js)."""
-    return render(request, "runs.html", **await _runs(request))
+    """Recent runs, filtered by namespace, job, state, pool and time window, one keyset page
+    at a time; the table refreshes itself from runs_fragment every few seconds (static/app.js)."""
+    return render(
+        request,
+        "runs.html",
+        windows=list(LAG_WINDOWS),
+        states=ui.RUN_STATES,
+        refresh_choices=REFRESH_SECONDS,
+        **await _runs(request),
+    )
 
 
 async def runs_fragment(request: web.Request) -> web.Response:
@@ -554,7 +640,10 @@ def _iso(t: datetime | None) -> str | None:
 async def forecast_data(request: web.Request) -> dict[str, Any]:
     """The next hour per pool as `cronwell forecast` and the pre-scaler compute it (the same
     Forecaster and prescale.plan_pool): due occurrences, concurrency and planned replicas
-    per second, the instants with occurrences due, and the next burst. JSON-ready."""
+    per second, the instants with occurrences due, and the next burst. JSON-ready. Pools
+    serve every namespace, so this adds them all up: with authentication, only for a
+    cluster-wide `list` grant."""
+    await require(request, VIEW_VERB, ALL_NAMESPACES)
     spec = pool_spec(request)
     only = _text(request, "pool")
     config = request.app[CONFIG]

@@ -11,6 +11,8 @@ client, not a controller.
 from __future__ import annotations
 
 import os
+import shutil
+import sys
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -23,7 +25,7 @@ from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 from urllib3.exceptions import HTTPError
 
-from cronwell import logs
+from cronwell import kubejson, logs
 from cronwell.cli import render_dead, render_runs, run
 from cronwell.models import GROUP, VERSION
 from cronwell.schedule import trigger_key
@@ -188,9 +190,10 @@ def plugin(
     database_url: str | None,
     database_url_file: str | None,
 ) -> None:
-    """cronwell from kubectl: status, runs, trigger, suspend/resume, dead letters.
+    """cronwell from kubectl: status, runs, trigger, suspend/resume, dead letters, the
+    dashboard.
 
-    `trigger`, `suspend`, `resume` and `status` talk to the API server only. `runs` and `dlq`
+    `trigger`, `suspend`, `resume`, `status` and `ui` talk to the API server only. `runs` and `dlq`
     also read the cronwell store: give --database-url (or CRONWELL_DATABASE_URL)."""
     logs.setup("ERROR")  # a client: its failures are the one-line errors below, not logs
     ctx.obj = Plugin(kubeconfig, context, database_url, database_url_file)
@@ -339,6 +342,108 @@ def status_lines(obj: dict[str, Any]) -> list[str]:
     if not conds:
         lines.append("    (none yet: is the operator running for this namespace?)")
     return lines
+
+
+#: Labels of the chart's dashboard Service (templates/ui.yaml).
+UI_SELECTOR = "app.kubernetes.io/part-of=cronwell,app.kubernetes.io/component=ui"
+
+
+def _ui_service(p: Plugin, ns: str, release: str | None) -> dict[str, Any]:
+    """The chart's dashboard Service in `ns` (of `release` when several releases have one)."""
+    api = p.api()
+    selector = UI_SELECTOR + (f",app.kubernetes.io/instance={release}" if release else "")
+    found = _kube(
+        f"Services in namespace {ns}",
+        lambda: kubejson.request(
+            api, "GET", f"/api/v1/namespaces/{ns}/services", [("labelSelector", selector)]
+        ),
+        api.configuration.host,
+    )["items"]
+    if not found:
+        fail(
+            f"no cronwell dashboard Service in namespace {ns}: install the chart with "
+            "--set ui.enabled=true (or pass -n NAMESPACE of the release)"
+        )
+    if len(found) > 1:
+        names = ", ".join(
+            s["metadata"]["labels"].get("app.kubernetes.io/instance", "?") for s in found
+        )
+        fail(f"several cronwell dashboards in namespace {ns} (releases {names}): pass --release")
+    svc: dict[str, Any] = found[0]
+    return svc
+
+
+def _ui_audience(p: Plugin, ns: str, name: str) -> str | None:
+    """The `--auth-audience` of the dashboard's Deployment (same name as its Service), if
+    the user may read it: a token for another audience is refused."""
+    path = f"/apis/apps/v1/namespaces/{ns}/deployments/{name}"
+    try:
+        deploy = kubejson.request(p.api(), "GET", path)
+    except (ApiException, HTTPError, OSError):
+        return None
+    for c in deploy["spec"]["template"]["spec"]["containers"]:
+        for arg in c.get("args") or []:
+            if arg.startswith("--auth-audience="):
+                return str(arg.split("=", 1)[1])
+    return None
+
+
+def ui_help(ns: str, local: str, audience: str | None) -> list[str]:
+    """What a user needs to open the dashboard: where, which token, how to send it. The
+    dashboard reads the token from the Authorization header only (never a query or a
+    cookie, which would leak it into logs and history)."""
+    flag = f" --audience {audience}" if audience else ""
+    return [
+        f"cronwell dashboard: http://127.0.0.1:{local}/",
+        "Every request needs a Kubernetes bearer token in the header",
+        "  Authorization: Bearer TOKEN",
+        f"e.g. a ServiceAccount's: TOKEN=$(kubectl create token SERVICEACCOUNT -n {ns}{flag})",
+        f'  curl -H "Authorization: Bearer $TOKEN" http://127.0.0.1:{local}/',
+        "A browser does not send it by itself: use an extension or a local proxy that adds "
+        "the header. You see the namespaces where the token's user may list scheduledjobs "
+        "and may act where it may update them.",
+    ]
+
+
+@plugin.command("ui")
+@namespace_option
+@click.option("--release", default=None, help="Helm release, when several have a dashboard.")
+@click.option(
+    "--local-port",
+    type=click.IntRange(0, 65535),
+    default=8480,
+    show_default=True,
+    help="Port on 127.0.0.1 (0: any free one, kubectl prints it).",
+)
+@click.option(
+    "--pod-running-timeout",
+    default="1m",
+    show_default=True,
+    help="How long kubectl port-forward waits for a running dashboard pod.",
+)
+@click.pass_obj
+def ui_cmd(
+    p: Plugin, namespace: str | None, release: str | None, local_port: int, pod_running_timeout: str
+) -> None:
+    """Open the chart's dashboard (ui.enabled) on 127.0.0.1: prints the URL and how to get
+    and send a token, then runs `kubectl port-forward` to its Service until Ctrl-C."""
+    ns = namespace or p.default_namespace()
+    svc = _ui_service(p, ns, release)
+    name = svc["metadata"]["name"]
+    port = svc["spec"]["ports"][0]["port"]
+    local = str(local_port) if local_port else "PORT"
+    for line in ui_help(ns, local, _ui_audience(p, ns, name)):
+        click.echo(line)
+    kubectl = shutil.which("kubectl")
+    if kubectl is None:
+        fail("kubectl is not on PATH (the port-forward runs it)")
+    argv = [kubectl, "port-forward", "--address", "127.0.0.1", "-n", ns]
+    argv += [f"--pod-running-timeout={pod_running_timeout}"]
+    argv += [f"--kubeconfig={p.kubeconfig}"] if p.kubeconfig else []
+    argv += [f"--context={p.context}"] if p.context else []
+    argv += [f"svc/{name}", f"{local_port or ''}:{port}"]
+    sys.stdout.flush()
+    os.execv(kubectl, argv)
 
 
 def main() -> None:

@@ -56,6 +56,7 @@ def installed(kube: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterat
         state["notes"] = helm(
             "install", RELEASE, str(CHART), "--namespace", ns, "--no-hooks",
             "-f", str(CHART / "ci" / "default-values.yaml"), "--timeout", "60s",
+            "--set", "ui.enabled=true",
         ).stdout  # fmt: skip
         yield state
     finally:
@@ -108,6 +109,9 @@ def test_release_objects_exist(kube: Cluster, installed: dict[str, Any]) -> None
         ("Deployment", "cw-cronwell-scheduler"),
         ("Deployment", "cw-cronwell-worker-default"),
         ("ServiceAccount", "cw-cronwell-scheduler"),
+        ("Deployment", "cw-cronwell-ui"),
+        ("ServiceAccount", "cw-cronwell-ui"),
+        ("Service", "cw-cronwell-ui"),
         ("Service", "cw-cronwell-webhook"),
         ("PodDisruptionBudget", "cw-cronwell-scheduler"),
     ]:
@@ -115,6 +119,8 @@ def test_release_objects_exist(kube: Cluster, installed: dict[str, Any]) -> None
     notes = installed["notes"]
     assert f"kubectl label namespace {ns} pod-security.kubernetes.io/enforce=restricted" in notes
     assert "deployment/cw-cronwell-worker-default (pool default)" in notes
+    assert "deployment/cw-cronwell-ui (read-only)" in notes
+    assert f"open it: kubectl cronwell ui -n {ns}" in notes
     assert "WARNING" not in notes  # sslmode verify-full
     crd = json.loads(kube.kubectl("get", "crd", CRD, "-o", "json").stdout)
     assert crd["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
@@ -192,6 +198,24 @@ def test_workers_and_schedulers_have_no_api_access(
     assert rules(worker) == nobody
 
 
+def test_dashboard_may_review_and_nothing_else(kube: Cluster, installed: dict[str, Any]) -> None:
+    """ui.enabled without ui.allowActions: the dashboard's ServiceAccount may create the two
+    reviews (TokenReview, SubjectAccessReview) and touch nothing, ScheduledJobs included."""
+    ui, ns, other = sa(installed, "ui"), installed["ns"], installed["other"]
+    assert can_i(kube, ui, "create", "tokenreviews.authentication.k8s.io")
+    assert can_i(kube, ui, "create", "subjectaccessreviews.authorization.k8s.io")
+    for args in [
+        ("get", "secrets/tenant-token", "-n", other),
+        ("list", "secrets", "-n", ns),
+        ("create", "serviceaccounts/token", "-n", ns),
+        ("impersonate", "users"),
+        ("create", "pods", "-n", ns),
+    ]:
+        assert not can_i(kube, ui, *args), f"{ui} may {' '.join(args)}"
+    for verb in ("get", "list", "patch", "update"):
+        assert not review(kube, ui, verb, "cronwell.dev", "scheduledjobs", namespace=other)
+
+
 def test_pod_templates_pass_pod_security_restricted(
     kube: Cluster, installed: dict[str, Any]
 ) -> None:
@@ -206,7 +230,7 @@ def test_pod_templates_pass_pod_security_restricted(
     for d in yaml.safe_load_all(rendered):
         if d and d["kind"] == "Job":  # the migration hook, not installed with --no-hooks
             templates[d["metadata"]["name"]] = d["spec"]["template"]
-    assert len(templates) == 4
+    assert len(templates) == 5  # operator, scheduler, worker, dashboard, migration
     for name, tpl in templates.items():
         pod = {"apiVersion": "v1", "kind": "Pod",
                "metadata": {"name": f"psa-{name}"[:63], "labels": tpl["metadata"]["labels"]},

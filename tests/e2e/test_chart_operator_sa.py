@@ -43,13 +43,12 @@ from kubernetes.client.rest import ApiException
 
 from cronwell.embedded import EmbeddedPostgres
 from cronwell.testing.controlplane import (
-    SERVICE_ACCOUNT_ISSUER,
     ControlPlane,
     KubectlError,
     free_port,
 )
 from cronwell_operator.testing import OperatorProcess, create_database, sql, wait_until
-from tests.helpers.kube import Helm
+from tests.helpers.kube import Helm, service_account_kubeconfig
 from tests.helpers.wait import eventually
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -92,36 +91,6 @@ def host_address() -> str | None:
             return None
         address: str = s.getsockname()[0]
     return None if address.startswith("127.") else address
-
-
-def service_account_kubeconfig(
-    plane: ControlPlane, admin: Any, ns: str, sa: str, path: Path
-) -> Path:
-    """A kubeconfig whose only credential is a TokenRequest token of `ns/sa` (what the
-    kubelet projects into the pod), for the test API server and its CA."""
-    request = client.AuthenticationV1TokenRequest(
-        spec=client.V1TokenRequestSpec(audiences=[SERVICE_ACCOUNT_ISSUER], expiration_seconds=3600)
-    )
-    token = client.CoreV1Api(admin).create_namespaced_service_account_token(sa, ns, request)
-    user = f"system:serviceaccount:{ns}:{sa}"
-    ca = base64.b64encode(plane.ca_file.read_bytes()).decode()
-    path.write_text(
-        yaml.safe_dump(
-            {
-                "apiVersion": "v1",
-                "kind": "Config",
-                "clusters": [
-                    {"name": "envtest", "cluster": {"server": plane.server,
-                                                    "certificate-authority-data": ca}}
-                ],
-                "users": [{"name": user, "user": {"token": token.status.token}}],
-                "contexts": [{"name": sa, "context": {"cluster": "envtest", "user": user}}],
-                "current-context": sa,
-            }
-        )
-    )  # fmt: skip
-    path.chmod(0o600)
-    return path
 
 
 def pod_runtime(

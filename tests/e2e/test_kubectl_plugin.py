@@ -28,6 +28,7 @@ from cronwell_operator.testing import (
 )
 from tests.helpers.kube import running_operator
 from tests.helpers.store import fail_dead
+from tests.unit.test_chart import CHART, render
 
 ROOT = Path(__file__).resolve().parents[2]
 VENV_BIN = Path(sys.executable).parent
@@ -110,8 +111,9 @@ def test_plugin_is_found_by_kubectl(kube: Cluster, kubeconfig: Path) -> None:
     r = kubectl_cronwell(kube, kubeconfig, "--help")
     assert r.returncode == 0, r.stderr
     assert "Usage: kubectl cronwell" in r.stdout
-    for cmd in ("runs", "trigger", "dlq", "suspend", "resume", "status"):
-        assert cmd in r.stdout
+    commands = r.stdout.split("Commands:")[1]
+    listed = {line.split()[0] for line in commands.splitlines() if line.startswith("  ")}
+    assert listed >= {"runs", "trigger", "dlq", "suspend", "resume", "status", "ui"}
 
 
 def test_trigger_runs_once_per_id_and_runs_shows_it(
@@ -251,3 +253,45 @@ def test_mistakes_are_one_line(
     assert bad_db.returncode == 1 and "cannot connect to PostgreSQL" in bad_db.stderr
     for r in (missing, no_db, bad_db):
         assert "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1
+
+
+def test_ui_finds_the_charts_dashboard_and_port_forwards_to_it(
+    kube: Cluster, kubeconfig: Path, ns: str
+) -> None:
+    """The Service and Deployment as the chart renders them (ui.enabled): the plugin finds
+    the Service by its labels, reads the token audience from the Deployment, prints how to
+    get and send a token, and hands over to `kubectl port-forward` on that Service. No
+    kubelet runs here, so no pod ever runs and port-forward gives up after its timeout;
+    the node test (tests/node/test_ui.py) forwards to a real pod."""
+    missing = kubectl_cronwell(kube, kubeconfig, "ui")
+    assert missing.returncode == 1 and "Traceback" not in missing.stderr
+    assert missing.stderr.strip() == (
+        f"Error: no cronwell dashboard Service in namespace {ns}: install the chart with "
+        "--set ui.enabled=true (or pass -n NAMESPACE of the release)"
+    )
+    docs = render(
+        "-f", str(CHART / "ci" / "default-values.yaml"), "--namespace", ns,
+        "--set", "ui.enabled=true", "--set", "ui.authAudience=cronwell-ui",
+        "--set", "ui.service.port=8080",
+    )  # fmt: skip
+    objects = [
+        {**d, "metadata": {**d["metadata"], "namespace": ns}}
+        for d in docs
+        if d["kind"] in ("Service", "Deployment")
+        and d["metadata"]["labels"]["app.kubernetes.io/component"] == "ui"
+    ]
+    assert len(objects) == 2
+    kube.kubectl("apply", "-f", "-", input="\n---\n".join(json.dumps(o) for o in objects))
+    r = kubectl_cronwell(kube, kubeconfig, "ui", "--local-port", "0", "--pod-running-timeout=2s")
+    lines = r.stdout.splitlines()
+    assert lines[0] == "cronwell dashboard: http://127.0.0.1:PORT/"
+    assert "  Authorization: Bearer TOKEN" in lines
+    assert (
+        f"e.g. a ServiceAccount's: TOKEN=$(kubectl create token SERVICEACCOUNT -n {ns} "
+        "--audience cronwell-ui)" in lines
+    )
+    # kubectl port-forward ran against the Service and found no running pod behind it.
+    assert r.returncode == 1, r.stderr
+    assert "timed out waiting for the condition" in r.stderr, r.stderr
+    other = kubectl_cronwell(kube, kubeconfig, "ui", "--release", "other")
+    assert "no cronwell dashboard Service" in other.stderr

@@ -13,10 +13,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from kubernetes import client
 
 from cronwell.embedded import EmbeddedPostgres
-from cronwell.testing.controlplane import Cluster, ControlPlaneError, find_assets
+from cronwell.testing.controlplane import (
+    SERVICE_ACCOUNT_ISSUER,
+    Cluster,
+    ControlPlaneError,
+    find_assets,
+)
 from cronwell_operator.testing import FAST_LEASE_ARGS, OperatorProcess, create_database
 from tests.helpers import procs
 
@@ -32,6 +38,42 @@ def fresh_namespace(kube: Cluster, kube_api: Any, prefix: str) -> Iterator[str]:
     )
     yield name
     kube.kubectl("delete", "namespace", name, "--wait=false", check=False)
+
+
+def service_account_token(
+    admin: Any, ns: str, sa: str, audiences: tuple[str, ...] = (SERVICE_ACCOUNT_ISSUER,)
+) -> str:
+    """A TokenRequest token of `ns/sa` for `audiences`, valid an hour (what the kubelet
+    projects into a pod, or `kubectl create token` prints)."""
+    request = client.AuthenticationV1TokenRequest(
+        spec=client.V1TokenRequestSpec(audiences=list(audiences), expiration_seconds=3600)
+    )
+    answer = client.CoreV1Api(admin).create_namespaced_service_account_token(sa, ns, request)
+    assert answer.status is not None and answer.status.token
+    return str(answer.status.token)
+
+
+def service_account_kubeconfig(kube: Cluster, admin: Any, ns: str, sa: str, path: Path) -> Path:
+    """A kubeconfig whose only credential is a token of `ns/sa`, for the API server and CA
+    of `kube`'s own kubeconfig."""
+    own = yaml.safe_load(kube.kubeconfig.read_text())
+    context = next(c for c in own["contexts"] if c["name"] == own["current-context"])
+    cluster = next(c for c in own["clusters"] if c["name"] == context["context"]["cluster"])
+    user = f"system:serviceaccount:{ns}:{sa}"
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "clusters": [cluster],
+                "users": [{"name": user, "user": {"token": service_account_token(admin, ns, sa)}}],
+                "contexts": [{"name": sa, "context": {"cluster": cluster["name"], "user": user}}],
+                "current-context": sa,
+            }
+        )
+    )
+    path.chmod(0o600)
+    return path
 
 
 class Helm:

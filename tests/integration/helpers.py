@@ -45,6 +45,36 @@ async def seed_started_runs(db: Database, job_id: uuid.UUID, runs: list[tuple[in
             )
 
 
+async def seed_runs(
+    db: Database,
+    job_id: uuid.UUID,
+    pool: str,
+    minutes_ago: list[int],
+    *,
+    state: str = "succeeded",
+    jitter: float = 0.0,
+    due_seconds_ago: float | None = None,
+) -> list[str]:
+    """Occurrences of a job in `pool`, scheduled `minutes_ago` (run_at `jitter` s later, or
+    `due_seconds_ago` s ago for pending ones); their keys."""
+    keys = [f"{job_id}:{pool}:{m}" for m in minutes_ago]
+    for key, m in zip(keys, minutes_ago, strict=True):
+        await sql(
+            db,
+            "INSERT INTO cronwell_occurrences (idempotency_key, job_id, pool, scheduled_for,"
+            " run_at, state, overlap, delivery, max_attempts, timeout_seconds, attempt,"
+            " started_at, finished_at)"
+            " SELECT %s, %s, %s, t, r, %s, 'Allow', 'AtLeastOnce', 3, 60, 1,"
+            "  CASE WHEN %s = 'succeeded' THEN r + interval '2 seconds' END,"
+            "  CASE WHEN %s = 'succeeded' THEN r + interval '5 seconds' END"
+            " FROM (SELECT date_trunc('second', now()) - make_interval(mins => %s) AS t) s,"
+            " LATERAL (SELECT coalesce(now() - make_interval(secs => %s::float8),"
+            "                          t + make_interval(secs => %s)) AS r) x",
+            key, job_id, pool, state, state, state, m, due_seconds_ago, jitter,
+        )  # fmt: skip
+    return keys
+
+
 async def scheduler(db: Database, *, partition_count: int = 1, **settings: Any) -> Scheduler:
     """A scheduler that owns every partition (the store re-partitioned to P=1 unless
     another P is given)."""

@@ -496,7 +496,8 @@ async def test_forecast_lists_each_minutes_burst_with_its_planned_replicas(
     html = await r.text()
     assert "<h2>Pool p</h2>" in html and "Pool q" not in html
     row = (
-        f'<tr><td><time datetime="{first.isoformat()}">{first.isoformat()}</time></td>'
+        f'<tr><td><time datetime="{first.isoformat()}" title="UTC: {first.isoformat()}">'
+        f"{first.isoformat()}</time></td>"
         "<td>p</td><td>12</td><td>3</td><td>3</td></tr>"
     )
     assert row in html

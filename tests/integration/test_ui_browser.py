@@ -1,13 +1,16 @@
 """The dashboard in a real browser (Debian's chromium + chromedriver, headless, through
 Selenium; nothing downloads a browser): every view loads with no CSP violation or script
 error in the console, the theme toggle switches, the forecast chart is drawn (uPlot) in the
-viewer's time zone, a dead letter is replayed with its button, and light/dark screenshots of
-each view land in docs/images/ for the docs."""
+viewer's time zone, a job is followed from the list to its runs, the zone switch and the
+runs' refresh control work (the refresh pauses while the tab is hidden), every view fits a
+390 px phone, a dead letter is replayed with its button, and light/dark screenshots of each
+view land in docs/images/ for the docs."""
 
 from __future__ import annotations
 
 import asyncio
 import os
+import time
 from collections.abc import AsyncIterator
 from datetime import datetime
 from pathlib import Path
@@ -18,16 +21,26 @@ import pytest
 from aiohttp.test_utils import TestServer
 
 from cronwell import dispatch
+from cronwell.store import processes
 from cronwell.store.db import Database
 from cronwell.ui.app import UiConfig, make_app
 from tests.helpers.store import fail_dead
-from tests.integration.helpers import make_job, seed_started_runs
+from tests.integration.helpers import make_job, seed_runs, seed_started_runs
 from tests.integration.worker_helpers import handler_job, occurrence, trigger
 
 CHROMIUM, CHROMEDRIVER = Path("/usr/bin/chromium"), Path("/usr/bin/chromedriver")
 VIEWER_ZONE = "Asia/Kolkata"
 """The browser's zone (UTC+05:30): instants must be shown in it, not in UTC."""
 IMAGES = Path(__file__).resolve().parents[2] / "docs" / "images"
+VIEWS = [
+    ("jobs", "/"),
+    ("job", "/jobs/default/nightly-report"),
+    ("runs", "/runs"),
+    ("dead", "/dead"),
+    ("status", "/status"),
+    ("forecast", "/forecast?concurrency_per_replica=2&slo=1"),
+]
+PHONE_WIDTH = 390
 
 pytestmark = pytest.mark.skipif(
     not (CHROMIUM.exists() and CHROMEDRIVER.exists()),
@@ -43,6 +56,15 @@ async def base_url(db: Database) -> AsyncIterator[str]:
     await make_job(db, "every-minute", schedule="* * * * *")
     for i in range(8):
         await make_job(db, f"batch-{i}", schedule="*/15 * * * *", pool="batch")
+    # The status page's workers and backlog: a worker half busy, a run due and not started.
+    await processes.heartbeat(
+        db,
+        processes.ProcessEntry(
+            id="worker-a", role="worker", pool="default", hostname="node-1", pid=1,
+            version="dev", concurrency=8, running=4,
+        ),
+    )  # fmt: skip
+    await seed_runs(db, job.id, "default", [2], state="pending")
     server = TestServer(make_app(UiConfig(db=db)), host="127.0.0.1")
     await server.start_server()
     yield f"http://127.0.0.1:{server.port}"
@@ -77,14 +99,7 @@ def _browse(base_url: str) -> list[str]:
     problems: list[str] = []
     try:
         IMAGES.mkdir(parents=True, exist_ok=True)
-        for name, path in [
-            ("jobs", "/"),
-            ("job", "/jobs/default/nightly-report"),
-            ("runs", "/runs"),
-            ("dead", "/dead"),
-            ("status", "/status"),
-            ("forecast", "/forecast?concurrency_per_replica=2&slo=1"),
-        ]:
+        for name, path in VIEWS:
             driver.get(base_url + path)
             for theme in ("light", "dark"):
                 driver.execute_script("localStorage.setItem('cronwell-theme', arguments[0])", theme)
@@ -126,12 +141,113 @@ def _browse(base_url: str) -> list[str]:
         driver.find_element("id", "theme-toggle").click()
         after = driver.execute_script("return document.documentElement.dataset.theme")
         assert before != after
+        problems += _follow_a_job_to_its_runs(driver, base_url)
+        problems += _switch_zone(driver, base_url)
+        problems += _refresh_control(driver, base_url)
+        problems += _phone(driver, base_url)
     finally:
         driver.quit()
     return problems
 
 
-@pytest.mark.timeout(180)
+def _follow_a_job_to_its_runs(driver: Any, base_url: str) -> list[str]:
+    """From the jobs list, click a job, then its "All runs" link: only its runs are listed."""
+    driver.get(base_url + "/")
+    driver.find_element("link text", "nightly-report").click()
+    assert driver.current_url == base_url + "/jobs/default/nightly-report"
+    driver.find_element("css selector", "a.all-runs").click()
+    assert driver.current_url == base_url + "/runs?namespace=default&job=nightly-report"
+    jobs = driver.execute_script(
+        "return [...document.querySelectorAll('#runs tbody td:first-child a')]"
+        ".map(a => a.textContent)"
+    )
+    assert jobs and set(jobs) == {"default/nightly-report"}, jobs
+    return _problems(driver, "follow a job")
+
+
+def _switch_zone(driver: Any, base_url: str) -> list[str]:
+    """The zone switch shows the job page's instants in the viewer's zone, UTC or the job's
+    (Europe/Paris), and is remembered; a page without job zones does not offer the job's."""
+    from selenium.webdriver.support.ui import Select
+
+    driver.get(base_url + "/jobs/default/nightly-report")
+    stamp = "document.querySelector('time[data-zone]')"
+    at = datetime.fromisoformat(driver.execute_script(f"return {stamp}.getAttribute('datetime')"))
+    for mode, zone in (("utc", "UTC"), ("job", "Europe/Paris"), ("local", VIEWER_ZONE)):
+        Select(driver.find_element("id", "zone-switch")).select_by_value(mode)
+        when = at.astimezone(ZoneInfo(zone))
+        text = driver.execute_script(f"return {stamp}.textContent")
+        assert f"{when.hour % 12 or 12}:{when.minute:02d}" in text, (mode, text)
+        if mode == "utc":
+            assert "UTC" in text, text
+    Select(driver.find_element("id", "zone-switch")).select_by_value("job")
+    driver.execute_script("localStorage.setItem('cronwell-theme', 'light')")
+    driver.refresh()
+    assert driver.execute_script("return document.documentElement.dataset.zone") == "job"
+    driver.save_screenshot(str(IMAGES / "ui-job-zone-light.png"))
+    driver.get(base_url + "/status")  # instants of no job: the viewer's
+    assert driver.execute_script("return document.documentElement.dataset.zone") == "local"
+    assert not driver.find_elements("css selector", "#zone-switch option[value=job]")
+    driver.execute_script("localStorage.removeItem('cronwell-zone')")
+    return _problems(driver, "zone switch")
+
+
+HIDDEN = "Object.defineProperty(document, 'hidden', {configurable: true, get: () => %s})"
+
+
+def _refresh_control(driver: Any, base_url: str) -> list[str]:
+    """The runs page's refresh interval is changed and remembered; while the tab is hidden
+    no refresh is sent, and one is sent as soon as it is visible again."""
+    from selenium.webdriver.support.ui import Select, WebDriverWait
+
+    driver.get(base_url + "/runs")
+    poll = "return document.getElementById('runs').dataset.poll"
+    assert driver.execute_script(poll) == "5000"
+    Select(driver.find_element("id", "refresh")).select_by_value("2")
+    assert driver.execute_script(poll) == "2000"
+    driver.refresh()
+    assert Select(driver.find_element("id", "refresh")).first_selected_option.text == "every 2 s"
+    assert driver.execute_script(poll) == "2000"
+    driver.execute_script(
+        "window.polls = 0; document.body.addEventListener('htmx:beforeRequest',"
+        " () => window.polls++);" + HIDDEN % "true"
+    )
+    time.sleep(4.5)  # two intervals of 2 s, hidden: nothing is sent
+    assert driver.execute_script("return window.polls") == 0
+    driver.execute_script(
+        HIDDEN % "false" + "; document.dispatchEvent(new Event('visibilitychange'))"
+    )
+    WebDriverWait(driver, 10).until(lambda d: d.execute_script("return window.polls") > 0)
+    Select(driver.find_element("id", "refresh")).select_by_value("0")
+    driver.refresh()
+    assert driver.execute_script(poll) == "0"
+    assert Select(driver.find_element("id", "refresh")).first_selected_option.text == "off"
+    return _problems(driver, "refresh control")
+
+
+def _phone(driver: Any, base_url: str) -> list[str]:
+    """At 390 px every view fits the screen's width (the nav wraps, tables scroll in their
+    own box); screenshots of the jobs and runs views."""
+    driver.set_window_size(PHONE_WIDTH, 844)
+    driver.execute_script(
+        "localStorage.setItem('cronwell-theme', 'light');"
+        " localStorage.removeItem('cronwell-refresh')"
+    )
+    try:
+        for name, path in VIEWS:
+            driver.get(base_url + path)
+            width = driver.execute_script(
+                "return [window.innerWidth, document.documentElement.scrollWidth]"
+            )
+            assert width[1] <= width[0] <= PHONE_WIDTH, (path, width)
+            if name in ("jobs", "runs"):
+                driver.save_screenshot(str(IMAGES / f"ui-{name}-phone-light.png"))
+        return _problems(driver, "phone")
+    finally:
+        driver.set_window_size(1280, 800)
+
+
+@pytest.mark.timeout(240)
 async def test_every_view_in_chromium_light_and_dark(base_url: str) -> None:
     problems = await asyncio.to_thread(_browse, base_url)
     assert problems == []

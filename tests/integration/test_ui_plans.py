@@ -28,7 +28,8 @@ JOB_FILTERS = {"namespaces": None, "namespace": None, "pool": None, "text": None
                "state": None, "labels": None, "after_ns": None, "after_name": None,
                "after_key": None, "limit": 51}  # fmt: skip
 RUN_FILTERS = {"namespaces": None, "namespace": None, "name": None, "state": None,
-               "after_at": None, "after_id": None, "limit": 51}  # fmt: skip
+               "pool": None, "since": None, "until": None, "after_at": None,
+               "after_id": None, "limit": 51}  # fmt: skip
 
 
 def _cases(job_id: str, key: str) -> list[tuple[str, str, dict[str, Any]]]:

@@ -68,6 +68,8 @@ def release(
     ready = chart.helm_install(
         node, helm, RELEASE, ns, cronwell_image, database["url"],
         "--set", f"jobTarget.namespaces={{{jobs_ns}}}",
+        # The dashboard with actions (tests/node/test_ui.py).
+        "--set", "ui.enabled=true", "--set", "ui.allowActions=true",
     )  # fmt: skip
     state = {"ns": ns, "jobs_ns": jobs_ns, "helm": helm, "install_seconds": ready}
     try:

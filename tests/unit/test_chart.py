@@ -284,7 +284,7 @@ def test_operator_rules_are_exactly_what_it_uses(default: list[dict[str, Any]]) 
 
 
 def test_namespaced_operator_gets_roles_not_cluster_rules(full: list[dict[str, Any]]) -> None:
-    (cluster_role,) = of_kind(full, "ClusterRole")
+    (cluster_role,) = [r for r in of_kind(full, "ClusterRole") if component(r) == "operator"]
     # Read-only cluster-wide rules only: CRD definitions, WorkerPool names (admission checks
     # a pool in any namespace), Namespaces (their annotations).
     assert [(r["resources"], r["verbs"]) for r in cluster_role["rules"]] == [
@@ -314,20 +314,25 @@ def test_namespaced_operator_gets_roles_not_cluster_rules(full: list[dict[str, A
     assert scale["resourceNames"] == ["cw-worker-default", "cw-worker-reports"]
 
 
-def test_only_the_operator_can_reach_the_api(rendered: list[dict[str, Any]]) -> None:
-    operator_sa = next(
-        d["metadata"]["name"]
-        for d in of_kind(rendered, "ServiceAccount")
-        if component(d) == "operator"
-    )
+def test_only_the_operator_and_the_dashboard_can_reach_the_api(
+    rendered: list[dict[str, Any]],
+) -> None:
+    """The dashboard (ui.enabled, in the full render) calls the API for its reviews: its
+    pods mount a token, its ServiceAccount does not hand one to other pods."""
+    by_component = {
+        component(d): d["metadata"]["name"] for d in of_kind(rendered, "ServiceAccount")
+    }
+    callers = {by_component["operator"], by_component.get("ui")} - {None}
     for d in of_kind(rendered, "RoleBinding") + of_kind(rendered, "ClusterRoleBinding"):
-        assert [s["name"] for s in d["subjects"]] == [operator_sa], d["metadata"]["name"]
+        assert [s["name"] for s in d["subjects"]] == [by_component[component(d)]], d["metadata"]
+        assert by_component[component(d)] in callers
     for sa in of_kind(rendered, "ServiceAccount"):
         want = component(sa) == "operator"
         assert sa["automountServiceAccountToken"] is want, sa["metadata"]["name"]
     for where, spec in pod_specs(rendered):
-        is_operator = spec["serviceAccountName"] == operator_sa
-        assert spec["automountServiceAccountToken"] is is_operator, where
+        assert spec["automountServiceAccountToken"] is (spec["serviceAccountName"] in callers), (
+            where
+        )
 
 
 # ------------------------------------------------------------------ workloads and pools
@@ -673,7 +678,7 @@ def test_every_command_and_flag_the_chart_passes_exists(rendered: list[dict[str,
             else:
                 result = CliRunner().invoke(main, [*args, "--help"])
             assert result.exit_code == 0, f"{where}: cronwell {' '.join(args)}:\n{result.output}"
-    assert seen == {"operator", "scheduler", "worker", "migrate"}
+    assert seen - {"ui"} == {"operator", "scheduler", "worker", "migrate"}
 
 
 def test_scheduler_and_worker_liveness_is_progress_not_a_port(
@@ -681,7 +686,9 @@ def test_scheduler_and_worker_liveness_is_progress_not_a_port(
 ) -> None:
     """Liveness means progress (invariant 9): schedulers and workers are probed on
     /healthz, which fails while a database loop is stalled; a TCP check passes then."""
-    deployments = [d for d in of_kind(rendered, "Deployment") if component(d) != "operator"]
+    deployments = [
+        d for d in of_kind(rendered, "Deployment") if component(d) in ("scheduler", "worker")
+    ]
     assert {component(d) for d in deployments} >= {"scheduler", "worker"}
     for d in deployments:
         for c in d["spec"]["template"]["spec"]["containers"]:

@@ -14,3 +14,10 @@ CREATE INDEX cronwell_occurrences_recent ON cronwell_occurrences (scheduled_for 
 -- successful run and a count read every occurrence.
 CREATE INDEX cronwell_occurrences_dead ON cronwell_occurrences
     (finished_at DESC NULLS LAST, id DESC) WHERE state = 'dead';
+
+-- /runs?job= (UiRunPage), /dead?job= and its counts: jobs by name, live and deleted (a
+-- deleted job's runs and dead letters stay listed). cronwell_jobs_live_name holds live jobs
+-- only, so `name = X` without `deleted_at IS NULL` scanned every job (100k: tens of ms).
+-- A job row is rewritten (not a HOT update: next_run_at is indexed) each time the
+-- scheduler materialises it: one more index entry per materialisation.
+CREATE INDEX cronwell_jobs_name ON cronwell_jobs (name);
