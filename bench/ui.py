@@ -35,6 +35,7 @@ import json
 import re
 import time
 from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime, timedelta
 from typing import Any
 from urllib.parse import quote
 
@@ -177,6 +178,7 @@ async def seed(db: Database, lo: int, hi: int, per_job: int, span_s: float) -> f
 def _pages(after: dict[str, str]) -> list[tuple[str, str]]:
     """(label, path) of every view; `after` holds the cursors found on the first pages."""
     job = "/jobs/team-7/job-7"
+    since = (datetime.now(UTC) - timedelta(days=2)).strftime("%Y-%m-%dT%H:%MZ")
     pages = [
         ("jobs", "/"),
         ("jobs sort=next_run", "/?sort=next_run"),
@@ -197,7 +199,9 @@ def _pages(after: dict[str, str]) -> list[tuple[str, str]]:
         ("runs state=running", "/runs?state=running"),
         ("runs state=cancelled", "/runs?state=cancelled"),
         ("runs pool=batch", "/runs?pool=batch"),
-        ("runs since=1h", "/runs?since=1h"),
+        ("runs window=1h", "/runs?window=1h"),
+        ("runs pool=batch window=24h", "/runs?pool=batch&window=24h"),
+        ("runs since=2 days ago", "/runs?since=" + quote(since)),
         ("runs page 3", after.get("runs page 2", "")),
         ("runs/fragment", "/runs/fragment"),
         ("dead", "/dead"),
@@ -214,7 +218,12 @@ def _unsupported(runs_html: str) -> set[str]:
     parameter is ignored, so those rows would time the unfiltered page)."""
     return {
         label
-        for label, field in (("runs pool=batch", "pool"), ("runs since=1h", "since"))
+        for label, field in (
+            ("runs pool=batch", "pool"),
+            ("runs window=1h", "window"),
+            ("runs pool=batch window=24h", "window"),
+            ("runs since=2 days ago", "since"),
+        )
         if f'name="{field}"' not in runs_html
     }
 
