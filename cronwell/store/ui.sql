@@ -93,13 +93,14 @@ LIMIT %(limit)s;
 -- One page of live jobs latest finished run first (never run last), after the (last run,
 -- namespace, name) cursor, all three descending so the cursor is one row comparison. The
 -- order spans two tables (jobs, counters): it is a keyset over a top-N sort of the filtered
--- live jobs, not an index order. The page is chosen first (subquery `p`) and only its rows
--- read their recent runs: with the lateral reads beside the sort, every live job read its
--- last 20 runs before the sort kept 50 (100k index scans per page at 100k jobs).
-SELECT p.namespace, p.name, p.pool, p.spec, p.labels, p.next_run_at, p.suspended,
+-- live jobs, not an index order. The page is chosen first (subquery `p`, narrow rows: the
+-- sort does not carry 100k specs) and only its rows read their spec and recent runs: with
+-- the lateral reads beside the sort, every live job read its last 20 runs before the sort
+-- kept 50 (100k index scans per page at 100k jobs).
+SELECT p.namespace, p.name, pj.pool, pj.spec, pj.labels, pj.next_run_at, pj.suspended,
        coalesce(r.recent, '{}') AS recent, last.state AS last_state, p.last_run_at
 FROM (
-    SELECT j.id, j.namespace, j.name, j.pool, j.spec, j.labels, j.next_run_at, j.suspended,
+    SELECT j.id, j.namespace, j.name,
            greatest(c.last_successful_at, c.last_failure_at) AS last_run_at
     FROM cronwell_jobs j
     LEFT JOIN cronwell_job_counters c ON c.job_id = j.id
@@ -126,6 +127,7 @@ FROM (
                       '-infinity'::timestamptz) DESC, j.namespace DESC, j.name DESC
     LIMIT %(limit)s
 ) p
+JOIN cronwell_jobs pj ON pj.id = p.id
 LEFT JOIN LATERAL (
     SELECT array_agg(d.state ORDER BY d.scheduled_for) AS recent
     FROM (SELECT o.state, o.scheduled_for FROM cronwell_occurrences o

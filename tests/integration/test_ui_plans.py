@@ -92,7 +92,8 @@ def problems(
 
 async def _seed(db: Database, jobs: int = JOBS, per_job: int = RUNS_PER_JOB) -> None:
     """`jobs` live jobs in 12 namespaces and 4 pools, `per_job` runs each over 10 days (1 %
-    dead, the latest of 5 % of the jobs running or pending), their counters; analysed."""
+    dead, the latest of 5 % of the jobs running or pending, the oldest of 5 % cancelled),
+    their counters; analysed."""
     async with db.connection(deadline_seconds=300) as conn:  # seeding: not a dashboard call
         await conn.execute(
             "INSERT INTO cronwell_jobs (id, namespace, name, spec, spec_hash, pool, partition,"
@@ -124,7 +125,8 @@ async def _seed(db: Database, jobs: int = JOBS, per_job: int = RUNS_PER_JOB) -> 
             "          + j.partition) AS t,"
             "  CASE WHEN k = %(per)s AND j.partition = 1 THEN 'running'"
             "       WHEN k = %(per)s AND j.partition = 2 THEN 'pending'"
-            "       WHEN random() < 0.01 THEN 'dead' ELSE 'succeeded' END AS s) x",
+            "       WHEN random() < 0.01 THEN 'dead'"
+            "       WHEN k = 1 AND j.partition = 5 THEN 'cancelled' ELSE 'succeeded' END AS s) x",
             {"per": per_job},
         )
         await conn.execute("VACUUM ANALYZE cronwell_jobs")
@@ -191,3 +193,27 @@ async def test_last_run_order_reads_recent_runs_of_its_page_only(db: Database) -
         n["Actual Loops"] for n in _nodes(plan) if n.get("Relation Name") == "cronwell_occurrences"
     ]
     assert loops and max(loops) <= JOB_FILTERS["limit"], loops
+
+
+async def test_a_rare_state_page_reads_its_runs_only(db: Database) -> None:
+    """/runs?state=cancelled when the cancelled runs are the oldest: the page reads those
+    runs (cronwell_occurrences_rare), not every newer run filtered on its state (what
+    walking cronwell_occurrences_recent did: 2.4 s at 10M runs in the bench)."""
+    await _seed(db, 2000, 50)
+    async with db.connection() as conn:
+        cur = psycopg.AsyncClientCursor(conn)
+        await cur.execute(
+            b"EXPLAIN (ANALYZE, FORMAT JSON) " + q("UiRunPage").encode(),
+            RUN_FILTERS | {"state": "cancelled"},
+        )
+        row = await cur.fetchone()
+        assert row is not None
+        doc = row[0] if isinstance(row, tuple) else next(iter(row.values()))
+    plan = (json.loads(doc) if isinstance(doc, str) else doc)[0]["Plan"]
+    assert plan["Actual Rows"] == RUN_FILTERS["limit"]
+    removed = sum(
+        n.get("Rows Removed by Filter", 0)
+        for n in _nodes(plan)
+        if n.get("Relation Name") == "cronwell_occurrences"
+    )
+    assert removed <= RUN_FILTERS["limit"], removed

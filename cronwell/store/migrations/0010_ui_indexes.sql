@@ -8,6 +8,14 @@
 -- the `burst` bench (bench/README.md).
 CREATE INDEX cronwell_occurrences_recent ON cronwell_occurrences (scheduled_for DESC, id DESC);
 
+-- /runs?state= of the states a run ends in off the hot path (skipped, missed, cancelled):
+-- their runs newest first. Without it such a page walked every run newest first
+-- (cronwell_occurrences_recent) filtering on the state: 2.4 s at 10M runs when the
+-- cancelled runs were days old. Partial: a claim, start or success never writes to it
+-- (pending, running, succeeded rows are outside it; dead ones have their index below).
+CREATE INDEX cronwell_occurrences_rare ON cronwell_occurrences (state, scheduled_for DESC, id DESC)
+    WHERE state IN ('skipped', 'missed', 'cancelled');
+
 -- /dead and its counts (UiDeadList, DeadList, DeadMatchCount, DeadCount): dead letters newest
 -- first. Partial: only a death or a replay writes to it, never the hot path's claims and
 -- successes. Before, a dead-letter page read the finished_at index backwards past every
