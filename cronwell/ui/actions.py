@@ -71,10 +71,23 @@ def resume_path(request: web.Request, job: ui.JobDetail) -> str:
     return "spec" if in_cluster and job.suspended_reason is None else "store"
 
 
-def page_context(request: web.Request, job: ui.JobDetail) -> dict[str, Any]:
+async def may_act(request: web.Request, namespace: str) -> bool:
+    """Whether the action forms are worth rendering: actions allowed and, with
+    authentication, the user may update ScheduledJobs in `namespace`."""
+    if not request.app[CONFIG].allow_actions:
+        return False
+    try:
+        await require(request, ACT_VERB, namespace)
+    except web.HTTPForbidden:
+        return False
+    return True
+
+
+async def page_context(request: web.Request, job: ui.JobDetail) -> dict[str, Any]:
     """What job.html needs for its action forms and the last action's message; a fresh
     trigger id per render, so submitting the same form twice runs the job once."""
     return {
+        "may_act": await may_act(request, job.namespace),
         "suspended_by": suspended_by(job.suspended_reason) if job.suspended else None,
         "in_cluster": request.app[CONFIG].kube is not None,
         "resume_path": resume_path(request, job),

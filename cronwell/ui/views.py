@@ -459,7 +459,7 @@ async def job_page(request: web.Request) -> web.Response:
         lag=lag_chart(
             await ui.lag_histogram(db, job_id=job.id, window_seconds=LAG_WINDOWS[window])
         ),
-        **actions.page_context(request, job),
+        **await actions.page_context(request, job),
     )
 
 

@@ -12,12 +12,14 @@ from typing import Any
 
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
+from kubernetes.client import AuthenticationV1TokenRequest, CoreV1Api, V1TokenRequestSpec
 
 from cronwell import jobs
 from cronwell.models import ScheduledJobSpec
 from cronwell.store.db import Database
 from cronwell.testing.controlplane import Cluster
 from cronwell.ui.app import CSRF_FIELD, UiConfig, make_app
+from cronwell.ui.auth import KubeAuth
 from cronwell_operator.testing import OperatorProcess, sql, wait_until
 from tests.e2e.test_kubectl_plugin import apply_sj, get_sj, in_store
 from tests.helpers.kube import running_operator
@@ -143,3 +145,54 @@ async def test_a_job_without_its_scheduledjob_is_404(
     assert r.status == 404 and "only in the store" in await r.text()
     r = await client.post(f"{page}/suspend", data={CSRF_FIELD: token})
     assert r.status == 404
+
+
+def _token_of(kube: Cluster, kube_api: Any, ns: str, sa: str, verbs: str) -> str:
+    """A token of a new ServiceAccount `sa` allowed `verbs` on scheduledjobs in `ns`."""
+    kube.kubectl("create", "serviceaccount", sa, "-n", ns)
+    kube.kubectl(
+        "create", "role", sa, "-n", ns, f"--verb={verbs}", "--resource=scheduledjobs.cronwell.dev"
+    )
+    kube.kubectl(
+        "create", "rolebinding", sa, "-n", ns, f"--role={sa}", f"--serviceaccount={ns}:{sa}"
+    )
+    request = AuthenticationV1TokenRequest(spec=V1TokenRequestSpec(expiration_seconds=3600))
+    answer = CoreV1Api(kube_api).create_namespaced_service_account_token(sa, ns, request)
+    token: str = answer.status.token
+    return token
+
+
+async def test_with_auth_an_action_needs_update_in_the_namespace(
+    kube: Cluster, kube_api: Any, ns: str, store: str, operator: OperatorProcess
+) -> None:
+    """`--auth kubernetes`: a token whose user may only get/list ScheduledJobs sees the job
+    but every action is refused (403, the CR untouched); one that may update acts."""
+    uid = apply_sj(kube, ns, "ui-authz")
+    in_store(store, uid)
+    viewer = _token_of(kube, kube_api, ns, "ui-viewer", "get,list")
+    actor = _token_of(kube, kube_api, ns, "ui-actor", "get,list,update")
+    auth = KubeAuth(kube_api, ttl_seconds=0.001)
+    page = f"/jobs/{ns}/ui-authz"
+    async with Database(store) as db:
+        app = make_app(UiConfig(db=db, allow_actions=True, auth=auth, kube=kube_api))
+        async with TestClient(TestServer(app)) as c:
+            as_viewer = {"Authorization": f"Bearer {viewer}"}
+            as_actor = {"Authorization": f"Bearer {actor}"}
+            html = await (await c.get(page, headers=as_viewer)).text()
+            assert "ui-authz" in html and 'method="post"' not in html  # no form to offer
+            html = await (await c.get(page, headers=as_actor)).text()
+            form = {CSRF_FIELD: _field(html, CSRF_FIELD), "trigger_id": _field(html, "trigger_id")}
+            for action in ("trigger", "suspend", "resume"):
+                r = await c.post(f"{page}/{action}", data=form, headers=as_viewer)
+                assert r.status == 403, action
+                assert "You may not update ScheduledJobs" in await r.text()
+            r = await c.get(f"{page}/backfill?from=2020-01-01&until=now", headers=as_viewer)
+            assert r.status == 403
+            cr = get_sj(kube, ns, "ui-authz")
+            assert "cronwell.dev/trigger" not in (cr["metadata"].get("annotations") or {})
+            assert not cr["spec"].get("suspend")
+
+            r = await c.post(f"{page}/trigger", data=form, headers=as_actor, allow_redirects=False)
+            assert r.status == 303
+            annotations = get_sj(kube, ns, "ui-authz")["metadata"]["annotations"]
+            assert annotations["cronwell.dev/trigger"] == form["trigger_id"]
