@@ -22,17 +22,14 @@ from cronwell.ui.app import CSRF_FIELD, UiConfig, make_app
 from cronwell.ui.auth import KubeAuth
 from cronwell_operator.testing import OperatorProcess, sql, wait_until
 from tests.e2e.test_kubectl_plugin import apply_sj, get_sj, in_store
-from tests.helpers.kube import running_operator
+from tests.helpers.kube import module_operator
 
 
 @pytest.fixture(scope="module")
 def operator(
     kube: Cluster, ns: str, store: str, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[OperatorProcess]:
-    log = tmp_path_factory.mktemp("operator") / "operator.log"
-    with running_operator(kube, ns, store, log, "--status-qps", "100", identity="op-ui") as op:
-        yield op
-        kube.kubectl("delete", "sj", "--all", "-n", ns, "--timeout=60s", check=False)
+    yield from module_operator(kube, ns, store, tmp_path_factory, "op-ui")
 
 
 @pytest.fixture
@@ -51,6 +48,16 @@ def _field(html: str, name: str) -> str:
     return unescape(html.split(f'name="{name}" value="', 1)[1].split('"', 1)[0])
 
 
+async def _open(
+    kube: Cluster, ns: str, store: str, client: TestClient, name: str
+) -> tuple[str, str, str]:
+    """A new ScheduledJob `name` once the operator stored it: its uid, page and HTML."""
+    uid = apply_sj(kube, ns, name)
+    in_store(store, uid)
+    page = f"/jobs/{ns}/{name}"
+    return uid, page, await (await client.get(page)).text()
+
+
 def _occurrences(store: str, uid: str) -> list[dict[str, Any]]:
     return sql(store, "SELECT * FROM cronwell_occurrences WHERE job_id = %s", (uid,))
 
@@ -59,10 +66,7 @@ async def test_trigger_sets_the_annotation_the_operator_runs_once(
     kube: Cluster, ns: str, store: str, operator: OperatorProcess, ui: tuple[TestClient, Database]
 ) -> None:
     client, _ = ui
-    uid = apply_sj(kube, ns, "ui-trig")
-    in_store(store, uid)
-    page = f"/jobs/{ns}/ui-trig"
-    html = await (await client.get(page)).text()
+    uid, page, html = await _open(kube, ns, store, client, "ui-trig")
     assert "sets the ScheduledJob's <code>cronwell.dev/trigger</code> annotation" in html
     form = {CSRF_FIELD: _field(html, CSRF_FIELD), "trigger_id": _field(html, "trigger_id")}
     r = await client.post(f"{page}/trigger", data=form, allow_redirects=False)
@@ -78,10 +82,8 @@ async def test_trigger_sets_the_annotation_the_operator_runs_once(
     # The same form again: the annotation keeps its value, the key its one occurrence.
     r = await client.post(f"{page}/trigger", data=form, allow_redirects=False)
     assert r.status == 303
-    assert (
-        get_sj(kube, ns, "ui-trig")["metadata"]["annotations"]["cronwell.dev/trigger"]
-        == (form["trigger_id"])
-    )
+    annotations = get_sj(kube, ns, "ui-trig")["metadata"]["annotations"]
+    assert annotations["cronwell.dev/trigger"] == form["trigger_id"]
     assert [o["idempotency_key"] for o in _occurrences(store, uid)] == [key]
 
 
@@ -89,10 +91,7 @@ async def test_suspend_resume_patch_spec_and_the_store_follows(
     kube: Cluster, ns: str, store: str, operator: OperatorProcess, ui: tuple[TestClient, Database]
 ) -> None:
     client, _ = ui
-    uid = apply_sj(kube, ns, "ui-pause")
-    in_store(store, uid)
-    page = f"/jobs/{ns}/ui-pause"
-    html = await (await client.get(page)).text()
+    uid, page, html = await _open(kube, ns, store, client, "ui-pause")
     assert "patches the ScheduledJob's <code>spec.suspend: true</code>" in html
     token = _field(html, CSRF_FIELD)
 
