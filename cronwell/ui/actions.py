@@ -39,8 +39,8 @@ _TRIGGER_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
 
 SUSPENDED_BY = {
     None: "by its spec (spec.suspend: true)",
-    MANUAL_REASON: "in the store by `cronwell suspend` or this dashboard (Manual)",
-    jobs.PAUSE_REASON: "in the store by `cronwell pause` (Paused)",
+    MANUAL_REASON: "in the store by cronwell suspend or this dashboard (Manual)",
+    jobs.PAUSE_REASON: "in the store by cronwell pause (Paused)",
     "SuspendedAfterFailures": "in the store after consecutive failures (SuspendedAfterFailures)",
 }
 DONE = {
@@ -48,8 +48,8 @@ DONE = {
     "already-triggered": "Already triggered by this form: nothing new was run.",
     "trigger-requested": "Trigger requested: the cronwell.dev/trigger annotation is set; "
     "the operator creates the run.",
-    "suspended": "Suspended in the store (reason Manual, as `cronwell suspend`).",
-    "resumed": "Resumed in the store (as `cronwell resume`).",
+    "suspended": "Suspended in the store (reason Manual, as cronwell suspend).",
+    "resumed": "Resumed in the store (as cronwell resume).",
     "suspend-requested": "spec.suspend: true is written to the ScheduledJob; the operator "
     "suspends the job.",
     "resume-requested": "spec.suspend: false is written to the ScheduledJob; the operator "

@@ -120,7 +120,7 @@ async def test_a_suspension_the_store_holds_is_lifted_in_the_store(
     generation = get_sj(kube, ns, "ui-manual")["metadata"]["generation"]
     page = f"/jobs/{ns}/ui-manual"
     html = unescape(await (await client.get(page)).text())
-    assert "yes, in the store by `cronwell suspend` or this dashboard (Manual)" in html
+    assert "yes, in the store by cronwell suspend or this dashboard (Manual)" in html
     assert "clears the store's suspension" in html
     r = await client.post(
         f"{page}/resume", data={CSRF_FIELD: _field(html, CSRF_FIELD)}, allow_redirects=False

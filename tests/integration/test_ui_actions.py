@@ -127,7 +127,7 @@ async def test_suspend_and_resume_in_the_store_say_who_suspended(
     row = await _job_row(db)
     assert row["suspended"] and row["suspended_reason"] == "Manual"
     html = await (await actions.get(r.headers["Location"])).text()
-    assert "yes, in the store by `cronwell suspend` or this dashboard (Manual)" in unescape(html)
+    assert "yes, in the store by cronwell suspend or this dashboard (Manual)" in unescape(html)
     assert f'action="{JOB}/resume"' in html and f'action="{JOB}/suspend"' not in html
 
     r = await actions.post(f"{JOB}/resume", data={CSRF_FIELD: token}, allow_redirects=False)
@@ -151,7 +151,7 @@ async def test_job_page_tells_spec_suspension_from_pause(db: Database, actions: 
         "<code>", ""
     ).replace("</code>", "")
     html = unescape(await (await actions.get("/jobs/default/paused")).text())
-    assert "yes, in the store by `cronwell pause` (Paused)" in html
+    assert "yes, in the store by cronwell pause (Paused)" in html
 
 
 def _window(now: datetime) -> tuple[str, str, int]:
