@@ -475,8 +475,10 @@ async def dead_discard_all(request: web.Request) -> web.Response:
 
 async def job_page(request: web.Request) -> web.Response:
     """One job: its spec summary, the next instants of its schedule (the scheduler's own
-    engine), its recent runs. A namespace the user may not see: 403 (whether or not the job
-    exists); unknown job: 404."""
+    engine), its recent runs, and with --allow-actions the forms of ui/actions.py. A
+    namespace the user may not see: 403 (whether or not the job exists); unknown job: 404."""
+    from cronwell.ui import actions  # it imports this module's helpers
+
     db = request.app[CONFIG].db
     namespace = request.match_info["namespace"]
     await require(request, VIEW_VERB, namespace)
@@ -500,6 +502,7 @@ async def job_page(request: web.Request) -> web.Response:
         lag=lag_chart(
             await ui.lag_histogram(db, job_id=job.id, window_seconds=LAG_WINDOWS[window])
         ),
+        **await actions.page_context(request, job),
     )
 
 

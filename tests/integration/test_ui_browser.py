@@ -3,8 +3,8 @@ Selenium; nothing downloads a browser): every view loads with no CSP violation o
 error in the console, the theme toggle switches, the forecast chart is drawn (uPlot) in the
 viewer's time zone, a job is followed from the list to its runs, the zone switch and the
 runs' refresh control work (the refresh pauses while the tab is hidden), every view fits a
-390 px phone, a dead letter is replayed with its button, and light/dark screenshots of each
-view land in docs/images/ for the docs."""
+390 px phone, a dead letter is replayed with its button, a job is triggered from its page,
+and light/dark screenshots of each view land in docs/images/ for the docs."""
 
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ from cronwell.store import processes
 from cronwell.store.db import Database
 from cronwell.ui.app import UiConfig, make_app
 from tests.helpers.store import fail_dead
-from tests.integration.helpers import make_job, seed_runs, seed_started_runs
+from tests.integration.helpers import make_job, seed_runs, seed_started_runs, sql
 from tests.integration.worker_helpers import handler_job, occurrence, trigger
 
 CHROMIUM, CHROMEDRIVER = Path("/usr/bin/chromium"), Path("/usr/bin/chromedriver")
@@ -287,3 +287,35 @@ async def test_replay_a_dead_letter_from_the_dead_page(db: Database) -> None:
         await server.close()
     assert problems == []
     assert (await occurrence(db, key))["state"] == "pending"
+
+
+def _trigger_now(base_url: str, path: str) -> list[str]:
+    """Click Trigger now on a job's page; back on it, the page says the run is due."""
+    from selenium.webdriver.support import expected_conditions
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    driver = _driver()
+    try:
+        driver.get(base_url + path)
+        driver.find_element("css selector", "button.trigger").click()
+        WebDriverWait(driver, 10).until(expected_conditions.url_contains("done="))
+        assert driver.current_url == base_url + path + "?done=triggered", driver.current_url
+        assert "Triggered: one run is due now." in driver.page_source
+        return _problems(driver, path)
+    finally:
+        driver.quit()
+
+
+@pytest.mark.timeout(120)
+async def test_trigger_a_job_from_its_page(db: Database) -> None:
+    job = await make_job(db, "browser-trigger", schedule="0 3 * * *")
+    server = TestServer(make_app(UiConfig(db=db, allow_actions=True)), host="127.0.0.1")
+    await server.start_server()
+    try:
+        base = f"http://127.0.0.1:{server.port}"
+        problems = await asyncio.to_thread(_trigger_now, base, "/jobs/default/browser-trigger")
+    finally:
+        await server.close()
+    assert problems == []
+    (row,) = await sql(db, "SELECT * FROM cronwell_occurrences WHERE job_id = %s", job.id)
+    assert row["origin"] == "trigger" and row["state"] == "pending"
