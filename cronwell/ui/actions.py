@@ -160,11 +160,11 @@ async def trigger(request: web.Request) -> web.Response:
     """POST (guarded): run the job now, once per the form's trigger id: in a cluster by
     setting the cronwell.dev/trigger annotation (as `kubectl cronwell trigger`), else
     `jobs.trigger_job` (as `cronwell trigger --id`)."""
+    job = await _job(request)
     form = await request.post()
     trigger_id = _form_text(form, "trigger_id")
     if trigger_id is None or not _TRIGGER_ID.match(trigger_id):
         raise web.HTTPBadRequest(reason="trigger_id must be 1-63 letters, digits, '.', '_', '-'")
-    job = await _job(request)
     if request.app[CONFIG].kube is not None:
         await _patch_cr(
             request, job, {"metadata": {"annotations": {TRIGGER_ANNOTATION: trigger_id}}}
@@ -275,12 +275,12 @@ async def backfill_confirm(request: web.Request) -> web.Response:
 async def backfill(request: web.Request) -> web.Response:
     """POST (guarded): backfill the window, refused (409, nothing written) unless it
     creates or reopens exactly the confirmed number of instants."""
+    job = await _job(request)
     form = await request.post()
     raw = form.get("expect")
     expect = _count(raw if isinstance(raw, str) else None, "expect")
     if expect is None:
         raise web.HTTPBadRequest(reason="expect (the confirmed count) is required")
-    job = await _job(request)
     result = await _backfill(
         request, job, form, expect=expect, max_instants=backfills.DEFAULT_MAX_INSTANTS
     )
