@@ -17,7 +17,9 @@ then for each pool:
   READY_POLL_SECONDS and record when they were (lastPreScale.readyAt, landedBeforeBurst);
 - write status (desired/current replicas, next burst, the last pre-scale and whether its
   pods were Ready before its burst, conditions Ready and TargetFound) only when it changes, and a
-  Warning Event when the target goes missing (once per transition).
+  Warning Event when the target goes missing (once per transition);
+- record each pre-scale, and what became known of it, in the store's history
+  (cronwell_prescales: status keeps only the latest, the dashboard's forecast shows them).
 
 The decisions without I/O (hold, lookahead, HPA arithmetic, landed-before-burst) are in
 cronwell.prescale; this module reads and writes the cluster.
@@ -40,7 +42,7 @@ from typing import Any
 import pydantic
 
 from cronwell.conditions import condition
-from cronwell.errors import EXPECTED_ERRORS
+from cronwell.errors import EXPECTED_ERRORS, DatabaseError
 from cronwell.fleet_forecast import Forecaster
 from cronwell.forecast import PoolForecast, export_metrics
 from cronwell.loader import format_validation_error
@@ -57,10 +59,10 @@ from cronwell.prescale import (
     plan_pool,
 )
 from cronwell.schedule import format_instant
-from cronwell.store import clock
+from cronwell.store import clock, prescales
 from cronwell.store.db import Database
 from cronwell.supervise import repeat
-from cronwell.workerpool import NextBurst, PoolCondition, WorkerPoolSpec
+from cronwell.workerpool import LastPreScale, NextBurst, PoolCondition, WorkerPoolSpec
 from cronwell.workerpool import WorkerPoolStatus as _Status
 from cronwell_operator.kube import CRef, Kube, KubeError, KubeNotFound
 from cronwell_operator.settings import OperatorSettings
@@ -92,6 +94,8 @@ class _PoolState:
     acted: int | None = None
     """Replicas last asked of the target (scale or HPA minimum)."""
     seeded: bool = False
+    recorded: LastPreScale | None = None
+    """The pre-scale as last written to the store's history (written again only once it changed)."""
 
 
 @dataclass
@@ -496,6 +500,7 @@ class Scaler:
             last_pre_scale=state.pre.shown() if state.pre is not None else None,
             conditions=[ready, found],
         )
+        await self._record(ref, state, status.last_pre_scale)
         doc: dict[str, Any] = status.model_dump(mode="json", by_alias=True, exclude={"kopf"})
         was = prev.get("TargetFound") or {}
         if found.status == "False" and (was.get("status"), was.get("reason")) != (
@@ -518,6 +523,37 @@ class Scaler:
                     "error": str(e),
                 },
             )
+
+    async def _record(self, ref: CRef, state: _PoolState, pre: LastPreScale | None) -> None:
+        """Keep the pre-scale in the store's history when it changed (as status shows it, so
+        a new leader reading it back from status updates the same row). A database error is
+        a warning and a retry next tick: the history must never stop the scaling."""
+        if pre is None or pre == state.recorded:
+            return
+        row = prescales.PreScaleRecord(
+            namespace=ref.namespace,
+            workerpool=ref.name,
+            pool=ref.name,
+            scaled_at=pre.time,
+            replicas=pre.replicas,
+            burst_at=pre.burst_time,
+            ready_at=pre.ready_at,
+            landed_before_burst=pre.landed_before_burst,
+        )
+        try:
+            await prescales.record(self.db, row)
+        except DatabaseError as e:
+            self.stats.errors += 1
+            log.warning(
+                "pre-scale not recorded in the store (retried next tick)",
+                extra={
+                    "action": "prescale_record_error",
+                    "object": f"{ref.namespace}/{ref.name}",
+                    "error": str(e),
+                },
+            )
+            return
+        state.recorded = pre
 
     async def _event(self, ref: CRef, type_: str, reason: str, message: str) -> None:
         try:

@@ -130,6 +130,16 @@ def events(kube: Cluster, ns: str, name: str) -> list[dict[str, Any]]:
     return [e for e in json.loads(out)["items"] if e["involvedObject"]["kind"] == "WorkerPool"]
 
 
+def recorded(store: str, ns: str, name: str) -> list[dict[str, Any]]:
+    """The pre-scales of WorkerPool ns/name the operator recorded in the store's history."""
+    return sql(
+        store,
+        "SELECT pool, scaled_at, replicas, burst_at, ready_at, landed_before_burst "
+        "FROM cronwell_prescales WHERE namespace = %s AND workerpool = %s ORDER BY scaled_at",
+        (ns, name),
+    )
+
+
 def burst_at(store: str, pool: str, n: int, lead_seconds: float) -> datetime:
     """n one-shot jobs of `pool` due together at a whole second ~lead_seconds ahead (the
     database's clock); that instant."""
@@ -245,6 +255,12 @@ def test_replicas_rise_before_the_burst_and_fall_after(
     # Seen Ready after the test reported the pods Ready (less a little clock rounding)
     # and before the burst.
     assert marked - 0.5 <= parse_time(pre["readyAt"]) <= at.timestamp(), (marked, pre)
+    # The store's history holds it too, once however often it was written (the dashboard's
+    # forecast shows it after the fact).
+    (row,) = recorded(store, ns, "burst")
+    assert (row["pool"], row["replicas"], row["landed_before_burst"]) == ("burst", NEEDED, True)
+    assert row["scaled_at"].timestamp() == parse_time(pre["time"]), (row, pre)
+    assert (row["burst_at"], row["ready_at"].timestamp()) == (at, parse_time(pre["readyAt"]))
     assert (st["desiredReplicas"], st["currentReplicas"]) == (1, 1)
     assert conditions(st)["Ready"][:2] == ("True", "Scaled")
     reasons = [e["reason"] for e in events(kube, ns, "burst")]
@@ -316,6 +332,8 @@ def test_an_hpa_gets_its_minimum_raised_and_restored(
     # pre-scale is reported as not landed before its burst.
     assert st["lastPreScale"]["landedBeforeBurst"] is False
     assert st["lastPreScale"].get("readyAt") is None
+    (row,) = recorded(store, ns, "hpa")
+    assert (row["replicas"], row["ready_at"], row["landed_before_burst"]) == (NEEDED, None, False)
     reasons = [e["reason"] for e in events(kube, ns, "hpa")]
     assert reasons.count("RaisedHPAMinimum") == 1 and reasons.count("RestoredHPAMinimum") == 1
 
