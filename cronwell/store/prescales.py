@@ -7,6 +7,9 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from datetime import datetime
 
+import psycopg
+
+from cronwell.errors import DatabaseError
 from cronwell.store.db import Database
 
 
@@ -36,8 +39,13 @@ class RecentPreScale(PreScaleRecord):
 
 async def record(db: Database, pre: PreScaleRecord) -> None:
     """Insert the pre-scale, or update what became known of it (idempotent: a leader
-    writing it again, or a new one reading it back from status, changes nothing else)."""
-    await db.execute("PreScaleRecord", asdict(pre))
+    writing it again, or a new one reading it back from status, changes nothing else).
+    Any refusal (a role without INSERT on the table, a trigger) is a DatabaseError: the
+    history is the scaler's side line, which it logs and retries, never a bug to stop on."""
+    try:
+        await db.execute("PreScaleRecord", asdict(pre))
+    except psycopg.Error as e:
+        raise DatabaseError(f"pre-scale not recorded: {e}") from e
 
 
 async def recent(

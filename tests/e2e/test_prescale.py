@@ -338,6 +338,56 @@ def test_an_hpa_gets_its_minimum_raised_and_restored(
     assert reasons.count("RaisedHPAMinimum") == 1 and reasons.count("RestoredHPAMinimum") == 1
 
 
+def test_a_refused_history_write_neither_stops_the_scaling_nor_is_lost(
+    kube: Cluster, kube_api: Any, ns: str, store: str, operator: OperatorProcess
+) -> None:
+    """The store refuses the pre-scale's row (a trigger, as a role without INSERT would):
+    the pool is scaled and its status written all the same, the refusal is one warning,
+    and once the store accepts it again a later tick records the row."""
+    deployment(kube_api, ns, "w-flaky", 1)
+    workerpool(kube, ns, "flaky", "w-flaky", minReplicas=1, maxReplicas=10, **POOL)
+    eventually(
+        operator,
+        lambda: conditions(pool_status(kube, ns, "flaky")).get("TargetFound", ("",))[0] == "True",
+        "the pool's target found",
+        60,
+    )
+    sql(
+        store,
+        "CREATE FUNCTION e2e_refuse() RETURNS trigger LANGUAGE plpgsql "
+        "AS $$BEGIN RAISE EXCEPTION 'refused by the test'; END$$",
+    )
+    sql(
+        store,
+        "CREATE TRIGGER e2e_refuse BEFORE INSERT ON cronwell_prescales FOR EACH ROW "
+        "WHEN (NEW.pool = 'flaky') EXECUTE FUNCTION e2e_refuse()",
+    )
+    try:
+        burst_at(store, "flaky", BURST, 10)
+        eventually(operator, lambda: replicas(kube_api, ns, "w-flaky") == NEEDED, "scaled up", 40)
+        # Settled (no pod is Ready here: not landed once the burst came), so the status
+        # changes no more: only a retry can record it now.
+        pre = eventually(
+            operator,
+            lambda: (
+                (p := pool_status(kube, ns, "flaky").get("lastPreScale"))
+                and p.get("landedBeforeBurst") is False
+                and p
+            ),
+            "the settled pre-scale in status",
+            40,
+        )
+        assert "refused by the test" in operator.output()
+        assert recorded(store, ns, "flaky") == []
+    finally:
+        sql(store, "DROP TRIGGER e2e_refuse ON cronwell_prescales")
+        sql(store, "DROP FUNCTION e2e_refuse()")
+    rows = eventually(operator, lambda: recorded(store, ns, "flaky"), "recorded once accepted", 30)
+    assert [(r["scaled_at"].timestamp(), r["landed_before_burst"]) for r in rows] == [
+        (parse_time(pre["time"]), False)
+    ]
+
+
 def test_min_and_max_are_respected(
     kube: Cluster, kube_api: Any, ns: str, store: str, operator: OperatorProcess
 ) -> None:
