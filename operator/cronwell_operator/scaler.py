@@ -248,16 +248,8 @@ class Scaler:
                     ref, spec, forecasts.get(ref.name), hpas.get(ref.namespace), state, out, now
                 )
             except KubeError as e:
-                self.stats.errors += 1
                 out.ready = ("False", "ScaleFailed", str(e))
-                log.warning(
-                    "pre-scale failed",
-                    extra={
-                        "action": "prescale_error",
-                        "object": f"{ref.namespace}/{ref.name}",
-                        "error": str(e),
-                    },
-                )
+                self._failed(ref, "pre-scale failed", "prescale_error", e)
         await self._write(ref, obj, shown, state, out, now())
         return out.wake
 
@@ -514,15 +506,7 @@ class Scaler:
             await self.kube.patch_workerpool_status(ref.namespace, ref.name, doc)
             self.stats.status_patches += 1
         except KubeError as e:
-            self.stats.errors += 1
-            log.warning(
-                "WorkerPool status write failed",
-                extra={
-                    "action": "prescale_status_error",
-                    "object": f"{ref.namespace}/{ref.name}",
-                    "error": str(e),
-                },
-            )
+            self._failed(ref, "WorkerPool status write failed", "prescale_status_error", e)
 
     async def _record(self, ref: CRef, state: _PoolState, pre: LastPreScale | None) -> None:
         """Keep the pre-scale in the store's history when it changed (as status shows it, so
@@ -543,17 +527,18 @@ class Scaler:
         try:
             await prescales.record(self.db, row)
         except DatabaseError as e:
-            self.stats.errors += 1
-            log.warning(
-                "pre-scale not recorded in the store (retried next tick)",
-                extra={
-                    "action": "prescale_record_error",
-                    "object": f"{ref.namespace}/{ref.name}",
-                    "error": str(e),
-                },
-            )
+            msg = "pre-scale not recorded in the store (retried next tick)"
+            self._failed(ref, msg, "prescale_record_error", e)
             return
         state.recorded = pre
+
+    def _failed(self, ref: CRef, message: str, action: str, e: Exception) -> None:
+        """Count and log a failure of one pool's tick that the next tick retries."""
+        self.stats.errors += 1
+        log.warning(
+            message,
+            extra={"action": action, "object": f"{ref.namespace}/{ref.name}", "error": str(e)},
+        )
 
     async def _event(self, ref: CRef, type_: str, reason: str, message: str) -> None:
         try:
