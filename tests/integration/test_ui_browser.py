@@ -12,7 +12,7 @@ import asyncio
 import os
 import time
 from collections.abc import AsyncIterator
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 from zoneinfo import ZoneInfo
@@ -21,7 +21,7 @@ import pytest
 from aiohttp.test_utils import TestServer
 
 from cronwell import dispatch
-from cronwell.store import processes
+from cronwell.store import prescales, processes
 from cronwell.store.db import Database
 from cronwell.ui.app import UiConfig, make_app
 from tests.helpers.store import fail_dead
@@ -65,6 +65,15 @@ async def base_url(db: Database) -> AsyncIterator[str]:
         ),
     )  # fmt: skip
     await seed_runs(db, job.id, "default", [2], state="pending")
+    # The forecast's recent pre-scales: pool batch's last one, Ready 20 s before its burst.
+    at = datetime.now(UTC).replace(microsecond=0) - timedelta(minutes=16)
+    await prescales.record(
+        db,
+        prescales.PreScaleRecord(
+            "ops", "batch", "batch", at, 3, at + timedelta(seconds=60),
+            at + timedelta(seconds=40), True,
+        ),
+    )  # fmt: skip
     server = TestServer(make_app(UiConfig(db=db)), host="127.0.0.1")
     await server.start_server()
     yield f"http://127.0.0.1:{server.port}"
@@ -110,6 +119,9 @@ def _browse(base_url: str) -> list[str]:
                 if name == "job":  # below the fold: the start-lag histogram on its own
                     chart = driver.find_element("css selector", "svg.hist")
                     chart.screenshot(str(IMAGES / f"ui-job-lag-{theme}.png"))
+                if name == "forecast":  # below the fold: the recent pre-scales
+                    table = driver.find_element("css selector", "table.prescales")
+                    table.screenshot(str(IMAGES / f"ui-forecast-prescales-{theme}.png"))
             problems += _problems(driver, path)
         # The forecast: one uPlot chart per pool, its table folded, instants in the viewer's
         # zone (the JSON says UTC; the browser runs in UTC+05:30).
@@ -120,12 +132,13 @@ def _browse(base_url: str) -> list[str]:
         )
         assert charts == [1, 1], charts
         assert driver.execute_script("return new Date().getTimezoneOffset()") == -330
-        shown = driver.execute_script(
-            "const t = document.querySelector('table.bursts time');"
-            "return [t.getAttribute('datetime'), t.textContent]"
-        )
-        when = datetime.fromisoformat(shown[0]).astimezone(ZoneInfo(VIEWER_ZONE))
-        assert f"{when.hour % 12 or 12}:{when.minute:02d}" in shown[1], shown
+        for table in ("bursts", "prescales"):  # what is coming, and what came
+            shown = driver.execute_script(
+                f"const t = document.querySelector('table.{table} time');"
+                "return [t.getAttribute('datetime'), t.textContent]"
+            )
+            when = datetime.fromisoformat(shown[0]).astimezone(ZoneInfo(VIEWER_ZONE))
+            assert f"{when.hour % 12 or 12}:{when.minute:02d}" in shown[1], shown
         assert (
             driver.execute_script("return document.querySelector('details.per-minute').open")
             is False
