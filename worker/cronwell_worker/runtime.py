@@ -168,8 +168,9 @@ class Worker:
         self._m = _PoolMetrics(self.metrics, settings.pool)
         self._stopping = asyncio.Event()
         self._wake = asyncio.Event()
-        self._done: list[tuple[str, int, asyncio.Future[bool]]] = []
-        self._starts: list[tuple[str, int, asyncio.Future[bool]]] = []
+        # Queued starts and completions: (key, occurrence id, fence, whether it was held).
+        self._done: list[tuple[str, int, int, asyncio.Future[bool]]] = []
+        self._starts: list[tuple[str, int, int, asyncio.Future[bool]]] = []
         self._flush_now = asyncio.Event()
         self._clients: dict[tuple[bool, EgressPolicy], httpx.AsyncClient] = {}
 
@@ -595,7 +596,7 @@ class Worker:
         if ctx.completed_in_transaction:
             ok = True
         else:
-            ok = await self._complete(c.key, c.fence)
+            ok = await self._complete(c)
         self._report(Outcome(c, "succeeded" if ok else "stale", start_lag=r.start_lag))
         if not ok:
             log.warning("completion rejected: fence is stale", extra=extra)
@@ -682,9 +683,9 @@ class Worker:
 
     # -- completion batching ----------------------------------------------------------
 
-    async def _complete(self, key: str, fence: int) -> bool:
+    async def _complete(self, c: Claimed) -> bool:
         fut: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
-        self._done.append((key, fence, fut))
+        self._done.append((c.key, c.id, c.fence, fut))
         self._flush_now.set()
         return await fut
 
@@ -692,7 +693,7 @@ class Worker:
         """Queue the start of an attempt claimed ahead; written with the next completion
         batch (before it). The future says whether the lease was still held."""
         fut: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
-        self._starts.append((c.key, c.fence, fut))
+        self._starts.append((c.key, c.id, c.fence, fut))
         self._flush_now.set()
         return fut
 
@@ -715,19 +716,19 @@ class Worker:
 
     async def _write(
         self,
-        batch: list[tuple[str, int, asyncio.Future[bool]]],
-        write: Callable[[Database, list[tuple[str, int]]], Awaitable[set[str]]],
+        batch: list[tuple[str, int, int, asyncio.Future[bool]]],
+        write: Callable[[Database, list[tuple[int, int]]], Awaitable[set[str]]],
         what: str,
     ) -> None:
-        """One fenced batch write, retried through database errors; each future learns
-        whether its key was still held."""
+        """One fenced batch write by (id, fence), retried through database errors; each
+        future learns whether its key was still held."""
         if not batch:
             return
         backoff = Backoff(first_seconds=0.1, max_seconds=RETRY_MAX_SECONDS)
         self.live.waiting(what)
         for _ in range(30):
             try:
-                ok = await write(self.db, [(k, f) for k, f, _ in batch])
+                ok = await write(self.db, [(i, f) for _, i, f, _ in batch])
                 self.live.progressed(what)
                 break
             except EXPECTED_ERRORS as e:
@@ -742,13 +743,13 @@ class Worker:
             # Given up: these attempts' leases lapse and they run again, fenced. The writer
             # waits no more; a next batch that cannot get through stalls it again.
             self.live.progressed(what)
-        missing = [(k, f) for k, f, _ in batch if k not in ok]
+        missing = [(k, i, f) for k, i, f, _ in batch if k not in ok]
         if missing:
             with contextlib.suppress(*EXPECTED_ERRORS):
-                back = await self._reassert(missing)
+                back = await self._reassert([(k, f) for k, _, f in missing])
                 if back:
-                    ok |= await write(self.db, [(k, f) for k, f in missing if k in back])
-        for k, _, fut in batch:
+                    ok |= await write(self.db, [(i, f) for k, i, f in missing if k in back])
+        for k, _, _, fut in batch:
             if not fut.done():
                 fut.set_result(k in ok)
 
