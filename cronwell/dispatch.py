@@ -383,11 +383,12 @@ async def heartbeat(
 
 async def reassert(
     db: Database, *, worker_id: str, held: list[tuple[str, int, int, bool]], lease_seconds: float
-) -> set[str]:
+) -> dict[str, int]:
     """Restore claims (key, fence, attempt, started) this worker holds that the store
-    forgot in a failover; returns the keys restored (a fenced write for them may go on)."""
+    forgot in a failover; returns the keys restored with their rows' ids (a fenced write
+    for them may go on, by that id: the row may have been materialised again)."""
     if not held:
-        return set()
+        return {}
     return await attempts.reassert(db, held, worker_id=worker_id, lease_seconds=lease_seconds)
 
 

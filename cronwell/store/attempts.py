@@ -19,6 +19,12 @@ class Keyed:
 
 
 @dataclass(frozen=True, slots=True)
+class KeyedId:
+    idempotency_key: str
+    id: int
+
+
+@dataclass(frozen=True, slots=True)
 class Succeeded:
     """An occurrence a fenced completion ended."""
 
@@ -76,11 +82,11 @@ async def reassert(
     *,
     worker_id: str,
     lease_seconds: float,
-) -> set[str]:
+) -> dict[str, int]:
     """Restore the claims (key, fence, attempt, started) the store forgot (a failover lost
-    them); returns the keys restored. Any other key lost its lease."""
+    them); returns the keys restored, with their rows' ids. Any other key lost its lease."""
     rows = await db.rows(
-        Keyed,
+        KeyedId,
         "OccurrenceReassert",
         {
             "keys": [k for k, _, _, _ in held],
@@ -91,7 +97,7 @@ async def reassert(
             "lease": lease_seconds,
         },
     )
-    return {r.idempotency_key for r in rows}
+    return {r.idempotency_key: r.id for r in rows}
 
 
 async def record_starts(db: Database, started: Sequence[tuple[int, int]]) -> set[str]:

@@ -46,6 +46,8 @@ RETURNING o.idempotency_key;
 -- ever made and is restored as it was: running under the worker's fence, its attempt
 -- number (never rewound), started if it had started. Never over an occurrence running,
 -- finished, or holding a fence not below the worker's: that is a lease lost, as ever.
+-- Returns each row's id: the lost commits may have been its materialisation too, and the
+-- worker's fenced writes by id then go to the row materialised again under the same key.
 WITH held AS MATERIALIZED (
     SELECT array_agg(x.id) AS ids, array_agg(t.f) AS fences, array_agg(t.a) AS attempts,
            array_agg(t.s) AS started
@@ -64,7 +66,7 @@ SET state = 'running', fence = h.fences[array_position(h.ids, o.id)],
 FROM held h
 WHERE o.id = ANY (h.ids) AND coalesce(o.state = 'pending', false)
   AND coalesce(o.fence, 0) < h.fences[array_position(h.ids, o.id)]
-RETURNING o.idempotency_key;
+RETURNING o.idempotency_key, o.id;
 
 -- name: OccurrenceStartBatch
 -- Records the actual start of attempts claimed ahead of their instant, by (id, fence) pair

@@ -123,11 +123,30 @@ async def test_a_claim_the_store_forgot_is_reasserted_as_it_was(db: Database) ->
     await forget(db, c, fence=None)
     assert await dispatch.succeed(db, [(c.id, c.fence)]) == set()  # as a stale worker...
     held = [(c.key, c.fence, c.attempt, True)]
-    assert await dispatch.reassert(db, worker_id="w", held=held, lease_seconds=60) == {c.key}
+    assert await dispatch.reassert(db, worker_id="w", held=held, lease_seconds=60) == {c.key: c.id}
     o = await occurrence(db, c.key)
     assert (o["state"], o["fence"], o["attempt"], o["worker_id"]) == ("running", c.fence, 1, "w")
     assert o["started_at"] is not None
     assert await dispatch.succeed(db, [(c.id, c.fence)]) == {c.key}
+
+
+async def test_a_claim_whose_row_was_materialised_again_completes_by_its_new_id(
+    db: Database,
+) -> None:
+    """The failover lost the occurrence's materialisation too: the scheduler made its row
+    again, same key, another id. The re-assertion finds it by key and says its id; the
+    completion by the claim's id matches nothing, by that id it lands."""
+    c = await claim(db, "again")
+    await forget(db, c, fence=None)
+    (row,) = await sql(
+        db, "UPDATE cronwell_occurrences SET id = DEFAULT WHERE id = %s RETURNING id", c.id
+    )
+    assert row["id"] != c.id
+    held = [(c.key, c.fence, c.attempt, True)]
+    back = await dispatch.reassert(db, worker_id="w", held=held, lease_seconds=60)
+    assert back == {c.key: row["id"]}
+    assert await dispatch.succeed(db, [(c.id, c.fence)]) == set()
+    assert await dispatch.succeed(db, [(back[c.key], c.fence)]) == {c.key}
 
 
 async def test_a_lost_lease_is_never_reasserted(db: Database) -> None:
@@ -140,7 +159,7 @@ async def test_a_lost_lease_is_never_reasserted(db: Database) -> None:
     assert await dispatch.succeed(db, [(done.id, done.fence)]) == {done.key}
     held = [(c.key, c.fence - 1, c.attempt, True) for c in (running, done)]
     held.append((newer.key, newer.fence, newer.attempt, True))
-    assert await dispatch.reassert(db, worker_id="w", held=held, lease_seconds=60) == set()
+    assert await dispatch.reassert(db, worker_id="w", held=held, lease_seconds=60) == {}
     assert (await occurrence(db, newer.key))["state"] == "pending"
     assert (await occurrence(db, running.key))["fence"] == running.fence
 

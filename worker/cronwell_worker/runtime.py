@@ -127,6 +127,13 @@ class _Running:
     """Claimed ahead: the pool and egress policies and Secret values, read while waiting
     for the instant (or why not); None: read at the start."""
 
+    @property
+    def held(self) -> tuple[str, int, int]:
+        """(key, row id, fence) for its fenced writes: the id is the context's, which a
+        re-assertion moves when a failover lost the row and it was materialised again."""
+        oid = self.ctx.occurrence_id
+        return self.claimed.key, self.claimed.id if oid is None else oid, self.claimed.fence
+
 
 class Worker:
     def __init__(
@@ -486,7 +493,7 @@ class Worker:
                 # The handler runs only once its start is durable: started_at NULL means it
                 # never ran, so the reaper can give it back unconsumed (never Ambiguous), and
                 # every fence a target saw belongs to a recorded attempt.
-                if not await self._record_start(c):
+                if not await self._record_start(r):
                     self._report(Outcome(c, "lease_lost", error="start not recorded"))
                     return False
         except asyncio.CancelledError:
@@ -596,7 +603,7 @@ class Worker:
         if ctx.completed_in_transaction:
             ok = True
         else:
-            ok = await self._complete(c)
+            ok = await self._complete(r)
         self._report(Outcome(c, "succeeded" if ok else "stale", start_lag=r.start_lag))
         if not ok:
             log.warning("completion rejected: fence is stale", extra=extra)
@@ -683,17 +690,17 @@ class Worker:
 
     # -- completion batching ----------------------------------------------------------
 
-    async def _complete(self, c: Claimed) -> bool:
+    async def _complete(self, r: _Running) -> bool:
         fut: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
-        self._done.append((c.key, c.id, c.fence, fut))
+        self._done.append((*r.held, fut))
         self._flush_now.set()
         return await fut
 
-    def _record_start(self, c: Claimed) -> asyncio.Future[bool]:
+    def _record_start(self, r: _Running) -> asyncio.Future[bool]:
         """Queue the start of an attempt claimed ahead; written with the next completion
         batch (before it). The future says whether the lease was still held."""
         fut: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
-        self._starts.append((c.key, c.id, c.fence, fut))
+        self._starts.append((*r.held, fut))
         self._flush_now.set()
         return fut
 
@@ -748,7 +755,9 @@ class Worker:
             with contextlib.suppress(*EXPECTED_ERRORS):
                 back = await self._reassert([(k, f) for k, _, f in missing])
                 if back:
-                    ok |= await write(self.db, [(i, f) for k, i, f in missing if k in back])
+                    # By the id the store has now: the lost commits may have included the
+                    # occurrence's materialisation (materialised again, under another id).
+                    ok |= await write(self.db, [(back[k], f) for k, _, f in missing if k in back])
         for k, _, _, fut in batch:
             if not fut.done():
                 fut.set_result(k in ok)
@@ -797,7 +806,7 @@ class Worker:
         lost = [(k, f) for k, f in held if k not in alive]
         if lost:
             try:
-                alive |= await self._reassert(lost)
+                alive |= (await self._reassert(lost)).keys()
             except EXPECTED_ERRORS as e:
                 log.warning(f"heartbeat failed: {e}", extra={"action": "heartbeat_failed"})
                 return
@@ -810,11 +819,12 @@ class Worker:
             elif not (r.completing or r.ctx.completed_in_transaction):
                 self._cancel(r, ABORT_LEASE_LOST, "a heartbeat renewed nothing")
 
-    async def _reassert(self, lost: list[tuple[str, int]]) -> set[str]:
+    async def _reassert(self, lost: list[tuple[str, int]]) -> dict[str, int]:
         """Claims (key, fence) that a fenced write found missing: restore those the store
         forgot (a failover lost the commits that made them; see OccurrenceReassert), so an
         attempt that ran is recorded as itself, attempt number and all. Returns the keys
-        restored; the others lost their lease."""
+        restored with their rows' ids (each attempt's context takes its id: its later
+        writes go by id); the others lost their lease."""
         held = []
         for k, f in lost:
             r = self.running.get(k)
@@ -824,6 +834,10 @@ class Worker:
         back = await dispatch.reassert(
             self.db, worker_id=self.id, held=held, lease_seconds=self.settings.lease_seconds
         )
+        for k, oid in back.items():
+            r = self.running.get(k)
+            if r is not None:
+                r.ctx.occurrence_id = oid
         if back:
             log.warning(
                 "re-asserted claims the database had forgotten (a failover lost its last commits)",
