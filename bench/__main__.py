@@ -490,12 +490,13 @@ async def main() -> None:
             if "statements" in only:
 
                 async def counted() -> dict[str, Any]:
-                    await profile.enable_statements(db)
+                    await profile.enable_statements(db, track_nested=True)
                     n = args.statements_jobs
                     figs = await burst.burst(
                         db, url, n, args.workers, args.concurrency, args.lead, statements=True
                     )
                     counts = await profile.per_query(db, n)
+                    await profile.enable_statements(db)
                     print(profile.table(counts), flush=True)
                     keep = ("succeeded", "all_succeeded_after_s")
                     cpu = ("worker_cpu_ms_per_occurrence", "postgres_cpu_ms_per_occurrence")

@@ -165,27 +165,39 @@ def name_of(text: str, named: dict[tuple[str, ...], str]) -> str | None:
 async def per_query(db: Database, n: int) -> dict[str, Any]:
     """Statements, rows and execution time per occurrence of the burst, per named query
     (pg_stat_statements since the burst's reset). Counts are exact and repeatable; the
-    times are indicative only on a shared machine."""
+    times are indicative only on a shared machine. With pg_stat_statements.track = all
+    (`track_nested`), the statements that triggers and functions run are listed too, as
+    "(nested)": their rows are writes the named queries cause; their time is inside their
+    caller's, so the totals leave them out."""
     named = {shape(sql): name for name, sql in queries().items()}
     async with db.connection() as conn:
         cur = await conn.execute(
-            "SELECT query, calls, rows, total_exec_time AS ms FROM pg_stat_statements"
+            "SELECT query, toplevel, calls, rows, total_exec_time AS ms FROM pg_stat_statements"
         )
         rows = await cur.fetchall()
     by: dict[str, list[float]] = {}
     for r in rows:
-        name = name_of(r["query"], named) or "(other) " + " ".join(r["query"].split())[:60]
+        text = " ".join(r["query"].split())[:60]
+        name = (
+            (name_of(r["query"], named) or f"(other) {text}")
+            if r["toplevel"]
+            else (f"(nested) {text}")
+        )
         acc = by.setdefault(name, [0, 0, 0.0])
         acc[0] += r["calls"]
         acc[1] += r["rows"]
         acc[2] += float(r["ms"])
     ours = {k: v for k, v in by.items() if not k.startswith("(")}
+    nested = {k: v for k, v in by.items() if k.startswith("(nested)")}
+    top = [v for k, v in by.items() if k not in nested]
     return {
         "occurrences": n,
         "named_statements_per_occurrence": round(sum(v[0] for v in ours.values()) / n, 4),
         "named_rows_per_occurrence": round(sum(v[1] for v in ours.values()) / n, 4),
         "named_exec_ms_per_occurrence": round(sum(v[2] for v in ours.values()) / n, 4),
-        "all_exec_ms_per_occurrence": round(sum(v[2] for v in by.values()) / n, 4),
+        "nested_statements_per_occurrence": round(sum(v[0] for v in nested.values()) / n, 4),
+        "nested_rows_per_occurrence": round(sum(v[1] for v in nested.values()) / n, 4),
+        "all_exec_ms_per_occurrence": round(sum(v[2] for v in top) / n, 4),
         "per_query": {
             k: {
                 "calls": int(v[0]),
@@ -206,11 +218,15 @@ async def prepare(db: Database, pdir: Path) -> None:
     await enable_statements(db)
 
 
-async def enable_statements(db: Database) -> None:
+async def enable_statements(db: Database, *, track_nested: bool = False) -> None:
     """pg_stat_statements on (the server loads its library when `profile` or `statements`
-    runs)."""
+    runs); `track_nested`: the statements triggers and functions run counted too (from now on, until
+    called again without)."""
     async with db.connection() as conn:
         await conn.execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
+        track = "all" if track_nested else "top"
+        await conn.execute(f"ALTER SYSTEM SET pg_stat_statements.track = '{track}'")
+        await conn.execute("SELECT pg_reload_conf()")
 
 
 def table(counts: dict[str, Any]) -> str:
@@ -226,6 +242,10 @@ def table(counts: dict[str, Any]) -> str:
         f"{'named queries, total':<44} {counts['named_statements_per_occurrence']:>10.4f}"
         f" {counts['named_rows_per_occurrence']:>10.4f}"
         f" {counts['named_exec_ms_per_occurrence']:>9.4f}"
+    )
+    out.append(
+        f"{'nested, total':<44} {counts['nested_statements_per_occurrence']:>10.4f}"
+        f" {counts['nested_rows_per_occurrence']:>10.4f}"
     )
     return "\n".join(out)
 
