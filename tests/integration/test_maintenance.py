@@ -65,7 +65,7 @@ async def test_history_limits_keep_the_newest_runs_and_totals_stay_totals(db: Da
     assert len(mine) == 7
     for c in mine[:3]:  # the three oldest die
         assert await fail_dead(db, c.key, c.fence, "AttemptsExhausted") == "dead"
-    done = [(c.key, c.fence) for c in claimed if c not in mine[:3]]
+    done = [(c.id, c.fence) for c in claimed if c not in mine[:3]]
     assert len(await dispatch.succeed(db, done)) == 4 + 3
     before = await _status(db, job.id)
 
@@ -110,7 +110,7 @@ async def test_retention_prunes_deleted_and_one_shot_jobs_only(db: Database) -> 
     for j in (live, gone, once):
         await _past_occurrences(db, j.id, 2)
     claimed = await dispatch.claim(db, pool="default", worker_id="w", limit=50, lease_seconds=60)
-    assert len(await dispatch.succeed(db, [(c.key, c.fence) for c in claimed])) == 6
+    assert len(await dispatch.succeed(db, [(c.id, c.fence) for c in claimed])) == 6
     await jobs.delete_job(db, namespace="default", name="gone")
     # everything finished 8 days ago; the tombstone is as old
     await sql(db, "UPDATE cronwell_occurrences SET finished_at = now() - interval '8 days'")
@@ -166,7 +166,7 @@ async def test_deleting_occurrences_deletes_their_attempts(db: Database) -> None
     for c in claimed:
         if c.job_id == dlq.id:
             assert await fail_dead(db, c.key, c.fence) == "dead"
-    assert len(await dispatch.succeed(db, [(c.key, c.fence) for c in claimed])) == 4
+    assert len(await dispatch.succeed(db, [(c.id, c.fence) for c in claimed])) == 4
     assert sorted(await _attempt_keys(db)) == sorted(c.key for c in claimed)
     await jobs.delete_job(db, namespace="default", name="gone")
     await sql(
