@@ -65,6 +65,7 @@ SECTIONS = (
     "sustained",
     "growth",
     "profile",
+    "statements",
     "status",
     "prescale",
     "retention",
@@ -289,6 +290,9 @@ async def main() -> None:
     ap.add_argument("--growth-history", type=int, default=1, help="succeeded occurrences per job")
     ap.add_argument("--growth-reps", type=int, default=7)
     ap.add_argument("--profile-jobs", type=int, default=20_000)
+    ap.add_argument(
+        "--statements-jobs", type=int, default=10_000, help="statements: no-op burst size"
+    )
     ap.add_argument("--prescale-n", type=int, default=50_000, help="prescale: burst size")
     ap.add_argument(
         "--prescale-duration", type=float, default=0.2, help="prescale: handler seconds"
@@ -350,7 +354,7 @@ async def main() -> None:
     except BenchError as e:
         ap.exit(2, f"{ap.prog}: error: {e}\n")  # one line, no usage block
     # pg_stat_statements only when profiling: where PostgreSQL's time goes, per statement.
-    server = bench_server(statements="profile" in only)
+    server = bench_server(statements=bool({"profile", "statements"} & only))
     url = server.start()
     started = time.time()
     results: dict[str, Any] = {
@@ -491,6 +495,22 @@ async def main() -> None:
                     return await profile.summary(db, figs, pdir)
 
                 await section("profile", profiled())
+            if "statements" in only:
+
+                async def counted() -> dict[str, Any]:
+                    await profile.enable_statements(db, track_nested=True)
+                    n = args.statements_jobs
+                    figs = await burst.burst(
+                        db, url, n, args.workers, args.concurrency, args.lead, statements=True
+                    )
+                    counts = await profile.per_query(db, n)
+                    await profile.enable_statements(db)
+                    print(profile.table(counts), flush=True)
+                    keep = ("succeeded", "all_succeeded_after_s")
+                    cpu = ("worker_cpu_ms_per_occurrence", "postgres_cpu_ms_per_occurrence")
+                    return counts | {k: figs.get(k) for k in keep + cpu}
+
+                await section("statements", counted())
             if "schedule" in only:
                 await section("schedule", _now(schedule.schedule_bench(args.schedule_calls)))
             if "status" in only:

@@ -101,11 +101,13 @@ async def burst(
     *,
     handler: str = "noop",
     claim_ahead: float | None = None,
+    statements: bool = False,
 ) -> dict[str, Any]:
     """Materialise n occurrences due at T = now + lead, then let worker processes run them
     with `handler` (a key of HANDLERS) and `claim_ahead` seconds of claim ahead (None: the
     worker's default; 0: claimed only once due, the behaviour before claim ahead).
-    With `profile`, py-spy samples every worker process (raw collapsed stacks there)."""
+    With `profile`, py-spy samples every worker process (raw collapsed stacks there);
+    with `profile` or `statements`, pg_stat_statements counts from the same instant."""
     await prepare_burst(db, n, lead, handler)
     starts_dir = Path(tempfile.mkdtemp(prefix="cronwell-bench-starts-"))
     env = worker_env(url) | {"CRONWELL_BENCH_STARTS": str(starts_dir)}
@@ -132,9 +134,10 @@ async def burst(
         await asyncio.sleep(max(0.0, due_in - ahead - 1.5))
         cpu0 = sum(cpu_seconds(p.pid) for p in procs)
         pg_cpu0 = postgres_cpu_seconds()
-        if profile is not None:
+        if profile is not None or statements:
             async with db.connection() as conn:
                 await conn.execute("SELECT pg_stat_statements_reset()")
+        if profile is not None:
             profile.mkdir(parents=True, exist_ok=True)  # noqa: ASYNC240
             spies = [
                 subprocess.Popen(  # noqa: ASYNC220

@@ -153,8 +153,10 @@ def worker_env(
     """The environment of `cronwell worker` processes: `source` importable as `module`."""
     mod_dir = Path(tempfile.mkdtemp())
     (mod_dir / f"{module}.py").write_text(source)
+    # Before the caller's PYTHONPATH, not instead: a worktree's packages stay the ones run.
+    path = os.pathsep.join(p for p in (str(mod_dir), os.environ.get("PYTHONPATH", "")) if p)
     return os.environ | {
-        "PYTHONPATH": str(mod_dir),
+        "PYTHONPATH": path,
         "CRONWELL_DATABASE_URL": url,
         "CRONWELL_LOG_LEVEL": "WARNING",
         "CRONWELL_CLAIM_BATCH_SIZE": "500",

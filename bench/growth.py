@@ -88,7 +88,7 @@ async def measure(db: Database, reps: int) -> dict[str, float]:
                 times.setdefault(step, []).append(ms)
             assert len(claimed) == 500, len(claimed)
             ms, done = await timed(
-                attempts.succeed(db, [(s.idempotency_key, s.fence) for s in claimed], conn=conn)
+                attempts.succeed(db, [(s.id, s.fence) for s in claimed], conn=conn)
             )
             assert len(done) == 500, len(done)
             times["complete"].append(ms)

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from cronwell.store import Database
+from cronwell.store._queries import queries
 
 FRAME = re.compile(r"^(?P<func>.*?) \((?P<path>[^():]+)(?::\d+)?\)$")
 
@@ -141,12 +142,112 @@ async def _statements(db: Database, n: int, top: int = 12) -> dict[str, Any]:
     }
 
 
+CONSTANTS = frozenset({"true", "false", "null"})
+"""Keywords pg_stat_statements shows as $n, like any other constant."""
+
+
+def shape(sql: str) -> tuple[str, ...]:
+    """A statement's words, without comments, literals and parameters: the same for a named
+    query and its pg_stat_statements row (which drops leading comments and shows every
+    constant, true, false and NULL included, and parameter as $n)."""
+    sql = re.sub(r"--[^\n]*", " ", sql)
+    sql = re.sub(r"'(?:[^']|'')*'|%\(\w+\)s|\$\d+", " ", sql)
+    words = re.findall(r"[A-Za-z_][A-Za-z_0-9]*", sql.lower())
+    return tuple(w for w in words if w not in CONSTANTS)
+
+
+def name_of(text: str, named: dict[tuple[str, ...], str]) -> str | None:
+    """The named query a pg_stat_statements row is, or None: the bench's own or the
+    driver's (BEGIN, COMMIT)."""
+    return named.get(shape(text))
+
+
+async def per_query(db: Database, n: int) -> dict[str, Any]:
+    """Statements, rows and execution time per occurrence of the burst, per named query
+    (pg_stat_statements since the burst's reset). Counts are exact and repeatable; the
+    times are indicative only on a shared machine. With pg_stat_statements.track = all
+    (`track_nested`), the statements that triggers and functions run are listed too, as
+    "(nested)": their rows are writes the named queries cause; their time is inside their
+    caller's, so the totals leave them out."""
+    named = {shape(sql): name for name, sql in queries().items()}
+    async with db.connection() as conn:
+        cur = await conn.execute(
+            "SELECT query, toplevel, calls, rows, total_exec_time AS ms FROM pg_stat_statements"
+        )
+        rows = await cur.fetchall()
+    by: dict[str, list[float]] = {}
+    for r in rows:
+        text = " ".join(r["query"].split())[:60]
+        name = (
+            (name_of(r["query"], named) or f"(other) {text}")
+            if r["toplevel"]
+            else (f"(nested) {text}")
+        )
+        acc = by.setdefault(name, [0, 0, 0.0])
+        acc[0] += r["calls"]
+        acc[1] += r["rows"]
+        acc[2] += float(r["ms"])
+    ours = {k: v for k, v in by.items() if not k.startswith("(")}
+    nested = {k: v for k, v in by.items() if k.startswith("(nested)")}
+    top = [v for k, v in by.items() if k not in nested]
+    return {
+        "occurrences": n,
+        "named_statements_per_occurrence": round(sum(v[0] for v in ours.values()) / n, 4),
+        "named_rows_per_occurrence": round(sum(v[1] for v in ours.values()) / n, 4),
+        "named_exec_ms_per_occurrence": round(sum(v[2] for v in ours.values()) / n, 4),
+        "nested_statements_per_occurrence": round(sum(v[0] for v in nested.values()) / n, 4),
+        "nested_rows_per_occurrence": round(sum(v[1] for v in nested.values()) / n, 4),
+        "all_exec_ms_per_occurrence": round(sum(v[2] for v in top) / n, 4),
+        "per_query": {
+            k: {
+                "calls": int(v[0]),
+                "statements_per_occurrence": round(v[0] / n, 4),
+                "rows_per_occurrence": round(v[1] / n, 4),
+                "exec_ms_per_occurrence": round(v[2] / n, 4),
+                "ms_per_call": round(v[2] / max(v[0], 1), 3),
+            }
+            for k, v in sorted(by.items(), key=lambda kv: -kv[1][2])
+        },
+    }
+
+
 async def prepare(db: Database, pdir: Path) -> None:
     """Before the profiled burst: py-spy files of an earlier run deleted, the extension on
     (the server loads the library when this section runs)."""
     _stacks(pdir, clear=True)
+    await enable_statements(db)
+
+
+async def enable_statements(db: Database, *, track_nested: bool = False) -> None:
+    """pg_stat_statements on (the server loads its library when `profile` or `statements`
+    runs); `track_nested`: the statements triggers and functions run counted too (from now on, until
+    called again without)."""
     async with db.connection() as conn:
         await conn.execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
+        track = "all" if track_nested else "top"
+        await conn.execute(f"ALTER SYSTEM SET pg_stat_statements.track = '{track}'")
+        await conn.execute("SELECT pg_reload_conf()")
+
+
+def table(counts: dict[str, Any]) -> str:
+    """`per_query`'s figures as a table to read (statements, rows, ms per occurrence)."""
+    out = [f"{'query':<44} {'stmts/occ':>10} {'rows/occ':>10} {'ms/occ':>9} {'ms/call':>9}"]
+    for name, f in counts["per_query"].items():
+        out.append(
+            f"{name[:44]:<44} {f['statements_per_occurrence']:>10.4f}"
+            f" {f['rows_per_occurrence']:>10.4f} {f['exec_ms_per_occurrence']:>9.4f}"
+            f" {f['ms_per_call']:>9.3f}"
+        )
+    out.append(
+        f"{'named queries, total':<44} {counts['named_statements_per_occurrence']:>10.4f}"
+        f" {counts['named_rows_per_occurrence']:>10.4f}"
+        f" {counts['named_exec_ms_per_occurrence']:>9.4f}"
+    )
+    out.append(
+        f"{'nested, total':<44} {counts['nested_statements_per_occurrence']:>10.4f}"
+        f" {counts['nested_rows_per_occurrence']:>10.4f}"
+    )
+    return "\n".join(out)
 
 
 async def summary(db: Database, figs: dict[str, Any], pdir: Path) -> dict[str, Any]:

@@ -36,6 +36,18 @@ class BackfillError(CronwellError):
     """A backfill request that cannot be honoured as given (the message says what to do)."""
 
 
+class BackfillCountChanged(BackfillError):
+    """The window would now create or reopen a different number of occurrences than the
+    caller confirmed (the dashboard's confirm step): nothing was written."""
+
+    def __init__(self, expected: int, found: int) -> None:
+        super().__init__(
+            f"the window would now run {found} instant(s), not the {expected} confirmed: "
+            "nothing was changed; review and confirm again"
+        )
+        self.expected, self.found = expected, found
+
+
 @dataclass
 class BackfillResult:
     """What a backfill found in the window and what it did (or would do, dry run)."""
@@ -87,8 +99,11 @@ async def backfill(
     end: datetime,
     max_instants: int = DEFAULT_MAX_INSTANTS,
     dry_run: bool = False,
+    expect: int | None = None,
 ) -> BackfillResult:
-    """Backfill [start, end] (aware datetimes) of one live job; see the module docstring."""
+    """Backfill [start, end] (aware datetimes) of one live job; see the module docstring.
+    With `expect`, refuse (BackfillCountChanged, nothing written) unless exactly that many
+    instants would be created or reopened: what a dry run showed is what runs."""
     if start.tzinfo is None or end.tzinfo is None:
         raise ValueError("backfill needs timezone-aware datetimes")
     if start > end:
@@ -126,6 +141,10 @@ async def backfill(
             return result
         keys = [schedule.occurrence_key(job.id, t) for t in result.instants]
         existing = await store_backfill.existing_states(db, keys=keys, conn=conn)
+        if expect is not None:
+            found = sum(1 for k in keys if existing.get(k, "missed") == "missed")
+            if found != expect:
+                raise BackfillCountChanged(expect, found)
         if dry_run:
             result.created = [k for k in keys if k not in existing]
             result.reopened = [k for k in keys if existing.get(k) == "missed"]

@@ -321,16 +321,17 @@ async def replay_dead(
     return rows
 
 
-async def succeed(db: Database, done: list[tuple[str, int]]) -> set[str]:
-    """Fenced completion of a batch of (key, fence); returns the keys that completed.
-    A key missing from the result had a stale fence: it completes nothing (invariant 3)."""
+async def succeed(db: Database, done: list[tuple[int, int]]) -> set[str]:
+    """Fenced completion of a batch of (occurrence id, fence); returns the keys that
+    completed. A key missing from the result had a stale fence: it completes nothing
+    (invariant 3)."""
     if not done:
         return set()
     async with db.transaction() as conn:
         return await succeed_in(db, conn, done)
 
 
-async def succeed_in(db: Database, conn: Conn, done: list[tuple[str, int]]) -> set[str]:
+async def succeed_in(db: Database, conn: Conn, done: list[tuple[int, int]]) -> set[str]:
     """Fenced completion inside the caller's transaction (the worker's batch, or a
     handler's `ctx.transaction()`), promoting the next waiting occurrence of each buffered
     job in the same transaction: every completion path goes through here."""
@@ -382,16 +383,17 @@ async def heartbeat(
 
 async def reassert(
     db: Database, *, worker_id: str, held: list[tuple[str, int, int, bool]], lease_seconds: float
-) -> set[str]:
+) -> dict[str, int]:
     """Restore claims (key, fence, attempt, started) this worker holds that the store
-    forgot in a failover; returns the keys restored (a fenced write for them may go on)."""
+    forgot in a failover; returns the keys restored with their rows' ids (a fenced write
+    for them may go on, by that id: the row may have been materialised again)."""
     if not held:
-        return set()
+        return {}
     return await attempts.reassert(db, held, worker_id=worker_id, lease_seconds=lease_seconds)
 
 
-async def record_starts(db: Database, started: list[tuple[str, int]]) -> set[str]:
-    """Record the actual start of attempts claimed ahead (key, fence); returns the keys
+async def record_starts(db: Database, started: list[tuple[int, int]]) -> set[str]:
+    """Record the actual start of attempts claimed ahead (id, fence); returns the keys
     still held (one missing lost its lease: it must not start)."""
     if not started:
         return set()

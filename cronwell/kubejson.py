@@ -21,11 +21,13 @@ def request(
     path: str,
     query: list[tuple[str, str]] | None = None,
     body: dict[str, Any] | None = None,
+    content_type: str = "application/json",
 ) -> dict[str, Any]:
-    """The decoded answer; ApiException (with the body, for `api_message`) on non-2xx."""
+    """The decoded answer; ApiException (with the body, for `api_message`) on non-2xx.
+    `content_type`: of the body (a PATCH says which kind, e.g. merge-patch+json)."""
     headers = {"Accept": "application/json"}
     if body is not None:
-        headers["Content-Type"] = "application/json"
+        headers["Content-Type"] = content_type
     params = api.param_serialize(
         method=method,
         resource_path=path,

@@ -9,7 +9,8 @@
   job's history limits (`successfulJobsHistoryLimit` for succeeded occurrences,
   `failedJobsHistoryLimit` for each other final state), and the store-wide retention
   (finished occurrences of deleted and one-shot jobs, tombstoned jobs, drained outbox
-  messages and status change rows older than `retention_seconds`).
+  messages, status change rows and the pre-scaler's history older than
+  `retention_seconds`).
 
 Every delete is a bounded batch (`DELETE … WHERE id IN (SELECT … LIMIT n)`) in its own
 short transaction, touching only finished rows, which neither the claim path nor the
@@ -32,7 +33,7 @@ from cronwell import dispatch
 from cronwell.errors import DatabaseError
 from cronwell.liveness import Liveness
 from cronwell.metrics import Metrics
-from cronwell.store import attempts, claims, fences, history
+from cronwell.store import attempts, claims, fences, history, prescales
 from cronwell.store.attempts import Reaped
 from cronwell.store.db import Database
 from cronwell.store.processes import ProcessEntry
@@ -146,7 +147,8 @@ class PruneResult:
     jobs: int = 0
     """Tombstoned jobs forgotten."""
     other: int = 0
-    """Status change rows and published outbox messages older than the retention."""
+    """Status change rows, published outbox messages and pre-scales older than the
+    retention."""
 
 
 class Pruner:
@@ -184,6 +186,7 @@ class Pruner:
         res.jobs = await self._drain(history.tombstones_purge)
         res.other = await self._drain(history.status_changes_prune)
         res.other += await self._drain(history.outbox_published_prune)
+        res.other += await self._drain(prescales.prune)
         if self.metrics is not None:
             self.metrics.pruned.labels("history").inc(res.history)
             self.metrics.pruned.labels("retention").inc(res.retention)
@@ -201,7 +204,8 @@ class Pruner:
         return res
 
     async def _drain(self, prune: Callable[..., Awaitable[int]]) -> int:
-        """Run one of `history`'s prunes until a batch comes back short."""
+        """Run one of the retention prunes (`history`'s, `prescales.prune`) until a batch
+        comes back short."""
         total = 0
         while True:
             n = await prune(

@@ -68,6 +68,8 @@ class Context:
     """The attempt's own limit: the deadline of `ctx.transaction()` (the handler's work,
     not one of cronwell's short calls). None: the database's deadline."""
     completed_in_transaction: bool = False
+    occurrence_id: int | None = None
+    """The claimed occurrence's row id: `ctx.transaction()` completes it by id and fence."""
     _conn: Conn | None = None
     _cancel_flag: bool = field(default=False, repr=False)
     _cancel_event: threading.Event | None = field(default=None, repr=False)
@@ -84,6 +86,7 @@ class Context:
             name=c.name,
             db=db,
             timeout_seconds=float(c.timeout_seconds),
+            occurrence_id=c.id,
         )
 
     @property
@@ -122,8 +125,8 @@ class Context:
         If another worker took the occurrence over, the completion matches nothing and
         the whole transaction (the handler's effect included) rolls back with LeaseLost.
         """
-        if self.db is None:
-            raise CronwellError("ctx.transaction() needs the worker's database")
+        if self.db is None or self.occurrence_id is None:
+            raise CronwellError("ctx.transaction() needs the worker's database and claim")
         async with self.db.transaction(deadline_seconds=self.timeout_seconds) as conn:
             self._conn = conn
             try:
@@ -131,7 +134,7 @@ class Context:
                 self.check_cancelled()
                 from cronwell import dispatch  # the SDK stays importable without the store
 
-                done = await dispatch.succeed_in(self.db, conn, [(self.key, self.fence)])
+                done = await dispatch.succeed_in(self.db, conn, [(self.occurrence_id, self.fence)])
                 if not done:
                     raise LeaseLost(f"{self.key}: fence {self.fence} is stale; rolled back")
             finally:

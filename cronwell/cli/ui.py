@@ -32,7 +32,8 @@ def _loopback(host: str) -> bool:
     "--allow-actions",
     is_flag=True,
     default=False,
-    help="Allow the dashboard's POST actions (dead-letter replay and discard); off: read-only.",
+    help="Allow the dashboard's POST actions (dead-letter replay and discard; trigger, "
+    "suspend/resume and backfill on a job's page); off: read-only.",
 )
 @click.option(
     "--auth",
@@ -43,7 +44,8 @@ def _loopback(host: str) -> bool:
     "`Authorization: Bearer <token>`, checked with a TokenReview; a namespace is shown only "
     "if a SubjectAccessReview allows its user to list scheduledjobs there (status and "
     "forecast: in every namespace), an action only if it allows update. Uses the Pod's "
-    "ServiceAccount in a cluster, else KUBECONFIG.",
+    "ServiceAccount in a cluster, else KUBECONFIG; the job actions then patch the "
+    "ScheduledJob (trigger annotation, spec.suspend) with it.",
 )
 @click.option(
     "--auth-audience",
@@ -87,7 +89,9 @@ def ui_cmd(
 
     async def go() -> None:
         async with env.database() as db:
-            config = UiConfig(db=db, allow_actions=allow_actions, auth=kube)
+            config = UiConfig(
+                db=db, allow_actions=allow_actions, auth=kube, kube=kube.api if kube else None
+            )
             runner = web.AppRunner(make_app(config))
             await runner.setup()
             try:

@@ -1,5 +1,7 @@
-"""Running attempts, fenced by (idempotency key, fence): heartbeats, completions, failures,
-releases, and the reaping of expired leases. Each ending writes its cronwell_attempts row."""
+"""Running attempts, fenced per (idempotency key, fence) pair, or (id, fence) on the hot path
+(starts and completions: the worker holds the ids from its claim): heartbeats, starts,
+completions, failures, releases, and the reaping of expired leases. Each ending writes its
+cronwell_attempts row."""
 
 from __future__ import annotations
 
@@ -14,6 +16,12 @@ from cronwell.store.db import Conn, Database
 @dataclass(frozen=True, slots=True)
 class Keyed:
     idempotency_key: str
+
+
+@dataclass(frozen=True, slots=True)
+class KeyedId:
+    idempotency_key: str
+    id: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,6 +60,10 @@ def _keys(held: Sequence[tuple[str, int]]) -> dict[str, list[str] | list[int]]:
     return {"keys": [k for k, _ in held], "fences": [f for _, f in held]}
 
 
+def _ids(held: Sequence[tuple[int, int]]) -> dict[str, list[int]]:
+    return {"ids": [i for i, _ in held], "fences": [f for _, f in held]}
+
+
 async def heartbeat(
     db: Database, running: Sequence[tuple[str, int]], *, worker_id: str, lease_seconds: float
 ) -> set[str]:
@@ -70,11 +82,11 @@ async def reassert(
     *,
     worker_id: str,
     lease_seconds: float,
-) -> set[str]:
+) -> dict[str, int]:
     """Restore the claims (key, fence, attempt, started) the store forgot (a failover lost
-    them); returns the keys restored. Any other key lost its lease."""
+    them); returns the keys restored, with their rows' ids. Any other key lost its lease."""
     rows = await db.rows(
-        Keyed,
+        KeyedId,
         "OccurrenceReassert",
         {
             "keys": [k for k, _, _, _ in held],
@@ -85,21 +97,21 @@ async def reassert(
             "lease": lease_seconds,
         },
     )
-    return {r.idempotency_key for r in rows}
+    return {r.idempotency_key: r.id for r in rows}
 
 
-async def record_starts(db: Database, started: Sequence[tuple[str, int]]) -> set[str]:
-    """Record the actual start of (key, fence) claimed ahead; returns the keys still held
+async def record_starts(db: Database, started: Sequence[tuple[int, int]]) -> set[str]:
+    """Record the actual start of (id, fence) claimed ahead; returns the keys still held
     (one missing lost its lease and must not start)."""
-    rows = await db.rows(Keyed, "OccurrenceStartBatch", _keys(started))
+    rows = await db.rows(Keyed, "OccurrenceStartBatch", _ids(started))
     return {r.idempotency_key for r in rows}
 
 
 async def succeed(
-    db: Database, done: Sequence[tuple[str, int]], *, conn: Conn | None = None
+    db: Database, done: Sequence[tuple[int, int]], *, conn: Conn | None = None
 ) -> list[Succeeded]:
-    """Complete (key, fence) pairs whose fence is current; a stale one completes nothing."""
-    return await db.rows(Succeeded, "OccurrenceSucceedBatch", _keys(done), conn)
+    """Complete (id, fence) pairs whose fence is current; a stale one completes nothing."""
+    return await db.rows(Succeeded, "OccurrenceSucceedBatch", _ids(done), conn)
 
 
 async def fail(

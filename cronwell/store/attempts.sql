@@ -15,6 +15,13 @@
 -- pending, and a join with unnest() planned from them matched each running row against the
 -- whole key list (189 ms for one batch of 341 starts; completions and heartbeats alike).
 -- tests/integration/test_batch_plans.py checks the plan under such statistics.
+--
+-- The start and the completion, on the hot path (one each per occurrence), skip the key
+-- lookup: the worker holds each occurrence's id from its claim. Their rows are read by
+-- primary key (`id = ANY (ids)`, an index condition whatever the statistics) and joined to
+-- their pairs, `unnest(ids, fences)`, on id and fence: each row against its own pair, never
+-- against the batch's set of fences (issue 28), and without array_position's scan of the
+-- batch per row.
 
 -- name: OccurrenceHeartbeat
 -- Extends the leases of running attempts; a key missing from the result lost its lease.
@@ -39,6 +46,8 @@ RETURNING o.idempotency_key;
 -- ever made and is restored as it was: running under the worker's fence, its attempt
 -- number (never rewound), started if it had started. Never over an occurrence running,
 -- finished, or holding a fence not below the worker's: that is a lease lost, as ever.
+-- Returns each row's id: the lost commits may have been its materialisation too, and the
+-- worker's fenced writes by id then go to the row materialised again under the same key.
 WITH held AS MATERIALIZED (
     SELECT array_agg(x.id) AS ids, array_agg(t.f) AS fences, array_agg(t.a) AS attempts,
            array_agg(t.s) AS started
@@ -57,36 +66,27 @@ SET state = 'running', fence = h.fences[array_position(h.ids, o.id)],
 FROM held h
 WHERE o.id = ANY (h.ids) AND coalesce(o.state = 'pending', false)
   AND coalesce(o.fence, 0) < h.fences[array_position(h.ids, o.id)]
-RETURNING o.idempotency_key;
+RETURNING o.idempotency_key, o.id;
 
 -- name: OccurrenceStartBatch
--- Records the actual start of attempts claimed ahead of their instant (fenced: a key
--- missing from the result lost its lease and must not start).
-WITH held AS MATERIALIZED (
-    SELECT array_agg(x.id) AS ids, array_agg(t.f) AS fences
-    FROM unnest(%(keys)s::text[], %(fences)s::bigint[]) AS t(k, f)
-    CROSS JOIN LATERAL (SELECT id FROM cronwell_occurrences
-                        WHERE idempotency_key = t.k LIMIT 1) x)
+-- Records the actual start of attempts claimed ahead of their instant, by (id, fence) pair
+-- (fenced: a pair missing from the result lost its lease and must not start).
 UPDATE cronwell_occurrences o SET started_at = now()
-FROM held h
-WHERE o.id = ANY (h.ids) AND o.fence = h.fences[array_position(h.ids, o.id)]
+FROM unnest(%(ids)s::bigint[], %(fences)s::bigint[]) AS t(id, fence)
+WHERE o.id = ANY (%(ids)s::bigint[]) AND o.id = t.id AND o.fence = t.fence
   AND coalesce(o.state = 'running', false)
   AND o.started_at IS NULL
 RETURNING o.idempotency_key;
 
 -- name: OccurrenceSucceedBatch
--- Fenced completion: only the current holder (key + fence, still running) can succeed.
-WITH held AS MATERIALIZED (
-    SELECT array_agg(x.id) AS ids, array_agg(t.f) AS fences
-    FROM unnest(%(keys)s::text[], %(fences)s::bigint[]) AS t(k, f)
-    CROSS JOIN LATERAL (SELECT id FROM cronwell_occurrences
-                        WHERE idempotency_key = t.k LIMIT 1) x),
-done AS (
+-- Fenced completion by (id, fence) pair: only the current holder (its fence, still
+-- running) can succeed.
+WITH done AS (
     UPDATE cronwell_occurrences o
     SET state = 'succeeded', finished_at = now(), lease_expires_at = NULL, last_error = NULL,
         reason = NULL
-    FROM held h
-    WHERE o.id = ANY (h.ids) AND o.fence = h.fences[array_position(h.ids, o.id)]
+    FROM unnest(%(ids)s::bigint[], %(fences)s::bigint[]) AS t(id, fence)
+    WHERE o.id = ANY (%(ids)s::bigint[]) AND o.id = t.id AND o.fence = t.fence
       AND coalesce(o.state = 'running', false)
     RETURNING o.id, o.idempotency_key, o.job_id, o.attempt, o.fence, o.worker_id,
               o.started_at, o.finished_at, o.overlap),

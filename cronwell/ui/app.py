@@ -16,6 +16,7 @@ from importlib import resources
 
 import jinja2
 from aiohttp import web
+from kubernetes import client
 
 from cronwell.cronexpr import load_zone
 from cronwell.errors import DatabaseUnavailable
@@ -50,13 +51,16 @@ ALL_NAMESPACES = ""
 
 @dataclass(frozen=True)
 class UiConfig:
-    """What a request handler needs: the store, the mode, the per-process CSRF token and,
-    with --auth kubernetes, the API server's reviews (None: no authentication)."""
+    """What a request handler needs: the store, the mode, the per-process CSRF token,
+    with --auth kubernetes the API server's reviews (None: no authentication) and `kube`,
+    the client the job actions patch ScheduledJobs with (None: no cluster, the actions
+    change the store as the `cronwell` commands do)."""
 
     db: Database
     allow_actions: bool = False
     csrf_token: str = field(default_factory=lambda: secrets.token_urlsafe(32))
     auth: KubeAuth | None = None
+    kube: client.ApiClient | None = None
     forecaster: Forecaster = field(default_factory=Forecaster)
     """One per process, as the operator keeps one: a forecast after the first reads only what
     changed (a new Forecaster per request fetched and derived every spec: seconds at 100k
@@ -208,7 +212,7 @@ async def favicon(request: web.Request) -> web.Response:
 
 def make_app(config: UiConfig) -> web.Application:
     """The dashboard app over `config.db` (routes from views.py, static files beside it)."""
-    from cronwell.ui import views
+    from cronwell.ui import actions, views
 
     app = web.Application(middlewares=[guard])
     app[CONFIG] = config
@@ -222,6 +226,11 @@ def make_app(config: UiConfig) -> web.Application:
     static = resources.files("cronwell.ui") / "static"
     app.router.add_get("/", views.jobs_page)
     app.router.add_get("/jobs/{namespace}/{name}", views.job_page)
+    app.router.add_post("/jobs/{namespace}/{name}/trigger", actions.trigger)
+    app.router.add_post("/jobs/{namespace}/{name}/suspend", actions.suspend)
+    app.router.add_post("/jobs/{namespace}/{name}/resume", actions.resume)
+    app.router.add_get("/jobs/{namespace}/{name}/backfill", actions.backfill_confirm)
+    app.router.add_post("/jobs/{namespace}/{name}/backfill", actions.backfill)
     app.router.add_get("/runs", views.runs_page)
     app.router.add_get("/runs/fragment", views.runs_fragment)
     app.router.add_get("/dead", views.dead_page)

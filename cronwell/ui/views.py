@@ -21,7 +21,7 @@ from cronwell.models import ScheduledJobSpec
 from cronwell.prescale import plan_pool
 from cronwell.schedule import JobSchedule
 from cronwell.settings import SchedulerSettings
-from cronwell.store import dead, fences, leases, processes, runs, ui
+from cronwell.store import dead, fences, leases, prescales, processes, runs, ui
 from cronwell.ui.app import (
     ACT_VERB,
     ALL_NAMESPACES,
@@ -474,8 +474,10 @@ async def dead_discard_all(request: web.Request) -> web.Response:
 
 async def job_page(request: web.Request) -> web.Response:
     """One job: its spec summary, the next instants of its schedule (the scheduler's own
-    engine), its recent runs. A namespace the user may not see: 403 (whether or not the job
-    exists); unknown job: 404."""
+    engine), its recent runs, and with --allow-actions the forms of ui/actions.py. A
+    namespace the user may not see: 403 (whether or not the job exists); unknown job: 404."""
+    from cronwell.ui import actions  # it imports this module's helpers
+
     db = request.app[CONFIG].db
     namespace = request.match_info["namespace"]
     await require(request, VIEW_VERB, namespace)
@@ -499,6 +501,7 @@ async def job_page(request: web.Request) -> web.Response:
         lag=lag_chart(
             await ui.lag_histogram(db, job_id=job.id, window_seconds=LAG_WINDOWS[window])
         ),
+        **await actions.page_context(request, job),
     )
 
 
@@ -599,6 +602,8 @@ FORECAST_ROW_SECONDS = 60
 """The table fallback's rows: one per minute."""
 BURST_ROWS = 200
 """Instants with due occurrences listed (the rest are counted, not shown)."""
+PRESCALE_ROWS = 20
+"""Recent pre-scales shown per pool (newest first, within the store-wide retention)."""
 # query parameter -> (WorkerPool spec field, type): the settings the plan is made with.
 POOL_PARAMS: dict[str, tuple[str, type[int] | type[float]]] = {
     "slo": ("startSLOSeconds", float),
@@ -637,10 +642,26 @@ def _iso(t: datetime | None) -> str | None:
     return t.astimezone(UTC).isoformat() if t is not None else None
 
 
+def _prescale(r: prescales.RecentPreScale) -> dict[str, Any]:
+    """A recorded pre-scale, JSON-ready: when the pods were Ready against the burst."""
+    return {
+        "namespace": r.namespace,
+        "workerpool": r.workerpool,
+        "pool": r.pool,
+        "scaled_at": _iso(r.scaled_at),
+        "replicas": r.replicas,
+        "burst_at": _iso(r.burst_at),
+        "ready_at": _iso(r.ready_at),
+        "lead_seconds": r.lead_seconds,
+        "landed_before_burst": r.landed_before_burst,
+    }
+
+
 async def forecast_data(request: web.Request) -> dict[str, Any]:
     """The next hour per pool as `cronwell forecast` and the pre-scaler compute it (the same
     Forecaster and prescale.plan_pool): due occurrences, concurrency and planned replicas
-    per second, the instants with occurrences due, and the next burst. JSON-ready. Pools
+    per second, the instants with occurrences due, and the next burst; and after the fact,
+    each pool's recent pre-scales as the operator recorded them. JSON-ready. Pools
     serve every namespace, so this adds them all up: with authentication, only for a
     cluster-wide `list` grant."""
     await require(request, VIEW_VERB, ALL_NAMESPACES)
@@ -697,6 +718,12 @@ async def forecast_data(request: web.Request) -> dict[str, Any]:
             }
         )
     bursts.sort(key=lambda b: (b["time"], b["pool"]))
+    recent = await prescales.recent(
+        request.app[CONFIG].db,
+        within_seconds=SchedulerSettings().retention_seconds,
+        per_pool=PRESCALE_ROWS,
+        pool=only,
+    )
     return {
         "start": _iso(start),
         "start_epoch": start.timestamp() if start is not None else None,
@@ -716,14 +743,16 @@ async def forecast_data(request: web.Request) -> dict[str, Any]:
         ),
         "pools": pools,
         "bursts": bursts,
+        "prescales": [_prescale(r) for r in recent],
     }
 
 
 async def forecast_page(request: web.Request) -> web.Response:
     """The next hour's demand per pool: a chart (static/forecast.js draws the JSON block
-    with uPlot), the instants with occurrences due, and the same numbers as tables."""
+    with uPlot), the instants with occurrences due, the same numbers as tables, and each
+    pool's recent pre-scales (when their pods were Ready against the burst)."""
     data = await forecast_data(request)
-    chart = {k: v for k, v in data.items() if k != "bursts"}
+    chart = {k: v for k, v in data.items() if k not in ("bursts", "prescales")}
     chart["pools"] = [{k: v for k, v in p.items() if k != "rows"} for p in data["pools"]]
     params = {p: request.query.get(p, "").strip() for p in ("pool", *POOL_PARAMS)}
     bursts = data["bursts"]
@@ -736,6 +765,8 @@ async def forecast_page(request: web.Request) -> web.Response:
         query={k: v for k, v in params.items() if v},
         bursts=bursts[:BURST_ROWS],
         bursts_left_off=max(0, len(bursts) - BURST_ROWS),
+        prescale_rows=PRESCALE_ROWS,
+        retention_days=SchedulerSettings().retention_seconds / 86400,
     )
 
 

@@ -17,7 +17,9 @@ then for each pool:
   READY_POLL_SECONDS and record when they were (lastPreScale.readyAt, landedBeforeBurst);
 - write status (desired/current replicas, next burst, the last pre-scale and whether its
   pods were Ready before its burst, conditions Ready and TargetFound) only when it changes, and a
-  Warning Event when the target goes missing (once per transition).
+  Warning Event when the target goes missing (once per transition);
+- record each pre-scale, and what became known of it, in the store's history
+  (cronwell_prescales: status keeps only the latest, the dashboard's forecast shows them).
 
 The decisions without I/O (hold, lookahead, HPA arithmetic, landed-before-burst) are in
 cronwell.prescale; this module reads and writes the cluster.
@@ -40,7 +42,7 @@ from typing import Any
 import pydantic
 
 from cronwell.conditions import condition
-from cronwell.errors import EXPECTED_ERRORS
+from cronwell.errors import EXPECTED_ERRORS, DatabaseError
 from cronwell.fleet_forecast import Forecaster
 from cronwell.forecast import PoolForecast, export_metrics
 from cronwell.loader import format_validation_error
@@ -57,10 +59,10 @@ from cronwell.prescale import (
     plan_pool,
 )
 from cronwell.schedule import format_instant
-from cronwell.store import clock
+from cronwell.store import clock, prescales
 from cronwell.store.db import Database
 from cronwell.supervise import repeat
-from cronwell.workerpool import NextBurst, PoolCondition, WorkerPoolSpec
+from cronwell.workerpool import LastPreScale, NextBurst, PoolCondition, WorkerPoolSpec
 from cronwell.workerpool import WorkerPoolStatus as _Status
 from cronwell_operator.kube import CRef, Kube, KubeError, KubeNotFound
 from cronwell_operator.settings import OperatorSettings
@@ -92,6 +94,8 @@ class _PoolState:
     acted: int | None = None
     """Replicas last asked of the target (scale or HPA minimum)."""
     seeded: bool = False
+    recorded: LastPreScale | None = None
+    """The pre-scale as last written to the store's history (written again only once it changed)."""
 
 
 @dataclass
@@ -244,16 +248,8 @@ class Scaler:
                     ref, spec, forecasts.get(ref.name), hpas.get(ref.namespace), state, out, now
                 )
             except KubeError as e:
-                self.stats.errors += 1
                 out.ready = ("False", "ScaleFailed", str(e))
-                log.warning(
-                    "pre-scale failed",
-                    extra={
-                        "action": "prescale_error",
-                        "object": f"{ref.namespace}/{ref.name}",
-                        "error": str(e),
-                    },
-                )
+                self._failed(ref, "pre-scale failed", "prescale_error", e)
         await self._write(ref, obj, shown, state, out, now())
         return out.wake
 
@@ -496,6 +492,7 @@ class Scaler:
             last_pre_scale=state.pre.shown() if state.pre is not None else None,
             conditions=[ready, found],
         )
+        await self._record(ref, state, status.last_pre_scale)
         doc: dict[str, Any] = status.model_dump(mode="json", by_alias=True, exclude={"kopf"})
         was = prev.get("TargetFound") or {}
         if found.status == "False" and (was.get("status"), was.get("reason")) != (
@@ -509,15 +506,39 @@ class Scaler:
             await self.kube.patch_workerpool_status(ref.namespace, ref.name, doc)
             self.stats.status_patches += 1
         except KubeError as e:
-            self.stats.errors += 1
-            log.warning(
-                "WorkerPool status write failed",
-                extra={
-                    "action": "prescale_status_error",
-                    "object": f"{ref.namespace}/{ref.name}",
-                    "error": str(e),
-                },
-            )
+            self._failed(ref, "WorkerPool status write failed", "prescale_status_error", e)
+
+    async def _record(self, ref: CRef, state: _PoolState, pre: LastPreScale | None) -> None:
+        """Keep the pre-scale in the store's history when it changed (as status shows it, so
+        a new leader reading it back from status updates the same row). A database error is
+        a warning and a retry next tick: the history must never stop the scaling."""
+        if pre is None or pre == state.recorded:
+            return
+        row = prescales.PreScaleRecord(
+            namespace=ref.namespace,
+            workerpool=ref.name,
+            pool=ref.name,
+            scaled_at=pre.time,
+            replicas=pre.replicas,
+            burst_at=pre.burst_time,
+            ready_at=pre.ready_at,
+            landed_before_burst=pre.landed_before_burst,
+        )
+        try:
+            await prescales.record(self.db, row)
+        except DatabaseError as e:
+            msg = "pre-scale not recorded in the store (retried next tick)"
+            self._failed(ref, msg, "prescale_record_error", e)
+            return
+        state.recorded = pre
+
+    def _failed(self, ref: CRef, message: str, action: str, e: Exception) -> None:
+        """Count and log a failure of one pool's tick that the next tick retries."""
+        self.stats.errors += 1
+        log.warning(
+            message,
+            extra={"action": action, "object": f"{ref.namespace}/{ref.name}", "error": str(e)},
+        )
 
     async def _event(self, ref: CRef, type_: str, reason: str, message: str) -> None:
         try:

@@ -26,7 +26,7 @@ from cronwell_operator.testing import (
     sql,
     wait_until,
 )
-from tests.helpers.kube import running_operator
+from tests.helpers.kube import module_operator
 from tests.helpers.store import fail_dead
 from tests.unit.test_chart import CHART, render
 
@@ -38,10 +38,7 @@ VENV_BIN = Path(sys.executable).parent
 def operator(
     kube: Cluster, ns: str, store: str, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[OperatorProcess]:
-    log = tmp_path_factory.mktemp("operator") / "operator.log"
-    with running_operator(kube, ns, store, log, "--status-qps", "100", identity="op-plugin") as op:
-        yield op
-        kube.kubectl("delete", "sj", "--all", "-n", ns, "--timeout=60s", check=False)
+    yield from module_operator(kube, ns, store, tmp_path_factory, "op-plugin")
 
 
 @pytest.fixture(scope="module")

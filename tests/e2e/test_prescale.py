@@ -130,6 +130,16 @@ def events(kube: Cluster, ns: str, name: str) -> list[dict[str, Any]]:
     return [e for e in json.loads(out)["items"] if e["involvedObject"]["kind"] == "WorkerPool"]
 
 
+def recorded(store: str, ns: str, name: str) -> list[dict[str, Any]]:
+    """The pre-scales of WorkerPool ns/name the operator recorded in the store's history."""
+    return sql(
+        store,
+        "SELECT pool, scaled_at, replicas, burst_at, ready_at, landed_before_burst "
+        "FROM cronwell_prescales WHERE namespace = %s AND workerpool = %s ORDER BY scaled_at",
+        (ns, name),
+    )
+
+
 def burst_at(store: str, pool: str, n: int, lead_seconds: float) -> datetime:
     """n one-shot jobs of `pool` due together at a whole second ~lead_seconds ahead (the
     database's clock); that instant."""
@@ -245,6 +255,12 @@ def test_replicas_rise_before_the_burst_and_fall_after(
     # Seen Ready after the test reported the pods Ready (less a little clock rounding)
     # and before the burst.
     assert marked - 0.5 <= parse_time(pre["readyAt"]) <= at.timestamp(), (marked, pre)
+    # The store's history holds it too, once however often it was written (the dashboard's
+    # forecast shows it after the fact).
+    (row,) = recorded(store, ns, "burst")
+    assert (row["pool"], row["replicas"], row["landed_before_burst"]) == ("burst", NEEDED, True)
+    assert row["scaled_at"].timestamp() == parse_time(pre["time"]), (row, pre)
+    assert (row["burst_at"], row["ready_at"].timestamp()) == (at, parse_time(pre["readyAt"]))
     assert (st["desiredReplicas"], st["currentReplicas"]) == (1, 1)
     assert conditions(st)["Ready"][:2] == ("True", "Scaled")
     reasons = [e["reason"] for e in events(kube, ns, "burst")]
@@ -316,8 +332,60 @@ def test_an_hpa_gets_its_minimum_raised_and_restored(
     # pre-scale is reported as not landed before its burst.
     assert st["lastPreScale"]["landedBeforeBurst"] is False
     assert st["lastPreScale"].get("readyAt") is None
+    (row,) = recorded(store, ns, "hpa")
+    assert (row["replicas"], row["ready_at"], row["landed_before_burst"]) == (NEEDED, None, False)
     reasons = [e["reason"] for e in events(kube, ns, "hpa")]
     assert reasons.count("RaisedHPAMinimum") == 1 and reasons.count("RestoredHPAMinimum") == 1
+
+
+def test_a_refused_history_write_neither_stops_the_scaling_nor_is_lost(
+    kube: Cluster, kube_api: Any, ns: str, store: str, operator: OperatorProcess
+) -> None:
+    """The store refuses the pre-scale's row (a trigger, as a role without INSERT would):
+    the pool is scaled and its status written all the same, the refusal is one warning,
+    and once the store accepts it again a later tick records the row."""
+    deployment(kube_api, ns, "w-flaky", 1)
+    workerpool(kube, ns, "flaky", "w-flaky", minReplicas=1, maxReplicas=10, **POOL)
+    eventually(
+        operator,
+        lambda: conditions(pool_status(kube, ns, "flaky")).get("TargetFound", ("",))[0] == "True",
+        "the pool's target found",
+        60,
+    )
+    sql(
+        store,
+        "CREATE FUNCTION e2e_refuse() RETURNS trigger LANGUAGE plpgsql "
+        "AS $$BEGIN RAISE EXCEPTION 'refused by the test'; END$$",
+    )
+    sql(
+        store,
+        "CREATE TRIGGER e2e_refuse BEFORE INSERT ON cronwell_prescales FOR EACH ROW "
+        "WHEN (NEW.pool = 'flaky') EXECUTE FUNCTION e2e_refuse()",
+    )
+    try:
+        burst_at(store, "flaky", BURST, 10)
+        eventually(operator, lambda: replicas(kube_api, ns, "w-flaky") == NEEDED, "scaled up", 40)
+        # Settled (no pod is Ready here: not landed once the burst came), so the status
+        # changes no more: only a retry can record it now.
+        pre = eventually(
+            operator,
+            lambda: (
+                (p := pool_status(kube, ns, "flaky").get("lastPreScale"))
+                and p.get("landedBeforeBurst") is False
+                and p
+            ),
+            "the settled pre-scale in status",
+            40,
+        )
+        assert "refused by the test" in operator.output()
+        assert recorded(store, ns, "flaky") == []
+    finally:
+        sql(store, "DROP TRIGGER e2e_refuse ON cronwell_prescales")
+        sql(store, "DROP FUNCTION e2e_refuse()")
+    rows = eventually(operator, lambda: recorded(store, ns, "flaky"), "recorded once accepted", 30)
+    assert [(r["scaled_at"].timestamp(), r["landed_before_burst"]) for r in rows] == [
+        (parse_time(pre["time"]), False)
+    ]
 
 
 def test_min_and_max_are_respected(

@@ -166,6 +166,17 @@ def running_operator(
         op.stop()
 
 
+def module_operator(
+    kube: Cluster, ns: str, store: str, tmp: pytest.TempPathFactory, identity: str
+) -> Iterator[OperatorProcess]:
+    """A module's operator (fast status writes), its ScheduledJobs deleted on the way out
+    (their finalizers need it running)."""
+    log = tmp.mktemp("operator") / "operator.log"
+    with running_operator(kube, ns, store, log, "--status-qps", "100", identity=identity) as op:
+        yield op
+        kube.kubectl("delete", "sj", "--all", "-n", ns, "--timeout=60s", check=False)
+
+
 def set_job_status(kube_api: Any, namespace: str, name: str, outcome: str) -> None:
     """What the Job controller would write when the Job finishes."""
     start = datetime.now(UTC).replace(microsecond=0) - timedelta(seconds=5)

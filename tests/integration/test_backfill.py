@@ -35,7 +35,7 @@ async def _run_all(db: Database, pool: str = "default") -> list[str]:
         claimed = await dispatch.claim(db, pool=pool, worker_id="w1", limit=100, lease_seconds=60)
         if not claimed:
             return ran
-        done = await dispatch.succeed(db, [(c.key, c.fence) for c in claimed])
+        done = await dispatch.succeed(db, [(c.id, c.fence) for c in claimed])
         assert done == {c.key for c in claimed}
         ran += [c.key for c in claimed]
     raise AssertionError("occurrences kept coming")
@@ -232,7 +232,7 @@ async def test_backfill_queued_behind_a_running_occurrence_is_not_stranded(db: D
     assert {r["state"] for r in await occurrences(db, "hourly") if r["origin"] == "backfill"} == {
         "waiting"
     }
-    assert await dispatch.succeed(db, [(running.key, running.fence)]) == {key}
+    assert await dispatch.succeed(db, [(running.id, running.fence)]) == {key}
     assert await _run_all(db) == []  # stranded until the reaper passes
     await maintenance.reap(db, limit=100)
     # The first starts; its completion (buffered) promotes the next.

@@ -103,7 +103,7 @@ async def test_replay_keeps_the_key_and_the_next_claim_has_a_higher_fence(
     (c,) = await dispatch.claim(db, pool="default", worker_id="w2", limit=5, lease_seconds=60)
     assert (c.key, c.attempt) == (key, 2)
     assert c.fence > fence
-    assert await dispatch.succeed(db, [(key, c.fence)]) == {key}
+    assert await dispatch.succeed(db, [(c.id, c.fence)]) == {key}
     atts = await attempts(db, key)
     assert [(a["attempt"], a["outcome"], a["fence"]) for a in atts] == [
         (1, "failed", fence),

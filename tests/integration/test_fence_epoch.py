@@ -62,13 +62,15 @@ async def test_a_store_on_another_cluster_moves_to_the_next_generation(db: Datab
 
 
 async def test_a_batch_is_fenced_per_key_never_by_the_set_of_its_fences(db: Database) -> None:
-    """Two running attempts, each batch statement given both keys with their fences
-    swapped: each key's fence is in the batch, but not its own, so nothing matches."""
+    """Two running attempts, each batch statement given both keys (ids, for the start and
+    the completion) with their fences swapped: each fence is in the batch, but not its
+    own, so nothing matches."""
     a, b = await claim(db, "a"), await claim(db, "b")
     swapped = [(a.key, b.fence), (b.key, a.fence)]
+    swapped_ids = [(a.id, b.fence), (b.id, a.fence)]
     assert await dispatch.heartbeat(db, worker_id="w", running=swapped, lease_seconds=60) == set()
-    assert await dispatch.record_starts(db, swapped) == set()
-    assert await dispatch.succeed(db, swapped) == set()
+    assert await dispatch.record_starts(db, swapped_ids) == set()
+    assert await dispatch.succeed(db, swapped_ids) == set()
     assert await dispatch.release(db, swapped) == set()
     for c in (a, b):
         assert (await occurrence(db, c.key))["state"] == "running"
@@ -77,7 +79,26 @@ async def test_a_batch_is_fenced_per_key_never_by_the_set_of_its_fences(db: Data
         a.key,
         b.key,
     }
-    assert await dispatch.succeed(db, own) == {a.key, b.key}
+    assert await dispatch.succeed(db, [(a.id, a.fence), (b.id, b.fence)]) == {a.key, b.key}
+
+
+async def test_a_stale_pair_records_nothing_while_the_rest_of_its_batch_lands(
+    db: Database,
+) -> None:
+    """One batch of starts, then of completions, by (id, fence): the pair with a stale
+    fence (its lease was taken over) records nothing; the others land."""
+    a, b, c = await claim(db, "a"), await claim(db, "b"), await claim(db, "c")
+    await sql(db, "UPDATE cronwell_occurrences SET started_at = NULL")  # as if claimed ahead
+    batch = [(a.id, a.fence), (b.id, b.fence - 1), (c.id, c.fence)]
+    assert await dispatch.record_starts(db, batch) == {a.key, c.key}
+    assert (await occurrence(db, b.key))["started_at"] is None
+    assert await dispatch.succeed(db, batch) == {a.key, c.key}
+    assert [(await occurrence(db, x.key))["state"] for x in (a, b, c)] == [
+        "succeeded",
+        "running",
+        "succeeded",
+    ]
+    assert [len(await attempts(db, x.key)) for x in (a, b, c)] == [1, 0, 1]
 
 
 async def forget(db: Database, c: Claimed, *, fence: int | None) -> None:
@@ -100,13 +121,32 @@ async def test_a_claim_the_store_forgot_is_reasserted_as_it_was(db: Database) ->
     attempt number does not rewind."""
     c = await claim(db, "forgotten")
     await forget(db, c, fence=None)
-    assert await dispatch.succeed(db, [(c.key, c.fence)]) == set()  # as a stale worker...
+    assert await dispatch.succeed(db, [(c.id, c.fence)]) == set()  # as a stale worker...
     held = [(c.key, c.fence, c.attempt, True)]
-    assert await dispatch.reassert(db, worker_id="w", held=held, lease_seconds=60) == {c.key}
+    assert await dispatch.reassert(db, worker_id="w", held=held, lease_seconds=60) == {c.key: c.id}
     o = await occurrence(db, c.key)
     assert (o["state"], o["fence"], o["attempt"], o["worker_id"]) == ("running", c.fence, 1, "w")
     assert o["started_at"] is not None
-    assert await dispatch.succeed(db, [(c.key, c.fence)]) == {c.key}
+    assert await dispatch.succeed(db, [(c.id, c.fence)]) == {c.key}
+
+
+async def test_a_claim_whose_row_was_materialised_again_completes_by_its_new_id(
+    db: Database,
+) -> None:
+    """The failover lost the occurrence's materialisation too: the scheduler made its row
+    again, same key, another id. The re-assertion finds it by key and says its id; the
+    completion by the claim's id matches nothing, by that id it lands."""
+    c = await claim(db, "again")
+    await forget(db, c, fence=None)
+    (row,) = await sql(
+        db, "UPDATE cronwell_occurrences SET id = DEFAULT WHERE id = %s RETURNING id", c.id
+    )
+    assert row["id"] != c.id
+    held = [(c.key, c.fence, c.attempt, True)]
+    back = await dispatch.reassert(db, worker_id="w", held=held, lease_seconds=60)
+    assert back == {c.key: row["id"]}
+    assert await dispatch.succeed(db, [(c.id, c.fence)]) == set()
+    assert await dispatch.succeed(db, [(back[c.key], c.fence)]) == {c.key}
 
 
 async def test_a_lost_lease_is_never_reasserted(db: Database) -> None:
@@ -116,10 +156,10 @@ async def test_a_lost_lease_is_never_reasserted(db: Database) -> None:
     await forget(db, newer, fence=newer.fence + 1)  # claimed since, then pending again
     running = await claim(db, "running")
     done = await claim(db, "done")
-    assert await dispatch.succeed(db, [(done.key, done.fence)]) == {done.key}
+    assert await dispatch.succeed(db, [(done.id, done.fence)]) == {done.key}
     held = [(c.key, c.fence - 1, c.attempt, True) for c in (running, done)]
     held.append((newer.key, newer.fence, newer.attempt, True))
-    assert await dispatch.reassert(db, worker_id="w", held=held, lease_seconds=60) == set()
+    assert await dispatch.reassert(db, worker_id="w", held=held, lease_seconds=60) == {}
     assert (await occurrence(db, newer.key))["state"] == "pending"
     assert (await occurrence(db, running.key))["fence"] == running.fence
 

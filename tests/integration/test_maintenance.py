@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import uuid
 from dataclasses import asdict
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from cronwell import dispatch, jobs, maintenance
@@ -15,7 +16,7 @@ from cronwell.models import ScheduledJobSpec
 from cronwell.scheduler import Scheduler
 from cronwell.sdk import Context
 from cronwell.settings import SchedulerSettings
-from cronwell.store import dead, status_changes
+from cronwell.store import dead, prescales, status_changes
 from cronwell.store.db import Database
 from tests.helpers.store import fail_dead
 
@@ -64,7 +65,7 @@ async def test_history_limits_keep_the_newest_runs_and_totals_stay_totals(db: Da
     assert len(mine) == 7
     for c in mine[:3]:  # the three oldest die
         assert await fail_dead(db, c.key, c.fence, "AttemptsExhausted") == "dead"
-    done = [(c.key, c.fence) for c in claimed if c not in mine[:3]]
+    done = [(c.id, c.fence) for c in claimed if c not in mine[:3]]
     assert len(await dispatch.succeed(db, done)) == 4 + 3
     before = await _status(db, job.id)
 
@@ -109,7 +110,7 @@ async def test_retention_prunes_deleted_and_one_shot_jobs_only(db: Database) -> 
     for j in (live, gone, once):
         await _past_occurrences(db, j.id, 2)
     claimed = await dispatch.claim(db, pool="default", worker_id="w", limit=50, lease_seconds=60)
-    assert len(await dispatch.succeed(db, [(c.key, c.fence) for c in claimed])) == 6
+    assert len(await dispatch.succeed(db, [(c.id, c.fence) for c in claimed])) == 6
     await jobs.delete_job(db, namespace="default", name="gone")
     # everything finished 8 days ago; the tombstone is as old
     await sql(db, "UPDATE cronwell_occurrences SET finished_at = now() - interval '8 days'")
@@ -127,6 +128,21 @@ async def test_retention_prunes_deleted_and_one_shot_jobs_only(db: Database) -> 
     await sql(db, "UPDATE cronwell_occurrences SET finished_at = now() - interval '8 days'")
     # younger than the retention: kept
     assert (await (await _pruner(db, retention_seconds=9 * 86400)).prune_once()).retention == 0
+
+
+async def test_retention_prunes_the_pre_scalers_history(db: Database) -> None:
+    now = datetime.now(UTC)
+    for days in (10, 9, 8, 1):
+        at = now - timedelta(days=days)
+        await prescales.record(
+            db, prescales.PreScaleRecord("ops", "burst", "burst", at, 5, at, None, None)
+        )
+
+    res = await (await _pruner(db, retention_seconds=7 * 86400)).prune_once()
+
+    assert res.other == 3  # in batches of 2
+    left = await sql(db, "SELECT scaled_at FROM cronwell_prescales")
+    assert [r["scaled_at"] for r in left] == [now - timedelta(days=1)]
 
 
 async def _attempt_keys(db: Database) -> list[str]:
@@ -150,7 +166,7 @@ async def test_deleting_occurrences_deletes_their_attempts(db: Database) -> None
     for c in claimed:
         if c.job_id == dlq.id:
             assert await fail_dead(db, c.key, c.fence) == "dead"
-    assert len(await dispatch.succeed(db, [(c.key, c.fence) for c in claimed])) == 4
+    assert len(await dispatch.succeed(db, [(c.id, c.fence) for c in claimed])) == 4
     assert sorted(await _attempt_keys(db)) == sorted(c.key for c in claimed)
     await jobs.delete_job(db, namespace="default", name="gone")
     await sql(

@@ -68,7 +68,7 @@ async def test_buffer_one(db: Database) -> None:
     first = await _claim(db)
     assert await _states(db) == ["running", "waiting"] + ["skipped"] * (n - 2)
     assert await _claim(db) == []  # the waiting one is not claimable while one runs
-    assert await dispatch.succeed(db, [(first[0].key, first[0].fence)]) == {first[0].key}
+    assert await dispatch.succeed(db, [(first[0].id, first[0].fence)]) == {first[0].key}
     second = await _claim(db)
     assert len(second) == 1
     assert await _states(db) == ["succeeded", "running"] + ["skipped"] * (n - 2)
@@ -81,7 +81,7 @@ async def test_buffer_all_runs_in_order(db: Database) -> None:
     while claimed := await _claim(db):
         assert len(claimed) == 1
         order.append(claimed[0].scheduled_for)
-        await dispatch.succeed(db, [(claimed[0].key, claimed[0].fence)])
+        await dispatch.succeed(db, [(claimed[0].id, claimed[0].fence)])
     assert len(order) == n and order == sorted(order)
     assert await _states(db) == ["succeeded"] * n
 
@@ -104,7 +104,7 @@ async def test_replace_cancels_the_active_one(db: Database) -> None:
     await s.materialise_until_idle()
     newer = await _claim(db)
     assert len(newer) == 1 and newer[0].key != claimed[0].key
-    assert await dispatch.succeed(db, [(claimed[0].key, claimed[0].fence)]) == set()
+    assert await dispatch.succeed(db, [(claimed[0].id, claimed[0].fence)]) == set()
     states = {o["idempotency_key"]: o["state"] for o in await occurrences(db, "ov")}
     assert states[claimed[0].key] == "cancelled" and states[newer[0].key] == "running"
 
@@ -212,7 +212,7 @@ async def test_overlap_of_an_occurrence_claimed_ahead_is_decided_at_its_instant(
     await due_in(db, b_key, 30.0)
     assert await _claim_ahead(db) == []
     assert await state_is(db, b_key, "pending")
-    assert await dispatch.succeed(db, [(a.key, a.fence)]) == {a_key}
+    assert await dispatch.succeed(db, [(a.id, a.fence)]) == {a_key}
     (b,) = await _claim_ahead(db)
     assert (b.key, b.started_at) == (b_key, None)
     c_key = await trigger(db, "ov")

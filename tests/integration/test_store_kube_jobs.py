@@ -31,7 +31,7 @@ async def test_the_running_attempts_job_is_recorded_under_its_fence(db: Database
     assert row.active_jobs == ["kj-bbb", "kj-aaa"]  # newest instant first
 
     # Finished: no longer listed, and its outcome is recorded.
-    assert await dispatch.succeed(db, [(second.key, second.fence)]) == {second.key}
+    assert await dispatch.succeed(db, [(second.id, second.fence)]) == {second.key}
     (row,) = await status_changes.job_status(db, [job.id])
     assert row.active_jobs == ["kj-aaa"]
     states = await kube_jobs.states(db, [first.key, second.key, "gone:key"])

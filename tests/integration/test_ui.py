@@ -14,7 +14,7 @@ import socket
 import sys
 import uuid
 from collections.abc import AsyncIterator
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from html import unescape as html_unescape
 from typing import Any
 from urllib.parse import parse_qsl, urlsplit
@@ -25,7 +25,7 @@ from aiohttp.test_utils import TestClient, TestServer
 
 from cronwell import dispatch, jobs
 from cronwell.models import ScheduledJobSpec
-from cronwell.store import ui
+from cronwell.store import prescales, ui
 from cronwell.store.db import Database
 from cronwell.ui.app import CONFIG, CSRF_FIELD, SECURITY_HEADERS, UiConfig, make_app
 from tests.helpers.store import dead_letter, fail_dead
@@ -505,7 +505,10 @@ async def test_forecast_lists_each_minutes_burst_with_its_planned_replicas(
     assert 'src="/static/uPlot.iife.min.js"' in html and 'src="/static/forecast.js"' in html
     block = html.split('<script type="application/json" id="forecast-data">', 1)[1]
     chart = json.loads(block.split("</script>", 1)[0])
-    assert chart["pools"][0]["due"] == p["due"] and "bursts" not in chart
+    # The page was computed a moment after the JSON: compare over the seconds both cover.
+    shift = int(chart["start_epoch"] - data["start_epoch"])
+    assert 0 <= shift < 60 and "bursts" not in chart
+    assert chart["pools"][0]["due"][: 3600 - shift] == p["due"][shift:]
     assert "<script>" not in html and "style=" not in html  # nothing inline (CSP)
 
 
@@ -525,6 +528,79 @@ async def test_forecast_pool_filter_defaults_and_empty(db: Database, client: Tes
     assert {b["due"] for b in data["bursts"]} == {1} and len(data["bursts"]) in (30, 31)
     html = await (await client.get("/forecast", params={"pool": "none"})).text()
     assert "No live jobs in pool none due in the next hour" in html
+
+
+async def _prescale(
+    db: Database, pool: str, ago: timedelta, ready: float | None, landed: bool | None
+) -> datetime:
+    """A pre-scale of WorkerPool ops/`pool` `ago`, for a burst 60 s after it, its pods Ready
+    `ready` s after it; when it scaled."""
+    at = datetime.now(UTC).replace(microsecond=0) - ago
+    ready_at = at + timedelta(seconds=ready) if ready is not None else None
+    row = prescales.PreScaleRecord(
+        "ops", pool, pool, at, 4, at + timedelta(seconds=60), ready_at, landed
+    )
+    await prescales.record(db, row)
+    return at
+
+
+async def test_forecast_shows_each_pools_recent_pre_scales(
+    db: Database, client: TestClient
+) -> None:
+    """After the fact: when the pre-scaled pods were Ready against their burst, as the
+    operator recorded it, the newest 20 per pool within the store-wide retention."""
+    await _prescale(db, "p", timedelta(days=8), 10, True)  # beyond the retention (7 d)
+    for m in range(30, 8, -1):  # 22 older ones, of which only the newest 17 show
+        await _prescale(db, "p", timedelta(minutes=m), 10, True)
+    late = await _prescale(db, "p", timedelta(minutes=3), 65.5, False)
+    unknown = await _prescale(db, "p", timedelta(minutes=2), None, None)
+    landed = await _prescale(db, "p", timedelta(minutes=1), 48, True)
+    other = await _prescale(db, "q", timedelta(hours=2), 30, True)
+
+    data = await (await client.get("/forecast.json")).json()
+    shown = data["prescales"]
+    assert [(p["pool"], p["scaled_at"]) for p in shown[:3]] == [
+        ("p", landed.isoformat()),
+        ("p", unknown.isoformat()),
+        ("p", late.isoformat()),
+    ]
+    assert [p["pool"] for p in shown] == ["p"] * 20 + ["q"]
+    assert shown[0] == {
+        "namespace": "ops",
+        "workerpool": "p",
+        "pool": "p",
+        "scaled_at": landed.isoformat(),
+        "replicas": 4,
+        "burst_at": (landed + timedelta(seconds=60)).isoformat(),
+        "ready_at": (landed + timedelta(seconds=48)).isoformat(),
+        "lead_seconds": 12.0,
+        "landed_before_burst": True,
+    }
+    assert (shown[1]["ready_at"], shown[1]["lead_seconds"], shown[1]["landed_before_burst"]) == (
+        None,
+        None,
+        None,
+    )
+    assert (shown[2]["lead_seconds"], shown[2]["landed_before_burst"]) == (-5.5, False)
+    only = await (await client.get("/forecast.json", params={"pool": "q"})).json()
+    assert [p["scaled_at"] for p in only["prescales"]] == [other.isoformat()]
+
+    html = await (await client.get("/forecast")).text()
+    assert "<h2>Recent pre-scales</h2>" in html
+    assert "<h3>Pool p</h3>" in html and "<h3>Pool q</h3>" in html
+    t, b = late.isoformat(), (late + timedelta(seconds=60)).isoformat()
+    r = (late + timedelta(seconds=65.5)).isoformat()
+    assert (
+        f'<tr><td><time datetime="{t}" title="UTC: {t}">{t}</time></td><td>ops/p</td>'
+        f'<td>4</td><td><time datetime="{b}" title="UTC: {b}">{b}</time></td>'
+        f'<td><time datetime="{r}" title="UTC: {r}">{r}</time></td>'
+        '<td class="lead">-5.5 s</td><td class="landed landed-no">no</td></tr>'
+    ) in html
+    assert '<td>—</td><td class="lead">—</td><td class="landed landed-unknown">unknown</td>' in html
+    assert '<td class="lead">+12.0 s</td><td class="landed landed-yes">yes</td>' in html
+    assert html.count('class="landed ') == 21
+    empty = await (await client.get("/forecast", params={"pool": "none"})).text()
+    assert "No pre-scales recorded for pool none in the last 7 d." in empty
 
 
 async def _labelled(db: Database, name: str, labels: dict[str, str], **spec: Any) -> uuid.UUID:

@@ -3,8 +3,8 @@ Selenium; nothing downloads a browser): every view loads with no CSP violation o
 error in the console, the theme toggle switches, the forecast chart is drawn (uPlot) in the
 viewer's time zone, a job is followed from the list to its runs, the zone switch and the
 runs' refresh control work (the refresh pauses while the tab is hidden), every view fits a
-390 px phone, a dead letter is replayed with its button, and light/dark screenshots of each
-view land in docs/images/ for the docs."""
+390 px phone, a dead letter is replayed with its button, a job is triggered from its page,
+and light/dark screenshots of each view land in docs/images/ for the docs."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import asyncio
 import os
 import time
 from collections.abc import AsyncIterator
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 from zoneinfo import ZoneInfo
@@ -21,11 +21,11 @@ import pytest
 from aiohttp.test_utils import TestServer
 
 from cronwell import dispatch
-from cronwell.store import processes
+from cronwell.store import prescales, processes
 from cronwell.store.db import Database
 from cronwell.ui.app import UiConfig, make_app
 from tests.helpers.store import fail_dead
-from tests.integration.helpers import make_job, seed_runs, seed_started_runs
+from tests.integration.helpers import make_job, seed_runs, seed_started_runs, sql
 from tests.integration.worker_helpers import handler_job, occurrence, trigger
 
 CHROMIUM, CHROMEDRIVER = Path("/usr/bin/chromium"), Path("/usr/bin/chromedriver")
@@ -65,6 +65,15 @@ async def base_url(db: Database) -> AsyncIterator[str]:
         ),
     )  # fmt: skip
     await seed_runs(db, job.id, "default", [2], state="pending")
+    # The forecast's recent pre-scales: pool batch's last one, Ready 20 s before its burst.
+    at = datetime.now(UTC).replace(microsecond=0) - timedelta(minutes=16)
+    await prescales.record(
+        db,
+        prescales.PreScaleRecord(
+            "ops", "batch", "batch", at, 3, at + timedelta(seconds=60),
+            at + timedelta(seconds=40), True,
+        ),
+    )  # fmt: skip
     server = TestServer(make_app(UiConfig(db=db)), host="127.0.0.1")
     await server.start_server()
     yield f"http://127.0.0.1:{server.port}"
@@ -110,6 +119,9 @@ def _browse(base_url: str) -> list[str]:
                 if name == "job":  # below the fold: the start-lag histogram on its own
                     chart = driver.find_element("css selector", "svg.hist")
                     chart.screenshot(str(IMAGES / f"ui-job-lag-{theme}.png"))
+                if name == "forecast":  # below the fold: the recent pre-scales
+                    table = driver.find_element("css selector", "table.prescales")
+                    table.screenshot(str(IMAGES / f"ui-forecast-prescales-{theme}.png"))
             problems += _problems(driver, path)
         # The forecast: one uPlot chart per pool, its table folded, instants in the viewer's
         # zone (the JSON says UTC; the browser runs in UTC+05:30).
@@ -120,12 +132,13 @@ def _browse(base_url: str) -> list[str]:
         )
         assert charts == [1, 1], charts
         assert driver.execute_script("return new Date().getTimezoneOffset()") == -330
-        shown = driver.execute_script(
-            "const t = document.querySelector('table.bursts time');"
-            "return [t.getAttribute('datetime'), t.textContent]"
-        )
-        when = datetime.fromisoformat(shown[0]).astimezone(ZoneInfo(VIEWER_ZONE))
-        assert f"{when.hour % 12 or 12}:{when.minute:02d}" in shown[1], shown
+        for table in ("bursts", "prescales"):  # what is coming, and what came
+            shown = driver.execute_script(
+                f"const t = document.querySelector('table.{table} time');"
+                "return [t.getAttribute('datetime'), t.textContent]"
+            )
+            when = datetime.fromisoformat(shown[0]).astimezone(ZoneInfo(VIEWER_ZONE))
+            assert f"{when.hour % 12 or 12}:{when.minute:02d}" in shown[1], shown
         assert (
             driver.execute_script("return document.querySelector('details.per-minute').open")
             is False
@@ -287,3 +300,35 @@ async def test_replay_a_dead_letter_from_the_dead_page(db: Database) -> None:
         await server.close()
     assert problems == []
     assert (await occurrence(db, key))["state"] == "pending"
+
+
+def _trigger_now(base_url: str, path: str) -> list[str]:
+    """Click Trigger now on a job's page; back on it, the page says the run is due."""
+    from selenium.webdriver.support import expected_conditions
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    driver = _driver()
+    try:
+        driver.get(base_url + path)
+        driver.find_element("css selector", "button.trigger").click()
+        WebDriverWait(driver, 10).until(expected_conditions.url_contains("done="))
+        assert driver.current_url == base_url + path + "?done=triggered", driver.current_url
+        assert "Triggered: one run is due now." in driver.page_source
+        return _problems(driver, path)
+    finally:
+        driver.quit()
+
+
+@pytest.mark.timeout(120)
+async def test_trigger_a_job_from_its_page(db: Database) -> None:
+    job = await make_job(db, "browser-trigger", schedule="0 3 * * *")
+    server = TestServer(make_app(UiConfig(db=db, allow_actions=True)), host="127.0.0.1")
+    await server.start_server()
+    try:
+        base = f"http://127.0.0.1:{server.port}"
+        problems = await asyncio.to_thread(_trigger_now, base, "/jobs/default/browser-trigger")
+    finally:
+        await server.close()
+    assert problems == []
+    (row,) = await sql(db, "SELECT * FROM cronwell_occurrences WHERE job_id = %s", job.id)
+    assert row["origin"] == "trigger" and row["state"] == "pending"

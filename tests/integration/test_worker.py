@@ -16,6 +16,7 @@ import psycopg
 import pytest
 
 from cronwell import dispatch, maintenance
+from cronwell.dispatch import Claimed
 from cronwell.errors import LeaseLost
 from cronwell.models import RetryPolicy
 from cronwell.schedule import format_instant
@@ -370,7 +371,7 @@ async def test_lease_lost_cancels_an_async_handler_at_once(db: Database, db_url:
         assert (outcome.result, outcome.error) == ("lease_lost", "lease_lost")
     o = await occurrence(db, key)
     assert (o["state"], o["fence"], o["worker_id"]) == ("running", thief.fence, "thief")
-    await _the_thief_completes(db, key, first["fence"], thief.fence)
+    await _the_thief_completes(db, key, first["fence"], thief)
 
 
 @pytest.mark.parametrize(
@@ -432,13 +433,13 @@ async def test_a_key_claimed_again_by_the_same_worker_aborts_the_old_attempt(
     ]
 
 
-async def _the_thief_completes(db: Database, key: str, first: int, thief: int) -> None:
+async def _the_thief_completes(db: Database, key: str, first: int, thief: Claimed) -> None:
     """The taker's completion stands; the first attempt is recorded as lease_expired."""
-    assert await dispatch.succeed(db, [(key, thief)]) == {key}
+    assert await dispatch.succeed(db, [(thief.id, thief.fence)]) == {key}
     atts = await attempts(db, key)
     assert [(a["outcome"], a["fence"]) for a in atts] == [
         ("lease_expired", first),
-        ("succeeded", thief),
+        ("succeeded", thief.fence),
     ]
 
 
@@ -455,7 +456,7 @@ async def test_a_late_completion_is_rejected_by_its_fence(db: Database, db_url: 
         assert (await w.outcome(key)).result == "stale"
         o = await occurrence(db, key)
         assert (o["state"], o["fence"], o["worker_id"]) == ("running", thief.fence, "thief")
-    await _the_thief_completes(db, key, first["fence"], thief.fence)
+    await _the_thief_completes(db, key, first["fence"], thief)
 
 
 async def test_self_fences_when_heartbeats_cannot_renew(db: Database, db_url: str) -> None:
@@ -729,7 +730,7 @@ async def test_a_claim_sends_one_document_per_unknown_spec_hash_and_none_for_kno
     assert c["twin-a"].spec is c["twin-b"].spec  # one document fetched for the shared hash
     assert c["other"].spec["target"]["log"]["message"] == "other"
 
-    await dispatch.succeed(db, [(x.key, x.fence) for x in claimed])
+    await dispatch.succeed(db, [(x.id, x.fence) for x in claimed])
     for name in c:
         await trigger(db, name)
     known = {c["twin-a"].spec_hash}

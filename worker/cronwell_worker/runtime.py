@@ -127,6 +127,13 @@ class _Running:
     """Claimed ahead: the pool and egress policies and Secret values, read while waiting
     for the instant (or why not); None: read at the start."""
 
+    @property
+    def held(self) -> tuple[str, int, int]:
+        """(key, row id, fence) for its fenced writes: the id is the context's, which a
+        re-assertion moves when a failover lost the row and it was materialised again."""
+        oid = self.ctx.occurrence_id
+        return self.claimed.key, self.claimed.id if oid is None else oid, self.claimed.fence
+
 
 class Worker:
     def __init__(
@@ -168,8 +175,9 @@ class Worker:
         self._m = _PoolMetrics(self.metrics, settings.pool)
         self._stopping = asyncio.Event()
         self._wake = asyncio.Event()
-        self._done: list[tuple[str, int, asyncio.Future[bool]]] = []
-        self._starts: list[tuple[str, int, asyncio.Future[bool]]] = []
+        # Queued starts and completions: (key, occurrence id, fence, whether it was held).
+        self._done: list[tuple[str, int, int, asyncio.Future[bool]]] = []
+        self._starts: list[tuple[str, int, int, asyncio.Future[bool]]] = []
         self._flush_now = asyncio.Event()
         self._clients: dict[tuple[bool, EgressPolicy], httpx.AsyncClient] = {}
 
@@ -485,7 +493,7 @@ class Worker:
                 # The handler runs only once its start is durable: started_at NULL means it
                 # never ran, so the reaper can give it back unconsumed (never Ambiguous), and
                 # every fence a target saw belongs to a recorded attempt.
-                if not await self._record_start(c):
+                if not await self._record_start(r):
                     self._report(Outcome(c, "lease_lost", error="start not recorded"))
                     return False
         except asyncio.CancelledError:
@@ -595,7 +603,7 @@ class Worker:
         if ctx.completed_in_transaction:
             ok = True
         else:
-            ok = await self._complete(c.key, c.fence)
+            ok = await self._complete(r)
         self._report(Outcome(c, "succeeded" if ok else "stale", start_lag=r.start_lag))
         if not ok:
             log.warning("completion rejected: fence is stale", extra=extra)
@@ -682,17 +690,17 @@ class Worker:
 
     # -- completion batching ----------------------------------------------------------
 
-    async def _complete(self, key: str, fence: int) -> bool:
+    async def _complete(self, r: _Running) -> bool:
         fut: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
-        self._done.append((key, fence, fut))
+        self._done.append((*r.held, fut))
         self._flush_now.set()
         return await fut
 
-    def _record_start(self, c: Claimed) -> asyncio.Future[bool]:
+    def _record_start(self, r: _Running) -> asyncio.Future[bool]:
         """Queue the start of an attempt claimed ahead; written with the next completion
         batch (before it). The future says whether the lease was still held."""
         fut: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
-        self._starts.append((c.key, c.fence, fut))
+        self._starts.append((*r.held, fut))
         self._flush_now.set()
         return fut
 
@@ -715,19 +723,19 @@ class Worker:
 
     async def _write(
         self,
-        batch: list[tuple[str, int, asyncio.Future[bool]]],
-        write: Callable[[Database, list[tuple[str, int]]], Awaitable[set[str]]],
+        batch: list[tuple[str, int, int, asyncio.Future[bool]]],
+        write: Callable[[Database, list[tuple[int, int]]], Awaitable[set[str]]],
         what: str,
     ) -> None:
-        """One fenced batch write, retried through database errors; each future learns
-        whether its key was still held."""
+        """One fenced batch write by (id, fence), retried through database errors; each
+        future learns whether its key was still held."""
         if not batch:
             return
         backoff = Backoff(first_seconds=0.1, max_seconds=RETRY_MAX_SECONDS)
         self.live.waiting(what)
         for _ in range(30):
             try:
-                ok = await write(self.db, [(k, f) for k, f, _ in batch])
+                ok = await write(self.db, [(i, f) for _, i, f, _ in batch])
                 self.live.progressed(what)
                 break
             except EXPECTED_ERRORS as e:
@@ -742,13 +750,15 @@ class Worker:
             # Given up: these attempts' leases lapse and they run again, fenced. The writer
             # waits no more; a next batch that cannot get through stalls it again.
             self.live.progressed(what)
-        missing = [(k, f) for k, f, _ in batch if k not in ok]
+        missing = [(k, i, f) for k, i, f, _ in batch if k not in ok]
         if missing:
             with contextlib.suppress(*EXPECTED_ERRORS):
-                back = await self._reassert(missing)
+                back = await self._reassert([(k, f) for k, _, f in missing])
                 if back:
-                    ok |= await write(self.db, [(k, f) for k, f in missing if k in back])
-        for k, _, fut in batch:
+                    # By the id the store has now: the lost commits may have included the
+                    # occurrence's materialisation (materialised again, under another id).
+                    ok |= await write(self.db, [(back[k], f) for k, _, f in missing if k in back])
+        for k, _, _, fut in batch:
             if not fut.done():
                 fut.set_result(k in ok)
 
@@ -796,7 +806,7 @@ class Worker:
         lost = [(k, f) for k, f in held if k not in alive]
         if lost:
             try:
-                alive |= await self._reassert(lost)
+                alive |= (await self._reassert(lost)).keys()
             except EXPECTED_ERRORS as e:
                 log.warning(f"heartbeat failed: {e}", extra={"action": "heartbeat_failed"})
                 return
@@ -809,11 +819,12 @@ class Worker:
             elif not (r.completing or r.ctx.completed_in_transaction):
                 self._cancel(r, ABORT_LEASE_LOST, "a heartbeat renewed nothing")
 
-    async def _reassert(self, lost: list[tuple[str, int]]) -> set[str]:
+    async def _reassert(self, lost: list[tuple[str, int]]) -> dict[str, int]:
         """Claims (key, fence) that a fenced write found missing: restore those the store
         forgot (a failover lost the commits that made them; see OccurrenceReassert), so an
         attempt that ran is recorded as itself, attempt number and all. Returns the keys
-        restored; the others lost their lease."""
+        restored with their rows' ids (each attempt's context takes its id: its later
+        writes go by id); the others lost their lease."""
         held = []
         for k, f in lost:
             r = self.running.get(k)
@@ -823,6 +834,10 @@ class Worker:
         back = await dispatch.reassert(
             self.db, worker_id=self.id, held=held, lease_seconds=self.settings.lease_seconds
         )
+        for k, oid in back.items():
+            r = self.running.get(k)
+            if r is not None:
+                r.ctx.occurrence_id = oid
         if back:
             log.warning(
                 "re-asserted claims the database had forgotten (a failover lost its last commits)",
