@@ -37,6 +37,7 @@ from bench import (
     schedule,
     status,
     sustained,
+    ui,
 )
 from bench.common import (
     HANDLERS,
@@ -48,6 +49,7 @@ from bench.common import (
     discard,
     load_average,
     machine_facts,
+    merge_latest,
     worker_env,
 )
 from cronwell import jobs
@@ -69,6 +71,7 @@ SECTIONS = (
     "retention",
     "schedule",
     "forecast",
+    "ui",
 )
 COMPARED = (
     "per_second",
@@ -314,6 +317,11 @@ async def main() -> None:
         default="10000,100000",
         help="forecast: live jobs per size (1000000 works: minutes of seeding and old path)",
     )
+    ap.add_argument(
+        "--ui-sizes", default="10000,100000", help="ui: live jobs, the store grown to each"
+    )
+    ap.add_argument("--ui-runs", type=int, default=10_000_000, help="ui: runs over the first size")
+    ap.add_argument("--ui-requests", type=int, default=50, help="ui: measured requests per page")
     ap.add_argument("--out", type=Path, default=RESULTS)
     args = ap.parse_args()
     only = set(args.only.split(","))
@@ -559,6 +567,9 @@ async def main() -> None:
             if "forecast" in only:
                 sizes = [int(x) for x in args.forecast_sizes.split(",") if x]
                 await section("forecast", forecast.forecast_bench(db, sizes))
+            if "ui" in only:
+                sizes = [int(x) for x in _floats(args.ui_sizes, "--ui-sizes")]
+                await section("ui", ui.ui_bench(db, url, sizes, args.ui_runs, args.ui_requests))
     except BaseException as e:
         results["run"]["error"] = f"{type(e).__name__}: {e}"[:500]
         raise
@@ -584,12 +595,14 @@ def write_results(
     out: Path,
     started: float,
 ) -> None:
-    """One results file per run (run-<UTC start>.json), latest.json = this run (the one to
-    commit), the raw lags and the CDF plot."""
+    """One results file per run (run-<UTC start>.json), latest.json = this run merged over
+    the previous one (the one to commit), the raw lags and the CDF plot."""
     text = json.dumps(results, indent=2)
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(started))
     (out / f"run-{stamp}.json").write_text(text)
-    (out / "latest.json").write_text(text)
+    (out / "latest.json").write_text(
+        json.dumps(merge_latest(out / "latest.json", results), indent=2)
+    )
     print(f"results: {out / f'run-{stamp}.json'} (= {out / 'latest.json'})")
     if not lags:
         return

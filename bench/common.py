@@ -344,3 +344,19 @@ async def machine_facts(db: Database, argv: list[str]) -> dict[str, Any]:
         "git_dirty": bool(status) if status is not None else None,
         "argv": argv,
     }
+
+
+def merge_latest(latest: Path, results: dict[str, Any]) -> dict[str, Any]:
+    """This run's figures over the previous latest.json's: a run of some sections (`--only
+    ui`) keeps the others' last figures, each with the run it came from (`merged_from`:
+    section -> start and commit of that run)."""
+    try:
+        before = json.loads(latest.read_text())
+    except (OSError, ValueError):
+        return results
+    origin = {"started_utc": before.get("run", {}).get("started_utc"),
+              "git_commit": before.get("machine", {}).get("git_commit")}  # fmt: skip
+    kept = {k: v for k, v in before.items() if k not in results and k != "merged_from"}
+    merged_from = {k: v for k, v in before.get("merged_from", {}).items() if k in kept}
+    merged_from |= {k: origin for k in kept if k not in merged_from}
+    return kept | results | ({"merged_from": merged_from} if merged_from else {})

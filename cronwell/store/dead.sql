@@ -43,13 +43,19 @@ RETURNING o.idempotency_key;
 -- How many dead occurrences match a filter (namespace, job name; NULL: any), and how many of
 -- those DeadReplay would replay without include_ambiguous (not Ambiguous, job not deleted):
 -- the counts a bulk replay or discard is confirmed against.
+-- Dead letters by cronwell_occurrences_dead (0010); a job is read only to filter by it, and
+-- deleted jobs are the few tombstones (cronwell_jobs_deleted): without a filter, a count
+-- joined every dead letter to its job (a scan of every job at 100k jobs).
 SELECT count(*) AS total,
-       count(*) FILTER (WHERE j.deleted_at IS NULL
-                        AND o.reason IS DISTINCT FROM 'Ambiguous') AS replayable
-FROM cronwell_occurrences o JOIN cronwell_jobs j ON j.id = o.job_id
+       count(*) FILTER (WHERE o.reason IS DISTINCT FROM 'Ambiguous'
+                        AND o.job_id NOT IN (SELECT d.id FROM cronwell_jobs d
+                                             WHERE d.deleted_at IS NOT NULL)) AS replayable
+FROM cronwell_occurrences o
 WHERE o.state = 'dead'
-  AND (%(namespace)s::text IS NULL OR j.namespace = %(namespace)s)
-  AND (%(name)s::text IS NULL OR j.name = %(name)s);
+  AND (%(namespace)s::text IS NULL AND %(name)s::text IS NULL
+       OR o.job_id IN (SELECT j.id FROM cronwell_jobs j
+                       WHERE (%(namespace)s::text IS NULL OR j.namespace = %(namespace)s)
+                         AND (%(name)s::text IS NULL OR j.name = %(name)s)));
 
 -- name: DeadDiscard
 -- Deletes dead occurrences (one key, or all matching namespace / job name) whatever their

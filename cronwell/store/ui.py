@@ -14,6 +14,7 @@ from datetime import datetime
 from decimal import Decimal
 from typing import Any
 
+from cronwell.store import gauges
 from cronwell.store.db import Database
 from cronwell.store.dead import Dead
 
@@ -222,6 +223,32 @@ async def dead_namespace(db: Database, *, key: str, namespaces: list[str] | None
 async def namespaces(db: Database) -> list[str]:
     """Namespaces that have jobs (live or deleted): the candidates of per-namespace access."""
     return [str(r["namespace"]) for r in await db.fetch("UiNamespaces")]
+
+
+EXACT_COUNT_BELOW = 1_000_000
+"""Occurrences up to which /status counts every row by state (a few ms per 100k rows);
+above, the final states are estimates (a count over 10M rows took seconds)."""
+
+
+@dataclass(frozen=True, slots=True)
+class StateCount:
+    """Occurrences in one state; `estimate`: from the planner's statistics, not counted."""
+
+    state: str
+    n: int
+    estimate: bool = False
+
+
+async def occurrence_counts(
+    db: Database, *, exact_below: int = EXACT_COUNT_BELOW
+) -> list[StateCount]:
+    """Occurrences by state for /status: every row counted on a store of fewer than
+    `exact_below` occurrences (or never analysed); on a larger one the live and dead states
+    counted and the final ones estimated (UiOccurrenceCounts)."""
+    rows = await db.scalar("UiOccurrenceRows")
+    if rows is None or rows < exact_below:
+        return [StateCount(c.state, c.n) for c in await gauges.occurrence_counts(db)]
+    return await db.rows(StateCount, "UiOccurrenceCounts")
 
 
 BACKLOG_CAP = 10_000

@@ -92,45 +92,55 @@ LIMIT %(limit)s;
 -- name: UiJobPageByLastRun
 -- One page of live jobs latest finished run first (never run last), after the (last run,
 -- namespace, name) cursor, all three descending so the cursor is one row comparison. The
--- order spans two tables (jobs, counters): it is a keyset, not an index, order.
-SELECT j.namespace, j.name, j.pool, j.spec, j.labels, j.next_run_at, j.suspended,
-       coalesce(r.recent, '{}') AS recent, last.state AS last_state,
-       greatest(c.last_successful_at, c.last_failure_at) AS last_run_at
-FROM cronwell_jobs j
-LEFT JOIN cronwell_job_counters c ON c.job_id = j.id
+-- order spans two tables (jobs, counters): it is a keyset over a top-N sort of the filtered
+-- live jobs, not an index order. The page is chosen first (subquery `p`, narrow rows: the
+-- sort does not carry 100k specs) and only its rows read their spec and recent runs: with
+-- the lateral reads beside the sort, every live job read its last 20 runs before the sort
+-- kept 50 (100k index scans per page at 100k jobs).
+SELECT p.namespace, p.name, pj.pool, pj.spec, pj.labels, pj.next_run_at, pj.suspended,
+       coalesce(r.recent, '{}') AS recent, last.state AS last_state, p.last_run_at
+FROM (
+    SELECT j.id, j.namespace, j.name,
+           greatest(c.last_successful_at, c.last_failure_at) AS last_run_at
+    FROM cronwell_jobs j
+    LEFT JOIN cronwell_job_counters c ON c.job_id = j.id
+    WHERE j.deleted_at IS NULL
+      AND (%(namespaces)s::text[] IS NULL OR j.namespace = ANY(%(namespaces)s::text[]))
+      AND (%(namespace)s::text IS NULL OR j.namespace = %(namespace)s)
+      AND (%(pool)s::text IS NULL OR j.pool = %(pool)s)
+      AND (%(text)s::text IS NULL OR strpos(j.namespace || '/' || j.name, %(text)s) > 0)
+      AND (%(labels)s::jsonb IS NULL OR j.labels @> %(labels)s::jsonb)
+      AND (%(state)s::text IS NULL
+           OR (%(state)s = 'suspended' AND j.suspended)
+           OR (%(state)s = 'active' AND NOT j.suspended)
+           OR (%(state)s = 'failing' AND j.consecutive_failures <> 0)
+           OR (%(state)s = 'late' AND NOT j.suspended
+               AND (j.next_run_at < now()
+                    OR EXISTS (SELECT 1 FROM cronwell_occurrences o
+                               WHERE o.job_id = j.id AND o.scheduled_for < now()
+                                 AND o.state = 'pending' AND o.run_at < now()))))
+      AND (%(after_ns)s::text IS NULL
+           OR (coalesce(greatest(c.last_successful_at, c.last_failure_at),
+                        '-infinity'::timestamptz), j.namespace, j.name)
+              < (%(after_key)s::timestamptz, %(after_ns)s, %(after_name)s))
+    ORDER BY coalesce(greatest(c.last_successful_at, c.last_failure_at),
+                      '-infinity'::timestamptz) DESC, j.namespace DESC, j.name DESC
+    LIMIT %(limit)s
+) p
+JOIN cronwell_jobs pj ON pj.id = p.id
 LEFT JOIN LATERAL (
     SELECT array_agg(d.state ORDER BY d.scheduled_for) AS recent
     FROM (SELECT o.state, o.scheduled_for FROM cronwell_occurrences o
-          WHERE o.job_id = j.id AND o.scheduled_for <= now()
+          WHERE o.job_id = p.id AND o.scheduled_for <= now()
           ORDER BY o.scheduled_for DESC LIMIT 20) d
 ) r ON true
 LEFT JOIN LATERAL (
     SELECT o.state FROM cronwell_occurrences o
-    WHERE o.job_id = j.id AND o.finished_at IS NOT NULL
+    WHERE o.job_id = p.id AND o.finished_at IS NOT NULL
     ORDER BY o.scheduled_for DESC LIMIT 1
 ) last ON true
-WHERE j.deleted_at IS NULL
-  AND (%(namespaces)s::text[] IS NULL OR j.namespace = ANY(%(namespaces)s::text[]))
-  AND (%(namespace)s::text IS NULL OR j.namespace = %(namespace)s)
-  AND (%(pool)s::text IS NULL OR j.pool = %(pool)s)
-  AND (%(text)s::text IS NULL OR strpos(j.namespace || '/' || j.name, %(text)s) > 0)
-  AND (%(labels)s::jsonb IS NULL OR j.labels @> %(labels)s::jsonb)
-  AND (%(state)s::text IS NULL
-       OR (%(state)s = 'suspended' AND j.suspended)
-       OR (%(state)s = 'active' AND NOT j.suspended)
-       OR (%(state)s = 'failing' AND j.consecutive_failures <> 0)
-       OR (%(state)s = 'late' AND NOT j.suspended
-           AND (j.next_run_at < now()
-                OR EXISTS (SELECT 1 FROM cronwell_occurrences o
-                           WHERE o.job_id = j.id AND o.scheduled_for < now()
-                             AND o.state = 'pending' AND o.run_at < now()))))
-  AND (%(after_ns)s::text IS NULL
-       OR (coalesce(greatest(c.last_successful_at, c.last_failure_at),
-                    '-infinity'::timestamptz), j.namespace, j.name)
-          < (%(after_key)s::timestamptz, %(after_ns)s, %(after_name)s))
-ORDER BY coalesce(greatest(c.last_successful_at, c.last_failure_at), '-infinity'::timestamptz)
-         DESC, j.namespace DESC, j.name DESC
-LIMIT %(limit)s;
+ORDER BY coalesce(p.last_run_at, '-infinity'::timestamptz) DESC, p.namespace DESC,
+         p.name DESC;
 
 -- name: UiJobGet
 -- The live job of a namespace/name for its page (uid for its runs, spec for its schedule).
@@ -142,8 +152,11 @@ WHERE namespace = %(namespace)s AND name = %(name)s AND deleted_at IS NULL;
 -- One page of occurrences, newest first, after the (scheduled_for, id) cursor, filtered by
 -- namespace, job name, state, pool and a window of nominal instants [since, until); columns
 -- as RunsList plus the id the cursor needs. The window bounds the column the page is
--- ordered by, so it narrows the same index range scan; a pool's runs are a range of
--- cronwell_occurrences_pool (0011), a job's of cronwell_occurrences_job.
+-- ordered by, so it narrows the same index range scan. Pages walk
+-- cronwell_occurrences_recent (0010); a pool's runs are a range of cronwell_occurrences_pool
+-- (0011); a job's runs those of its jobs by name, live or deleted (cronwell_jobs_name, 0010:
+-- the name index of live jobs did not serve `j.name = X`, a scan of every job), each a range
+-- of cronwell_occurrences_job.
 SELECT o.id, j.namespace, j.name, j.spec->>'timeZone' AS time_zone, o.idempotency_key,
        o.scheduled_for, o.pool, o.state, o.attempt, o.fence, o.last_error,
        extract(epoch FROM o.run_at - o.scheduled_for) AS jitter_seconds,
@@ -223,6 +236,39 @@ SELECT namespace FROM live WHERE namespace IS NOT NULL
 UNION
 SELECT namespace FROM cronwell_jobs WHERE deleted_at IS NOT NULL
 ORDER BY namespace;
+
+-- name: UiOccurrenceRows
+-- The planner's row count of cronwell_occurrences (pg_class.reltuples, kept by
+-- autovacuum/ANALYZE; NULL before the first one): whether /status counts every row or
+-- estimates the final states (UiOccurrenceCounts).
+SELECT nullif(reltuples, -1)::bigint AS n FROM pg_class
+WHERE oid = 'cronwell_occurrences'::regclass;
+
+-- name: UiOccurrenceCounts
+-- Occurrences by state for /status on a large store, without reading every row: the states
+-- work is waiting on or that need a person (pending, waiting, running, dead) counted
+-- exactly, each through its partial index (cronwell_occurrences_claim, _active, _lease,
+-- _dead), and the final states (succeeded, skipped, missed, cancelled) estimated from the
+-- planner's statistics (row count x the state's frequency in pg_stats), `estimate` true.
+SELECT state, n, false AS estimate FROM (
+    SELECT 'pending' AS state, count(*) AS n FROM cronwell_occurrences WHERE state = 'pending'
+    UNION ALL
+    SELECT 'waiting', count(*) FROM cronwell_occurrences WHERE state = 'waiting'
+    UNION ALL
+    SELECT 'running', count(*) FROM cronwell_occurrences WHERE state = 'running'
+    UNION ALL
+    SELECT 'dead', count(*) FROM cronwell_occurrences WHERE state = 'dead'
+) exact WHERE n > 0
+UNION ALL
+SELECT m.state, round(c.reltuples * m.freq)::bigint, true
+FROM pg_class c, pg_stats s,
+     unnest(s.most_common_vals::text::text[], s.most_common_freqs) AS m(state, freq)
+WHERE c.oid = 'cronwell_occurrences'::regclass
+  AND s.schemaname = current_schema() AND s.tablename = 'cronwell_occurrences'
+  AND s.attname = 'state'
+  AND m.state NOT IN ('pending', 'waiting', 'running', 'dead')
+  AND round(c.reltuples * m.freq) > 0
+ORDER BY state;
 
 -- name: UiBacklog
 -- Per pool, occurrences due and not started (pending, run_at <= now: the workers' claim

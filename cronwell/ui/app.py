@@ -5,6 +5,7 @@ the views call."""
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import logging
 import secrets
@@ -19,6 +20,7 @@ from kubernetes import client
 
 from cronwell.cronexpr import load_zone
 from cronwell.errors import DatabaseUnavailable
+from cronwell.fleet_forecast import Forecaster
 from cronwell.store import ui
 from cronwell.store.db import Database
 from cronwell.ui import words
@@ -59,6 +61,12 @@ class UiConfig:
     csrf_token: str = field(default_factory=lambda: secrets.token_urlsafe(32))
     auth: KubeAuth | None = None
     kube: client.ApiClient | None = None
+    forecaster: Forecaster = field(default_factory=Forecaster)
+    """One per process, as the operator keeps one: a forecast after the first reads only what
+    changed (a new Forecaster per request fetched and derived every spec: seconds at 100k
+    jobs)."""
+    forecast_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    """The forecaster's state is one tick's: one forecast at a time."""
 
 
 CONFIG = web.AppKey("config", UiConfig)

@@ -16,13 +16,12 @@ import pydantic
 from aiohttp import web
 
 from cronwell import dispatch
-from cronwell.fleet_forecast import Forecaster
 from cronwell.forecast import windows
 from cronwell.models import ScheduledJobSpec
 from cronwell.prescale import plan_pool
 from cronwell.schedule import JobSchedule
 from cronwell.settings import SchedulerSettings
-from cronwell.store import dead, fences, gauges, leases, prescales, processes, runs, ui
+from cronwell.store import dead, fences, leases, prescales, processes, runs, ui
 from cronwell.ui.app import (
     ACT_VERB,
     ALL_NAMESPACES,
@@ -261,7 +260,7 @@ async def status_page(request: web.Request) -> web.Response:
         partition_count=len(parts),
         owners=sorted(owners.items()),
         procs=await processes.list_all(db, ttl_seconds=PROCESS_TTL_SECONDS),
-        counts=await gauges.occurrence_counts(db),
+        counts=await ui.occurrence_counts(db),
         backlog=await ui.backlog(db),
         backlog_cap=ui.BACKLOG_CAP,
         sizes=await ui.table_sizes(db),
@@ -668,12 +667,11 @@ async def forecast_data(request: web.Request) -> dict[str, Any]:
     await require(request, VIEW_VERB, ALL_NAMESPACES)
     spec = pool_spec(request)
     only = _text(request, "pool")
-    forecasts = await Forecaster().forecast(
-        request.app[CONFIG].db,
-        FORECAST_HORIZON_SECONDS,
-        pool=only,
-        slo_seconds=spec.start_slo_seconds,
-    )
+    config = request.app[CONFIG]
+    async with config.forecast_lock:
+        forecasts = await config.forecaster.forecast(
+            config.db, FORECAST_HORIZON_SECONDS, pool=only, slo_seconds=spec.start_slo_seconds
+        )
     pools: list[dict[str, Any]] = []
     bursts: list[dict[str, Any]] = []
     start: datetime | None = None
