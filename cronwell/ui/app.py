@@ -25,6 +25,7 @@ from cronwell.store import ui
 from cronwell.store.db import Database
 from cronwell.ui import words
 from cronwell.ui.auth import MAX_TOKEN_LENGTH, KubeAuth, ReviewUnavailable, User
+from cronwell.ui.workerpools import ClusterPools
 
 log = logging.getLogger(__name__)
 
@@ -67,6 +68,12 @@ class UiConfig:
     jobs)."""
     forecast_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     """The forecaster's state is one tick's: one forecast at a time."""
+    workerpools: ClusterPools | None = None
+    """The cluster's WorkerPools the forecast plans with (from `kube` when not given)."""
+
+    def __post_init__(self) -> None:
+        if self.workerpools is None and self.kube is not None:
+            object.__setattr__(self, "workerpools", ClusterPools(self.kube))
 
 
 CONFIG = web.AppKey("config", UiConfig)

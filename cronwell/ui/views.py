@@ -657,6 +657,35 @@ def _prescale(r: prescales.RecentPreScale) -> dict[str, Any]:
     }
 
 
+def _overridden(request: web.Request) -> bool:
+    return any(request.query.get(p, "").strip() for p in POOL_PARAMS)
+
+
+async def _cluster_pools(request: web.Request) -> dict[str, WorkerPoolSpec] | None:
+    """The cluster's WorkerPools by pool, unless the query sets the plan's settings (then
+    every pool is planned with those) or the dashboard has no cluster (None)."""
+    found = request.app[CONFIG].workerpools
+    if found is None or _overridden(request):
+        return None
+    return await found.get()
+
+
+def _settings(spec: WorkerPoolSpec) -> dict[str, Any]:
+    """The settings a plan is made with, JSON-ready (the WorkerPool's field names)."""
+    return spec.model_dump(
+        mode="json",
+        by_alias=True,
+        include={
+            "start_slo_seconds",
+            "concurrency_per_replica",
+            "min_replicas",
+            "max_replicas",
+            "lead_time_seconds",
+            "scale_down_delay_seconds",
+        },
+    )
+
+
 async def forecast_data(request: web.Request) -> dict[str, Any]:
     """The next hour per pool as `cronwell forecast` and the pre-scaler compute it (the same
     Forecaster and prescale.plan_pool): due occurrences, concurrency and planned replicas
@@ -668,9 +697,14 @@ async def forecast_data(request: web.Request) -> dict[str, Any]:
     spec = pool_spec(request)
     only = _text(request, "pool")
     config = request.app[CONFIG]
+    cluster = await _cluster_pools(request)
     async with config.forecast_lock:
         forecasts = await config.forecaster.forecast(
-            config.db, FORECAST_HORIZON_SECONDS, pool=only, slo_seconds=spec.start_slo_seconds
+            config.db,
+            FORECAST_HORIZON_SECONDS,
+            pool=only,
+            pools=cluster or {},
+            slo_seconds=spec.start_slo_seconds,
         )
     pools: list[dict[str, Any]] = []
     bursts: list[dict[str, Any]] = []
@@ -678,7 +712,8 @@ async def forecast_data(request: web.Request) -> dict[str, Any]:
     resolution = 1.0
     for name, pf in sorted(forecasts.items()):
         start, resolution = pf.start, pf.resolution
-        pp = plan_pool(pf, spec, 0.0)
+        pool_settings = (cluster or {}).get(name)
+        pp = plan_pool(pf, pool_settings or spec, 0.0)
         due, series, conc = pf.due(), pp.plan.series, pf.concurrency
         rows = [
             {
@@ -715,6 +750,7 @@ async def forecast_data(request: web.Request) -> dict[str, Any]:
                 "concurrency": conc,
                 "replicas": series,
                 "rows": rows,
+                "settings": None if pool_settings is None else _settings(pool_settings),
             }
         )
     bursts.sort(key=lambda b: (b["time"], b["pool"]))
@@ -729,18 +765,12 @@ async def forecast_data(request: web.Request) -> dict[str, Any]:
         "start_epoch": start.timestamp() if start is not None else None,
         "resolution": resolution,
         "horizon_seconds": FORECAST_HORIZON_SECONDS,
-        "pool_settings": spec.model_dump(
-            mode="json",
-            by_alias=True,
-            include={
-                "start_slo_seconds",
-                "concurrency_per_replica",
-                "min_replicas",
-                "max_replicas",
-                "lead_time_seconds",
-                "scale_down_delay_seconds",
-            },
-        ),
+        "pool_settings": _settings(spec),
+        "settings_from": "query"
+        if _overridden(request)
+        else "cluster"
+        if cluster is not None
+        else "defaults",
         "pools": pools,
         "bursts": bursts,
         "prescales": [_prescale(r) for r in recent],

@@ -200,7 +200,8 @@ def test_workers_and_schedulers_have_no_api_access(
 
 def test_dashboard_may_review_and_nothing_else(kube: Cluster, installed: dict[str, Any]) -> None:
     """ui.enabled without ui.allowActions: the dashboard's ServiceAccount may create the two
-    reviews (TokenReview, SubjectAccessReview) and touch nothing, ScheduledJobs included."""
+    reviews (TokenReview, SubjectAccessReview) and list WorkerPools (the forecast plans with
+    them), and touch nothing else, ScheduledJobs included."""
     ui, ns, other = sa(installed, "ui"), installed["ns"], installed["other"]
     assert can_i(kube, ui, "create", "tokenreviews.authentication.k8s.io")
     assert can_i(kube, ui, "create", "subjectaccessreviews.authorization.k8s.io")
@@ -214,6 +215,9 @@ def test_dashboard_may_review_and_nothing_else(kube: Cluster, installed: dict[st
         assert not can_i(kube, ui, *args), f"{ui} may {' '.join(args)}"
     for verb in ("get", "list", "patch", "update"):
         assert not review(kube, ui, verb, "cronwell.dev", "scheduledjobs", namespace=other)
+    assert review(kube, ui, "list", "cronwell.dev", "workerpools", namespace=other)
+    for verb in ("patch", "update", "delete"):
+        assert not review(kube, ui, verb, "cronwell.dev", "workerpools", namespace=other)
 
 
 def test_pod_templates_pass_pod_security_restricted(

@@ -74,6 +74,7 @@ def test_rbac_is_the_reviews_and_scheduledjobs_only_with_actions() -> None:
     reviews = [
         (["authentication.k8s.io"], ["tokenreviews"], ["create"]),
         (["authorization.k8s.io"], ["subjectaccessreviews"], ["create"]),
+        (["cronwell.dev"], ["workerpools"], ["list"]),
     ]
     read_only = _enabled()
     assert _rules(read_only) == reviews
