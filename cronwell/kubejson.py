@@ -1,5 +1,7 @@
 """Plain JSON requests to the Kubernetes API through a `kubernetes` ApiClient (its
-connection, auth and TLS), for the worker's Jobs and the webhook's dry-run of them.
+connection, auth and TLS), for the worker's Jobs, the webhook's dry-run of them and the
+dashboard's CR patches; and the client itself (`api_client`), shared by the operator and
+the dashboard.
 
 Not the client's typed methods: those validate a body against the client's own copy of
 the object's schema before sending it (pydantic `validate_call`), which would refuse or
@@ -9,10 +11,23 @@ run it in a thread."""
 from __future__ import annotations
 
 import json
+import os
 from typing import Any
 
-from kubernetes import client
+from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
+
+
+def api_client(kubeconfig: str | None = None) -> client.ApiClient:
+    """In a Pod: its ServiceAccount; elsewhere: KUBECONFIG (or ~/.kube/config)."""
+    if kubeconfig is None and os.environ.get("KUBERNETES_SERVICE_HOST"):
+        cfg = client.Configuration()
+        config.load_incluster_config(client_configuration=cfg)  # type: ignore[no-untyped-call]
+        return client.ApiClient(cfg)
+    api: client.ApiClient = config.new_client_from_config(  # type: ignore[no-untyped-call]
+        config_file=kubeconfig
+    )
+    return api
 
 
 def request(

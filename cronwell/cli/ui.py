@@ -70,7 +70,8 @@ def ui_cmd(
     if auth == "kubernetes":
         from kubernetes.config import ConfigException
 
-        from cronwell.ui.auth import KubeAuth, api_client
+        from cronwell.kubejson import api_client
+        from cronwell.ui.auth import KubeAuth
 
         try:
             kube = KubeAuth(api_client(), audience=auth_audience)

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import os
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Hashable
@@ -23,7 +22,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
-from kubernetes import client, config
+from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 from urllib3.exceptions import HTTPError
 
@@ -80,18 +79,6 @@ class TtlCache(Generic[K, V]):
 
     def __len__(self) -> int:
         return len(self._entries)
-
-
-def api_client(kubeconfig: str | None = None) -> client.ApiClient:
-    """In a Pod: its ServiceAccount; elsewhere: KUBECONFIG (or ~/.kube/config)."""
-    if kubeconfig is None and os.environ.get("KUBERNETES_SERVICE_HOST"):
-        cfg = client.Configuration()
-        config.load_incluster_config(client_configuration=cfg)  # type: ignore[no-untyped-call]
-        return client.ApiClient(cfg)
-    api: client.ApiClient = config.new_client_from_config(  # type: ignore[no-untyped-call]
-        config_file=kubeconfig
-    )
-    return api
 
 
 class KubeAuth:

@@ -10,8 +10,9 @@ import click
 import pydantic
 
 from cronwell.cli import Env, invalid_setting, metrics_port_option, run_until_signal
+from cronwell.kubejson import api_client
 from cronwell.metrics import Metrics
-from cronwell_operator.kube import Kube, api_client
+from cronwell_operator.kube import Kube
 from cronwell_operator.leader import LeadershipLost
 from cronwell_operator.runner import Operator
 from cronwell_operator.settings import OperatorSettings

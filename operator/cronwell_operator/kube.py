@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import base64
 import functools
-import os
 import uuid
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
@@ -17,7 +16,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from kubernetes import client, config
+from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 from urllib3.exceptions import HTTPError
 
@@ -71,18 +70,6 @@ class CRef:
     uid: str
     namespace: str
     name: str
-
-
-def api_client(kubeconfig: str | None = None) -> client.ApiClient:
-    """In a Pod: the service account; elsewhere: KUBECONFIG (or ~/.kube/config)."""
-    if kubeconfig is None and os.environ.get("KUBERNETES_SERVICE_HOST"):
-        cfg = client.Configuration()
-        config.load_incluster_config(client_configuration=cfg)  # type: ignore[no-untyped-call]
-        return client.ApiClient(cfg)
-    api: client.ApiClient = config.new_client_from_config(  # type: ignore[no-untyped-call]
-        config_file=kubeconfig
-    )
-    return api
 
 
 class Kube:

@@ -27,11 +27,12 @@ from urllib3.exceptions import HTTPError
 
 from cronwell import kubejson, logs
 from cronwell.cli import render_dead, render_runs, run
+from cronwell.kubejson import api_client
 from cronwell.models import GROUP, VERSION
 from cronwell.schedule import trigger_key
 from cronwell.store import dead, runs
 from cronwell.store.db import Database
-from cronwell_operator.kube import PLURAL, api_client
+from cronwell_operator.kube import PLURAL
 
 #: The annotation the operator watches (kopf_handlers.py): each new value requests one run.
 TRIGGER_ANNOTATION = f"{GROUP}/trigger"

@@ -16,10 +16,11 @@ import uuid
 from typing import Any
 
 from cronwell import jobs
+from cronwell.kubejson import api_client
 from cronwell.models import ScheduledJobSpec
 from cronwell.store.db import Database
 from cronwell.testing.controlplane import Cluster
-from cronwell_operator.kube import CRef, Kube, api_client
+from cronwell_operator.kube import CRef, Kube
 from cronwell_operator.settings import OperatorSettings
 from cronwell_operator.status import StatusWriter
 

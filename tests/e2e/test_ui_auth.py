@@ -27,11 +27,12 @@ from aiohttp.test_utils import TestClient, TestServer
 from aiohttp.web import Application
 from kubernetes import client
 
+from cronwell.kubejson import api_client
 from cronwell.models import GROUP
 from cronwell.store.db import Database
 from cronwell.testing.controlplane import Cluster
 from cronwell.ui.app import CONFIG, CSRF_FIELD, OPEN_RESOURCES, UiConfig, make_app
-from cronwell.ui.auth import RESOURCE, KubeAuth, api_client
+from cronwell.ui.auth import RESOURCE, KubeAuth
 from cronwell_operator.testing import wait_until
 from tests.helpers.kube import fresh_namespace, service_account_kubeconfig, service_account_token
 from tests.helpers.store import dead_letter

@@ -16,8 +16,9 @@ from typing import Any
 import pytest
 import yaml
 
+from cronwell.kubejson import api_client
 from cronwell.testing.controlplane import Cluster, KubectlError, free_port
-from cronwell_operator.kube import Kube, api_client
+from cronwell_operator.kube import Kube
 from cronwell_operator.testing import (
     FAST_LEASE_ARGS,
     OperatorProcess,
