@@ -164,7 +164,10 @@ WHERE NOT j.suspended AND j.deleted_at IS NULL
 -- The jobs ForecastJobList returns, without their specs, as one row per pool of two arrays
 -- (ids as text, spec hashes): the forecast keeps each job's demand by spec hash, fetches
 -- only the specs it does not know (ForecastSpecs), and counts equal hashes at C speed.
-SELECT j.pool, array_agg(j.id::text) AS ids, array_agg(j.spec_hash) AS hashes
+-- An index-only scan of cronwell_jobs_forecast (0013); in id order, so that the same jobs
+-- come as equal arrays (the forecast then reuses its counts).
+SELECT j.pool, array_agg(j.id::text ORDER BY j.id) AS ids,
+       array_agg(j.spec_hash ORDER BY j.id) AS hashes
 FROM cronwell_jobs j
 WHERE NOT j.suspended AND j.deleted_at IS NULL
   AND (j.next_run_at IS NOT NULL
