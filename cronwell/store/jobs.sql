@@ -184,9 +184,24 @@ GROUP BY j.pool;
 SELECT spec_hash, spec FROM cronwell_jobs WHERE id = ANY(%(ids)s::uuid[]);
 
 -- name: ForecastDurations
--- The p90 duration of the last N successful runs of the live jobs that finished a run at or
--- after `since` (all live jobs when NULL; NULL p90: no history left; ids as text), through the
--- finished_at index: the forecast keeps the others' from its previous read.
+-- The p90 duration of the last N successful runs of every live job (NULL p90: no history
+-- left; ids as text): the forecast's full read.
+SELECT j.id::text AS id, h.p90_seconds
+FROM cronwell_jobs j
+CROSS JOIN LATERAL (
+    SELECT percentile_cont(0.9) WITHIN GROUP (ORDER BY r.secs) AS p90_seconds
+    FROM (SELECT extract(epoch FROM o.finished_at - o.started_at)::float8 AS secs
+          FROM cronwell_occurrences o
+          WHERE o.job_id = j.id AND o.state = 'succeeded'
+            AND o.started_at IS NOT NULL AND o.finished_at IS NOT NULL
+          ORDER BY o.scheduled_for DESC
+          LIMIT %(history)s) r) h
+WHERE j.deleted_at IS NULL;
+
+-- name: ForecastDurationsSince
+-- ForecastDurations of the live jobs that finished a run at or after `since` only, through
+-- the finished_at index (a semi-join: the forecast keeps the others' from its previous read).
+-- Its own query: `since IS NULL OR id IN (...)` in one scanned every job even to read none.
 SELECT j.id::text AS id, h.p90_seconds
 FROM cronwell_jobs j
 CROSS JOIN LATERAL (
@@ -198,6 +213,5 @@ CROSS JOIN LATERAL (
           ORDER BY o.scheduled_for DESC
           LIMIT %(history)s) r) h
 WHERE j.deleted_at IS NULL
-  AND (%(since)s::timestamptz IS NULL
-       OR j.id IN (SELECT o.job_id FROM cronwell_occurrences o
-                   WHERE o.finished_at >= %(since)s AND o.state = 'succeeded'));
+  AND j.id IN (SELECT o.job_id FROM cronwell_occurrences o
+               WHERE o.finished_at >= %(since)s AND o.state = 'succeeded');
