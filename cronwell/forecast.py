@@ -639,7 +639,9 @@ def plan_replicas(timeline: PoolForecast, spec: WorkerPoolSpec, now: datetime) -
     if n and len(timeline.concurrency) != n:
         raise ValueError("compute concurrency_timeline(timeline, slo) first")
     res = timeline.resolution
-    need = [replicas_for(c, spec) for c in timeline.concurrency]
+    # per distinct concurrency, not per bucket: 3,600 buckets hold a few dozen values
+    by_conc = {c: replicas_for(c, spec) for c in set(timeline.concurrency)}
+    need = list(map(by_conc.__getitem__, timeline.concurrency))
     if not n:
         return ReplicaPlan(spec.min_replicas, None, [], [])
     ahead = math.ceil(spec.lead_time_seconds / res - 1e-9)
