@@ -168,16 +168,21 @@ async def from_scratch(db: Database, start: Any, horizon: float) -> dict[str, An
     return {p: (pf.counts, pf.backlog, pf.arrivals, pf.concurrency) for p, pf in out.items()}
 
 
+async def equals_from_scratch(f: Forecaster, db: Database) -> None:
+    """`f`'s next forecast (300 s) is the one computed from scratch."""
+    inc = await f.forecast(db, 300)
+    want = await from_scratch(db, next(iter(inc.values())).start, 300)
+    got = {p: (pf.counts, pf.backlog, pf.arrivals, pf.concurrency) for p, pf in inc.items()}
+    assert got == want
+
+
 async def test_incremental_forecast_equals_a_forecast_from_scratch(db: Database) -> None:
     """A Forecaster keeps each job's demand between ticks: after adds, spec changes,
     history, suspends and deletes its forecast is the one computed from scratch."""
     f = Forecaster()
 
     async def check() -> None:
-        inc = await f.forecast(db, 300)
-        want = await from_scratch(db, next(iter(inc.values())).start, 300)
-        got = {p: (pf.counts, pf.backlog, pf.arrivals, pf.concurrency) for p, pf in inc.items()}
-        assert got == want
+        await equals_from_scratch(f, db)
 
     a = await make_job(db, "a", schedule="*/10 * * * * *", jitterSeconds=7)
     await make_job(db, "b", schedule="*/10 * * * * *", jitterSeconds=7)
@@ -208,10 +213,7 @@ async def test_a_change_between_two_forecasts_shows_in_the_second(db: Database) 
     f = Forecaster()
 
     async def check() -> None:
-        inc = await f.forecast(db, 300)
-        want = await from_scratch(db, next(iter(inc.values())).start, 300)
-        got = {p: (pf.counts, pf.backlog, pf.arrivals, pf.concurrency) for p, pf in inc.items()}
-        assert got == want
+        await equals_from_scratch(f, db)
 
     a = await make_job(db, "a", schedule="*/10 * * * * *")
     await make_job(db, "b", schedule="*/20 * * * * *", jitterSeconds=3)
