@@ -206,6 +206,11 @@ class DemandCache:
         self.schedules: dict[tuple[Any, ...], JobSchedule] = {}
         self.memo: dict[tuple[Any, ...], int] = {}
         """`concurrency_timeline` windows solved (shifted to start at 0) -> concurrency."""
+        self._known: list[tuple[str, Sequence[str], Sequence[str]]] | None = None
+        """The last pools whose every spec was known (`unknown` had nothing to ask for)."""
+        self._last: tuple[list[Any], dict[str, float | None], list[Any]] | None = None
+        """The last `demand` call's (pools, durations, entries): equal pools and durations
+        give equal entries, so a tick where no job changed skips counting 100k jobs."""
 
     def _class(self, jd: JobDemand) -> int:
         """The class of a job-independent demand: specs of one schedule share it."""
@@ -217,6 +222,9 @@ class DemandCache:
 
     def unknown(self, pools: Iterable[tuple[str, Sequence[str], Sequence[str]]]) -> dict[str, str]:
         """Of each pool's (ids, spec hashes), the hashes whose spec is needed -> a job having it."""
+        pools = list(pools)
+        if pools == self._known:  # the same jobs and hashes as when all were known
+            return {}
         out: dict[str, str] = {}
         for _, ids, hashes in pools:
             missing = set(hashes).difference(self.classes).difference(self.specs)
@@ -224,6 +232,7 @@ class DemandCache:
                 for job_id, h in zip(ids, hashes, strict=True):
                     if h in missing:
                         out.setdefault(h, job_id)
+        self._known = None if out else pools
         return out
 
     def demand(
@@ -240,6 +249,28 @@ class DemandCache:
         """`demand` of each pool's jobs, given as (pool, ids, spec hashes) with each job's
         p90 in `durations` (absent: the pool's default); a job whose spec is not in `specs`
         is left out. Jobs of equal (spec hash, duration) are counted together (in C)."""
+        pools = list(pools)
+        last = self._last
+        if last is not None and last[0] == pools and last[1] == durations:
+            entries = last[2]  # no job, spec or p90 changed since: the same entries
+        else:
+            entries = self._entries(pools, durations)
+            self._last = (pools, dict(durations), entries)
+        out, keys = _demand(
+            entries, start, horizon_seconds, resolution, backlog, default_duration, self.schedules
+        )
+        self.schedules = {k: v for k, v in self.schedules.items() if k in keys}
+        if len(self.memo) > 100_000:
+            self.memo.clear()
+        return out
+
+    def _entries(
+        self,
+        pools: Iterable[tuple[str, Sequence[str], Sequence[str]]],
+        durations: Mapping[str, float | None],
+    ) -> list[tuple[str, float | None, JobDemand, int]]:
+        """`demand`'s (pool, duration, JobDemand, jobs) entries, classifying new hashes
+        and dropping what is no longer seen."""
         old, jobs = self.jobs, {}
         used: set[str] = set()
         entries: list[tuple[str, float | None, JobDemand, int]] = []
@@ -274,13 +305,7 @@ class DemandCache:
         self.specs = {h: s for h, s in self.specs.items() if h in used}  # id-dependent only
         if len(self.classes) > len(used):
             self.classes = {h: c for h, c in self.classes.items() if h in used}
-        out, keys = _demand(
-            entries, start, horizon_seconds, resolution, backlog, default_duration, self.schedules
-        )
-        self.schedules = {k: v for k, v in self.schedules.items() if k in keys}
-        if len(self.memo) > 100_000:
-            self.memo.clear()
-        return out
+        return entries
 
 
 @dataclass
@@ -614,7 +639,9 @@ def plan_replicas(timeline: PoolForecast, spec: WorkerPoolSpec, now: datetime) -
     if n and len(timeline.concurrency) != n:
         raise ValueError("compute concurrency_timeline(timeline, slo) first")
     res = timeline.resolution
-    need = [replicas_for(c, spec) for c in timeline.concurrency]
+    # per distinct concurrency, not per bucket: 3,600 buckets hold a few dozen values
+    by_conc = {c: replicas_for(c, spec) for c in set(timeline.concurrency)}
+    need = list(map(by_conc.__getitem__, timeline.concurrency))
     if not n:
         return ReplicaPlan(spec.min_replicas, None, [], [])
     ahead = math.ceil(spec.lead_time_seconds / res - 1e-9)

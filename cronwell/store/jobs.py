@@ -331,4 +331,6 @@ async def forecast_specs(db: Database, ids: Sequence[uuid.UUID]) -> list[HashedS
 
 async def forecast_durations(db: Database, *, since: datetime | None, history: int) -> list[JobP90]:
     """p90 of `history` runs of the live jobs that finished a run since `since` (all: None)."""
-    return await db.rows(JobP90, "ForecastDurations", {"since": since, "history": history})
+    if since is None:
+        return await db.rows(JobP90, "ForecastDurations", {"history": history})
+    return await db.rows(JobP90, "ForecastDurationsSince", {"since": since, "history": history})

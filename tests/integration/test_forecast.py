@@ -168,16 +168,21 @@ async def from_scratch(db: Database, start: Any, horizon: float) -> dict[str, An
     return {p: (pf.counts, pf.backlog, pf.arrivals, pf.concurrency) for p, pf in out.items()}
 
 
+async def equals_from_scratch(f: Forecaster, db: Database) -> None:
+    """`f`'s next forecast (300 s) is the one computed from scratch."""
+    inc = await f.forecast(db, 300)
+    want = await from_scratch(db, next(iter(inc.values())).start, 300)
+    got = {p: (pf.counts, pf.backlog, pf.arrivals, pf.concurrency) for p, pf in inc.items()}
+    assert got == want
+
+
 async def test_incremental_forecast_equals_a_forecast_from_scratch(db: Database) -> None:
     """A Forecaster keeps each job's demand between ticks: after adds, spec changes,
     history, suspends and deletes its forecast is the one computed from scratch."""
     f = Forecaster()
 
     async def check() -> None:
-        inc = await f.forecast(db, 300)
-        want = await from_scratch(db, next(iter(inc.values())).start, 300)
-        got = {p: (pf.counts, pf.backlog, pf.arrivals, pf.concurrency) for p, pf in inc.items()}
-        assert got == want
+        await equals_from_scratch(f, db)
 
     a = await make_job(db, "a", schedule="*/10 * * * * *", jitterSeconds=7)
     await make_job(db, "b", schedule="*/10 * * * * *", jitterSeconds=7)
@@ -198,4 +203,30 @@ async def test_incremental_forecast_equals_a_forecast_from_scratch(db: Database)
     await check()
     assert (len(f.cache.specs), len(f.cache.jobs)) == (3, 3)
     await make_job(db, "b", schedule="*/10 * * * * *", jitterSeconds=7)  # back to its first spec
+    await check()
+
+
+async def test_a_change_between_two_forecasts_shows_in_the_second(db: Database) -> None:
+    """The Forecaster reuses its count of the jobs while none changed: each single change
+    made after a forecast that reused it (a job added, re-specced, suspended or deleted, a
+    p90 changed) shows in the next forecast, as computed from scratch."""
+    f = Forecaster()
+
+    async def check() -> None:
+        await equals_from_scratch(f, db)
+
+    a = await make_job(db, "a", schedule="*/10 * * * * *")
+    await make_job(db, "b", schedule="*/20 * * * * *", jitterSeconds=3)
+    await add_history(db, a.id, "default", [2.0])
+    await check()
+    await check()  # nothing changed: the counted jobs are reused
+    await make_job(db, "c", schedule="*/15 * * * * *")  # added
+    await check()
+    await make_job(db, "c", schedule="*/5 * * * * *")  # re-specced
+    await check()
+    await jobs.set_suspended(db, namespace="default", name="b", suspended=True)
+    await check()
+    await jobs.delete_job(db, namespace="default", name="c")
+    await check()
+    await add_history(db, a.id, "default", [9.0] * 5)  # a's p90: 2 s -> 9 s
     await check()

@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry
 
 from cronwell.forecast import (
+    DemandCache,
     ForecastJob,
     PoolForecast,
     _required,
@@ -331,3 +332,46 @@ def test_a_stored_spec_this_version_refuses_is_left_out_not_fatal() -> None:
     bad = ForecastJob(str(uuid.uuid4()), "default", {**good.spec, "schedule": "R * * * *"})
     got = demand([good, bad], utc(2026, 1, 1), 600)
     assert sum(got["default"].counts) == 10
+
+
+def test_demand_cache_between_calls_sees_every_change() -> None:
+    """DemandCache reuses its counted jobs while pools and p90s equal the previous call's:
+    a job added, re-specced or removed, or a p90 changed in place (the Forecaster updates
+    its dict in place), shows in the next call as in a cache of its own."""
+    docs = {
+        h: spec(schedule=c, **kw).model_dump(mode="json", by_alias=True)
+        for h, c, kw in (
+            ("m", "* * * * *", {}),
+            ("f", "*/5 * * * *", {}),
+            ("j", "* * * * *", {"jitterSeconds": 30}),
+        )
+    }
+    ids = [str(uuid.uuid4()) for _ in range(4)]
+    start = utc(2026, 1, 1, 0, 0, 10)
+
+    def run(cache: DemandCache, pools: list[Any], durations: dict[str, float | None]) -> Any:
+        for h in cache.unknown(pools):
+            cache.specs[h] = docs[h]
+        out = cache.demand(pools, durations, start, 900)
+        for pf in out.values():
+            concurrency_timeline(pf, 5.0, cache.memo)
+        return {p: (pf.counts, pf.arrivals, pf.concurrency) for p, pf in out.items()}
+
+    cache = DemandCache()
+    durations: dict[str, float | None] = {ids[0]: 4.0}
+    pools: list[Any] = [("a", ids[:2], ["m", "j"])]
+    first = run(cache, pools, durations)
+    assert run(cache, [("a", list(ids[:2]), ["m", "j"])], durations) == first
+    steps: list[tuple[list[Any], dict[str, float | None]]] = [
+        ([("a", ids[:3], ["m", "j", "m"])], durations),  # added
+        ([("a", ids[:3], ["m", "j", "f"])], durations),  # spec changed
+        ([("a", ids[:3], ["m", "j", "f"]), ("b", ids[3:], ["j"])], durations),  # new pool
+        ([("a", ids[1:3], ["j", "f"]), ("b", ids[3:], ["j"])], durations),  # removed
+    ]
+    for pools, durs in steps:
+        got = run(cache, pools, durs)
+        assert got == run(DemandCache(), pools, dict(durs))
+        assert got != first
+        first = got
+    durations[ids[1]] = 40.0  # a p90 changed in the same dict
+    assert run(cache, pools, durations) == run(DemandCache(), pools, dict(durations)) != first
