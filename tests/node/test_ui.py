@@ -183,8 +183,11 @@ def test_tokens_are_reviewed_and_only_update_may_replay(
         assert status == 200, f"{path}: {status} {body[:300]}"
     status, page = call(f"{dashboard}/dead?namespace={ns}", viewer)
     assert key in page
+    assert CSRF.search(page) is None  # no Replay form for a user who may not update
+    status, page = call(f"{dashboard}/dead?namespace={ns}", editor)
     csrf = CSRF.search(page)
-    assert csrf, "no CSRF token on the dead-letter page"
+    assert csrf, "no CSRF token on the editor's dead-letter page"
+    # The token is the process's, not the user's: the viewer is refused by RBAC, not CSRF.
     form = {"csrf_token": csrf.group(1), "key": key}
 
     status, body = call(f"{dashboard}/dead/replay", viewer, form)
