@@ -30,6 +30,11 @@ def api_client(kubeconfig: str | None = None) -> client.ApiClient:
     return api
 
 
+REQUEST_TIMEOUT_SECONDS = 10.0
+"""What the dashboard waits for the API server per call (connect and read): a silent API
+server is then an error page, not a request (and a lock, a thread) held forever."""
+
+
 def request(
     api: client.ApiClient,
     method: str,
@@ -37,9 +42,11 @@ def request(
     query: list[tuple[str, str]] | None = None,
     body: dict[str, Any] | None = None,
     content_type: str = "application/json",
+    timeout: float | None = None,
 ) -> dict[str, Any]:
     """The decoded answer; ApiException (with the body, for `api_message`) on non-2xx.
-    `content_type`: of the body (a PATCH says which kind, e.g. merge-patch+json)."""
+    `content_type`: of the body (a PATCH says which kind, e.g. merge-patch+json).
+    `timeout`: seconds to connect and to read (urllib3's error past it); None: no bound."""
     headers = {"Accept": "application/json"}
     if body is not None:
         headers["Content-Type"] = content_type
@@ -51,7 +58,7 @@ def request(
         body=body,
         auth_settings=["BearerToken"],
     )
-    response = api.call_api(*params)
+    response = api.call_api(*params, _request_timeout=timeout)
     response.read()  # type: ignore[no-untyped-call]
     text = response.data.decode() if response.data else ""
     if not 200 <= response.status <= 299:

@@ -135,7 +135,12 @@ async def _patch_cr(request: web.Request, job: ui.JobDetail, patch: dict[str, An
 
     def call() -> dict[str, Any]:
         return kubejson.request(
-            api, "PATCH", path, body=patch, content_type="application/merge-patch+json"
+            api,
+            "PATCH",
+            path,
+            body=patch,
+            content_type="application/merge-patch+json",
+            timeout=kubejson.REQUEST_TIMEOUT_SECONDS,
         )
 
     try:

@@ -46,7 +46,12 @@ class ClusterPools:
 
     def _list(self) -> dict[str, WorkerPoolSpec] | None:
         try:
-            doc = kubejson.request(self.api, "GET", f"/apis/{GROUP}/{VERSION}/workerpools")
+            doc = kubejson.request(
+                self.api,
+                "GET",
+                f"/apis/{GROUP}/{VERSION}/workerpools",
+                timeout=kubejson.REQUEST_TIMEOUT_SECONDS,
+            )
         except (ApiException, HTTPError, OSError) as e:
             log.warning("forecast: cannot list WorkerPools (planning with defaults): %s", e)
             return None
