@@ -31,8 +31,9 @@ def api_client(kubeconfig: str | None = None) -> client.ApiClient:
 
 
 REQUEST_TIMEOUT_SECONDS = 10.0
-"""What the dashboard waits for the API server per call (connect and read): a silent API
-server is then an error page, not a request (and a lock, a thread) held forever."""
+"""What every call through `request` waits for the API server (connect and read): a silent
+API server is then an error (a 503 page, a retryable target error, a webhook refusal), not a
+request, a thread and whatever lock its caller holds, held forever."""
 
 
 def request(
@@ -46,7 +47,8 @@ def request(
 ) -> dict[str, Any]:
     """The decoded answer; ApiException (with the body, for `api_message`) on non-2xx.
     `content_type`: of the body (a PATCH says which kind, e.g. merge-patch+json).
-    `timeout`: seconds to connect and to read (urllib3's error past it); None: no bound."""
+    `timeout`: seconds to connect and to read (urllib3's error past it); None:
+    REQUEST_TIMEOUT_SECONDS (read at the call)."""
     headers = {"Accept": "application/json"}
     if body is not None:
         headers["Content-Type"] = content_type
@@ -58,7 +60,8 @@ def request(
         body=body,
         auth_settings=["BearerToken"],
     )
-    response = api.call_api(*params, _request_timeout=timeout)
+    bound = REQUEST_TIMEOUT_SECONDS if timeout is None else timeout
+    response = api.call_api(*params, _request_timeout=bound)
     response.read()  # type: ignore[no-untyped-call]
     text = response.data.decode() if response.data else ""
     if not 200 <= response.status <= 299:

@@ -140,7 +140,6 @@ async def _patch_cr(request: web.Request, job: ui.JobDetail, patch: dict[str, An
             path,
             body=patch,
             content_type="application/merge-patch+json",
-            timeout=kubejson.REQUEST_TIMEOUT_SECONDS,
         )
 
     try:

@@ -109,9 +109,7 @@ class KubeAuth:
 
     async def _post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
         def call() -> dict[str, Any]:
-            return kubejson.request(
-                self.api, "POST", path, body=body, timeout=kubejson.REQUEST_TIMEOUT_SECONDS
-            )
+            return kubejson.request(self.api, "POST", path, body=body)
 
         try:
             return await asyncio.get_running_loop().run_in_executor(self._pool, call)

@@ -50,7 +50,6 @@ class ClusterPools:
                 self.api,
                 "GET",
                 f"/apis/{GROUP}/{VERSION}/workerpools",
-                timeout=kubejson.REQUEST_TIMEOUT_SECONDS,
             )
         except (ApiException, HTTPError, OSError) as e:
             log.warning("forecast: cannot list WorkerPools (planning with defaults): %s", e)

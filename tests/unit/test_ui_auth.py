@@ -3,11 +3,6 @@
 
 from __future__ import annotations
 
-import asyncio
-import socket
-
-import pytest
-
 from cronwell.ui.auth import TtlCache
 
 
@@ -39,34 +34,3 @@ def test_the_oldest_entry_goes_first_when_full() -> None:
     cache.put(1, 10)  # a put renews its place
     cache.put(3, 3)
     assert (cache.get(1), cache.get(2), cache.get(3)) == (10, None, 3)
-
-
-async def test_a_silent_api_server_is_an_error_at_the_deadline(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """An API server that accepts connections and never answers (as a frozen one does):
-    the token review and the WorkerPool listing fail at kubejson's deadline instead of
-    holding the request, its thread and the forecast's lock forever."""
-    from kubernetes import client
-
-    from cronwell import kubejson
-    from cronwell.ui.auth import KubeAuth, ReviewUnavailable
-    from cronwell.ui.workerpools import ClusterPools
-
-    monkeypatch.setattr(kubejson, "REQUEST_TIMEOUT_SECONDS", 0.5)
-    silent = socket.socket()
-    silent.bind(("127.0.0.1", 0))
-    silent.listen(8)
-    try:
-        cfg = client.Configuration()
-        cfg.host = f"http://127.0.0.1:{silent.getsockname()[1]}"
-        auth = KubeAuth(client.ApiClient(cfg))
-        try:
-            async with asyncio.timeout(5):
-                with pytest.raises(ReviewUnavailable):
-                    await auth.authenticate("some-token")
-                assert await ClusterPools(auth.api).get() is None
-        finally:
-            auth.close()
-    finally:
-        silent.close()
