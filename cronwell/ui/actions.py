@@ -28,7 +28,7 @@ from cronwell.cli.parse import parse_instant
 from cronwell.errors import JobNotFound
 from cronwell.models import GROUP, VERSION
 from cronwell.store import ui
-from cronwell.ui.app import ACT_VERB, CONFIG, CSRF_FIELD, require
+from cronwell.ui.app import ACT_VERB, CONFIG, CSRF_FIELD, csrf_token, require
 from cronwell.ui.views import _count, _form_text, render
 
 TRIGGER_ANNOTATION = f"{GROUP}/trigger"
@@ -93,7 +93,7 @@ async def page_context(request: web.Request, job: ui.JobDetail) -> dict[str, Any
         "resume_path": resume_path(request, job),
         "done": _done(request),
         "trigger_id": f"ui-{uuid.uuid4().hex}",
-        "csrf_token": request.app[CONFIG].csrf_token,
+        "csrf_token": csrf_token(request),
         "csrf_field": CSRF_FIELD,
     }
 
@@ -271,7 +271,7 @@ async def backfill_confirm(request: web.Request) -> web.Response:
         result=result,
         window={k: request.query[k] for k in ("from", "until")},
         expect=len(result.created) + len(result.reopened),
-        csrf_token=request.app[CONFIG].csrf_token,
+        csrf_token=csrf_token(request),
         csrf_field=CSRF_FIELD,
     )
 

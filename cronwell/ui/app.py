@@ -6,6 +6,7 @@ the views call."""
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import hmac
 import logging
 import secrets
@@ -52,7 +53,8 @@ ALL_NAMESPACES = ""
 
 @dataclass(frozen=True)
 class UiConfig:
-    """What a request handler needs: the store, the mode, the per-process CSRF token,
+    """What a request handler needs: the store, the mode, the CSRF token without
+    authentication (random per process: `csrf_token` says what forms carry),
     with --auth kubernetes the API server's reviews (None: no authentication) and `kube`,
     the client the job actions patch ScheduledJobs with (None: no cluster, the actions
     change the store as the `cronwell` commands do)."""
@@ -81,6 +83,7 @@ TEMPLATES = web.AppKey("templates", jinja2.Environment)
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 _USER = web.RequestKey("cronwell.user", User)
+_CSRF = web.RequestKey("cronwell.csrf", str)
 _VISIBLE = web.RequestKey("cronwell.visible", list[str])
 
 
@@ -103,7 +106,7 @@ async def guard(request: web.Request, handler: Handler) -> web.StreamResponse:
     try:
         auth = request.app[CONFIG].auth
         if auth is not None and not is_open(request):
-            request[_USER] = await _authenticate(request, auth)
+            request[_USER], request[_CSRF] = await _authenticate(request, auth)
         if request.method not in _SAFE_METHODS:
             response = await _guarded(request, handler)
         else:
@@ -133,8 +136,9 @@ def _unauthorized(reason: str, error: str | None = None) -> web.HTTPUnauthorized
     return web.HTTPUnauthorized(reason=reason, headers={"WWW-Authenticate": challenge})
 
 
-async def _authenticate(request: web.Request, auth: KubeAuth) -> User:
-    """The user of the request's bearer token (a TokenReview); 401 without a valid one."""
+async def _authenticate(request: web.Request, auth: KubeAuth) -> tuple[User, str]:
+    """The user of the request's bearer token (a TokenReview) and the CSRF token of its
+    forms; 401 without a valid one."""
     scheme, _, token = request.headers.get("Authorization", "").strip().partition(" ")
     token = token.strip()
     if scheme.lower() != "bearer" or not token:
@@ -144,7 +148,21 @@ async def _authenticate(request: web.Request, auth: KubeAuth) -> User:
     user = await auth.authenticate(token)
     if user is None:
         raise _unauthorized("Invalid or expired bearer token", "invalid_token")
-    return user
+    return user, csrf_of(token)
+
+
+def csrf_of(bearer: str) -> str:
+    """With --auth kubernetes, a form's CSRF token is derived from the bearer token (a
+    labelled SHA-256; the bearer token never appears in a page): every replica behind a
+    Service accepts a form another rendered (a random token per process refused them), and
+    a token is good only with the bearer token it came from."""
+    return hashlib.sha256(b"cronwell-ui-csrf\0" + bearer.encode()).hexdigest()
+
+
+def csrf_token(request: web.Request) -> str:
+    """The CSRF token the request's forms carry and its POST must send back: derived from
+    the bearer token with authentication, random per process without."""
+    return request.get(_CSRF) or request.app[CONFIG].csrf_token
 
 
 def is_open(request: web.Request) -> bool:
@@ -197,7 +215,7 @@ async def _guarded(request: web.Request, handler: Handler) -> web.StreamResponse
         raise web.HTTPForbidden(reason="Read-only dashboard (start it with --allow-actions)")
     form = await request.post()
     token = form.get(CSRF_FIELD)
-    if not isinstance(token, str) or not hmac.compare_digest(token, config.csrf_token):
+    if not isinstance(token, str) or not hmac.compare_digest(token, csrf_token(request)):
         raise web.HTTPForbidden(reason="Missing or invalid CSRF token")
     return await handler(request)
 

@@ -29,6 +29,7 @@ from cronwell.ui.app import (
     CSRF_FIELD,
     TEMPLATES,
     VIEW_VERB,
+    csrf_token,
     current_user,
     permitted,
     require,
@@ -311,7 +312,7 @@ async def dead_page(request: web.Request) -> web.Response:
         filters=filters,
         query={k: v for k, v in filters.items() if v},
         done=done,
-        csrf_token=config.csrf_token,
+        csrf_token=csrf_token(request),
         csrf_field=CSRF_FIELD,
     )
 
@@ -414,7 +415,7 @@ async def dead_confirm(request: web.Request) -> web.Response:
         query={k: v for k, v in filters.items() if v},
         counts=counts,
         expect=counts.replayable if action == "replay" else counts.total,
-        csrf_token=request.app[CONFIG].csrf_token,
+        csrf_token=csrf_token(request),
         csrf_field=CSRF_FIELD,
     )
 

@@ -18,7 +18,7 @@ from cronwell import jobs
 from cronwell.models import ScheduledJobSpec
 from cronwell.store.db import Database
 from cronwell.testing.controlplane import Cluster
-from cronwell.ui.app import CSRF_FIELD, UiConfig, make_app
+from cronwell.ui.app import CSRF_FIELD, UiConfig, csrf_of, make_app
 from cronwell.ui.auth import KubeAuth
 from cronwell_operator.testing import OperatorProcess, sql, wait_until
 from tests.e2e.test_kubectl_plugin import apply_sj, get_sj, in_store
@@ -181,8 +181,10 @@ async def test_with_auth_an_action_needs_update_in_the_namespace(
             assert "ui-authz" in html and 'method="post"' not in html  # no form to offer
             html = await (await c.get(page, headers=as_actor)).text()
             form = {CSRF_FIELD: _field(html, CSRF_FIELD), "trigger_id": _field(html, "trigger_id")}
+            # The viewer's own CSRF token (the actor's form is good only with its bearer).
+            mine = form | {CSRF_FIELD: csrf_of(viewer)}
             for action in ("trigger", "suspend", "resume"):
-                r = await c.post(f"{page}/{action}", data=form, headers=as_viewer)
+                r = await c.post(f"{page}/{action}", data=mine, headers=as_viewer)
                 assert r.status == 403, action
                 assert "You may not update ScheduledJobs" in await r.text()
             r = await c.get(f"{page}/backfill?from=2020-01-01&until=now", headers=as_viewer)

@@ -13,6 +13,7 @@ the namespace it targets, and to a user of another namespace, changing nothing."
 
 from __future__ import annotations
 
+import re
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
@@ -31,7 +32,7 @@ from cronwell.kubejson import api_client
 from cronwell.models import GROUP
 from cronwell.store.db import Database
 from cronwell.testing.controlplane import Cluster
-from cronwell.ui.app import CONFIG, CSRF_FIELD, OPEN_RESOURCES, UiConfig, make_app
+from cronwell.ui.app import CSRF_FIELD, OPEN_RESOURCES, UiConfig, csrf_of, make_app
 from cronwell.ui.auth import RESOURCE, KubeAuth
 from cronwell_operator.testing import wait_until
 from tests.helpers.kube import fresh_namespace, service_account_kubeconfig, service_account_token
@@ -270,7 +271,7 @@ async def test_every_action_is_refused_without_update_in_its_namespace(
         dashboard(db, accounts.dashboard, allow_actions=False) as read_only,
         dashboard(db, accounts.dashboard) as c,
     ):
-        token = c.app[CONFIG].csrf_token
+        token = csrf_of(accounts.tokens["editor"])  # each user's own: refused by RBAC
         actions = [(m, p) for m, p, _ in routes(c.app) if m not in ("GET", "HEAD")]
         assert ("POST", "/dead/replay") in actions and len(actions) >= 4
 
@@ -288,8 +289,10 @@ async def test_every_action_is_refused_without_update_in_its_namespace(
             assert r.status == 403 and "CSRF" in await r.text(), where
             r = await c.request(method, path_a, data=in_a, allow_redirects=False)
             assert r.status == 401, where
-            r = await c.request(method, path_a, data=in_a, headers=viewer, allow_redirects=False)
-            assert r.status == 403, where
+            as_viewer = in_a | {CSRF_FIELD: csrf_of(accounts.tokens["viewer"])}
+            r = await c.request(method, path_a, data=as_viewer, headers=viewer,
+                                allow_redirects=False)  # fmt: skip
+            assert r.status == 403 and "You may not update" in await r.text(), where
             r = await c.request(method, path_b, data=in_b, headers=editor, allow_redirects=False)
             assert r.status in (403, 404), where
             assert await snapshot(db) == before, where
@@ -343,10 +346,11 @@ async def test_the_viewer_may_not_act_and_the_editor_may_in_a_only(
 ) -> None:
     viewer, editor = bearer(accounts.tokens["viewer"]), bearer(accounts.tokens["editor"])
     async with dashboard(db, accounts.dashboard) as c:
-        token = c.app[CONFIG].csrf_token
+        token = csrf_of(accounts.tokens["editor"])
         before = await snapshot(db)
         for path in ("/dead/replay", "/dead/discard"):
-            r = await c.post(path, data={CSRF_FIELD: token, "key": letters.a1}, headers=viewer)
+            mine = {CSRF_FIELD: csrf_of(accounts.tokens["viewer"]), "key": letters.a1}
+            r = await c.post(path, data=mine, headers=viewer)
             assert (
                 r.status == 403
                 and f"may not update ScheduledJobs in namespace {accounts.a}" in (await r.text())
@@ -392,6 +396,27 @@ async def test_the_viewer_may_not_act_and_the_editor_may_in_a_only(
             (letters.a1, "pending"),
             (letters.b1, "dead"),
         }
+
+
+async def test_a_form_from_one_replica_posts_to_another_and_only_for_its_user(
+    db: Database, accounts: Accounts, letters: Letters
+) -> None:
+    """Two dashboard processes (replicas behind one Service): the editor's form rendered by
+    one is accepted by the other (a random token per process refused it), and the token of
+    the editor's form is refused with the viewer's bearer token: a form is good only for
+    the user it was rendered for."""
+    editor, viewer = bearer(accounts.tokens["editor"]), bearer(accounts.tokens["viewer"])
+    async with dashboard(db, accounts.dashboard) as one, dashboard(db, accounts.dashboard) as two:
+        page = await (
+            await one.get("/dead", params={"namespace": accounts.a}, headers=editor)
+        ).text()
+        token = re.search(r'name="csrf_token" value="([^"]+)"', page)
+        assert token, "no form on the editor's dead-letter page"
+        form = {CSRF_FIELD: token.group(1), "key": letters.a1}
+        r = await two.post("/dead/replay", data=form, headers=viewer, allow_redirects=False)
+        assert r.status == 403 and "CSRF" in await r.text()
+        r = await two.post("/dead/replay", data=form, headers=editor, allow_redirects=False)
+        assert r.status == 303, await r.text()
 
 
 async def test_a_token_for_another_audience_is_refused(

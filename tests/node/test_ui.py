@@ -31,6 +31,7 @@ import psycopg
 import pytest
 
 from cronwell.testing.node import Node
+from cronwell.ui.app import csrf_of
 from cronwell_operator.testing import wait_until
 from tests.helpers.http import BurstServer
 from tests.node.release import RELEASE, _component, _pods, _ready
@@ -187,10 +188,12 @@ def test_tokens_are_reviewed_and_only_update_may_replay(
     status, page = call(f"{dashboard}/dead?namespace={ns}", editor)
     csrf = CSRF.search(page)
     assert csrf, "no CSRF token on the editor's dead-letter page"
-    # The token is the process's, not the user's: the viewer is refused by RBAC, not CSRF.
     form = {"csrf_token": csrf.group(1), "key": key}
-
+    # The editor's form with the viewer's token: refused (a form is good only for its user).
     status, body = call(f"{dashboard}/dead/replay", viewer, form)
+    assert status == 403 and "CSRF" in body, body
+    # The viewer's own token (derived from its bearer token): refused by RBAC.
+    status, body = call(f"{dashboard}/dead/replay", viewer, form | {"csrf_token": csrf_of(viewer)})
     assert status == 403, body
     assert f"You may not update ScheduledJobs in namespace {ns}" in body
     assert state(database, key) == "dead"
