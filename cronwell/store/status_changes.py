@@ -85,3 +85,24 @@ async def delete(db: Database, ids: Sequence[int]) -> None:
 async def job_status(db: Database, job_ids: Sequence[uuid.UUID]) -> list[JobStatus]:
     """The status facts of these jobs (one row per job found)."""
     return await db.rows(JobStatus, "JobStatusBatch", {"ids": job_ids})
+
+
+async def declare_writer(
+    db: Database, *, identity: str, ttl_seconds: float, after_gap: bool
+) -> datetime:
+    """Declare a status writer until the returned instant: the store logs status changes
+    only while one is declared. `after_gap`: logging may have been off, so first wait for
+    every transaction that logged nothing (the writer then resyncs what they changed)."""
+    params = {"identity": identity, "ttl": ttl_seconds}
+    if not after_gap:
+        until: datetime = await db.scalar("StatusWriterDeclare", params)
+        return until
+    async with db.transaction() as conn:
+        await db.execute("StatusWriterGapLock", conn=conn)
+        until = await db.scalar("StatusWriterDeclare", params, conn=conn)
+    return until
+
+
+async def retire_writer(db: Database, *, identity: str) -> None:
+    """Withdraw a writer's declaration (clean stop): nothing is logged for it any more."""
+    await db.execute("StatusWriterRetire", {"identity": identity})

@@ -69,3 +69,25 @@ LEFT JOIN LATERAL (
     FROM cronwell_occurrences o WHERE o.job_id = j.id AND o.finished_at IS NOT NULL
     ORDER BY o.scheduled_for DESC, o.id DESC LIMIT 1) fin ON true
 WHERE j.id = ANY(%(ids)s::uuid[]);
+
+-- name: StatusWriterDeclare
+-- Declares a status writer (or renews its declaration) until `ttl` seconds from now: the
+-- triggers log status changes only while one is declared (migration 0014). Declarations
+-- expired an hour ago (writers that died) are forgotten on the way.
+WITH gone AS (
+    DELETE FROM cronwell_status_writers
+    WHERE expires_at < now() - interval '1 hour' AND identity <> %(identity)s)
+INSERT INTO cronwell_status_writers AS w (identity, expires_at)
+VALUES (%(identity)s, clock_timestamp() + make_interval(secs => %(ttl)s))
+ON CONFLICT (identity) DO UPDATE SET expires_at = excluded.expires_at
+RETURNING w.expires_at;
+
+-- name: StatusWriterGapLock
+-- Before a declaration after a gap (in its transaction): waits for every transaction that
+-- found no writer declared and so logged nothing (they hold this lock shared, migration
+-- 0014), so that the writer's resync, after the commit, reads their changes.
+SELECT pg_advisory_xact_lock(7367211650200);
+
+-- name: StatusWriterRetire
+-- A writer that stops cleanly withdraws its declaration: the log stops filling at once.
+DELETE FROM cronwell_status_writers WHERE identity = %(identity)s;
