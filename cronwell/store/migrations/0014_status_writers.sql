@@ -15,7 +15,7 @@ CREATE TABLE cronwell_status_writers (
 -- statement-level). With a writer declared, one probe of this tiny table. Without one, the
 -- answer "no" is taken under a shared advisory lock held to the end of the transaction and
 -- checked again under it (a fresh snapshot: PL/pgSQL takes one per query): a writer that
--- declares itself after a gap takes the lock exclusively (StatusWriterDeclareAfterGap), so
+-- declares itself after a gap takes the lock exclusively (StatusWriterGapLock), so
 -- it waits for every transaction that decided not to log, and its resync of every status
 -- reads their changes. The lock is taken only when no writer is declared, never while one
 -- is: an operator's store pays nothing for it.
@@ -31,59 +31,22 @@ BEGIN
     RETURN EXISTS (SELECT 1 FROM cronwell_status_writers WHERE expires_at > now());
 END $$;
 
--- The three trigger functions of 0002 (and 0006's update), each first asking whether to log.
-CREATE OR REPLACE FUNCTION cronwell_status_occurrence_inserted() RETURNS trigger
-LANGUAGE plpgsql AS $$
-BEGIN
-    IF NOT cronwell_status_logging() THEN
-        RETURN NULL;
-    END IF;
-    -- New pending occurrences change nothing visible (the job's cursor row says when).
-    INSERT INTO cronwell_status_changes (job_id, occurrence_id, scheduled_for, state, reason,
-                                         attempt)
-    SELECT n.job_id, n.id, n.scheduled_for, n.state, n.reason, n.attempt
-    FROM new_rows n WHERE n.state <> 'pending'
-    ORDER BY n.id;
-    RETURN NULL;
-END $$;
-
-CREATE OR REPLACE FUNCTION cronwell_status_occurrence_updated() RETURNS trigger
-LANGUAGE plpgsql AS $$
-BEGIN
-    IF NOT cronwell_status_logging() THEN
-        RETURN NULL;
-    END IF;
-    -- Heartbeats (lease extensions) change neither state, attempt nor Job: not logged.
-    INSERT INTO cronwell_status_changes (job_id, occurrence_id, scheduled_for, state, reason,
-                                         attempt, error)
-    SELECT n.job_id, n.id, n.scheduled_for, n.state, n.reason, n.attempt,
-           left(n.last_error, 500)
-    FROM new_rows n JOIN old_rows o ON o.id = n.id
-    WHERE n.state IS DISTINCT FROM o.state OR n.attempt IS DISTINCT FROM o.attempt
-       OR n.job_fence IS DISTINCT FROM o.job_fence
-    ORDER BY n.id;
-    RETURN NULL;
-END $$;
-
-CREATE OR REPLACE FUNCTION cronwell_status_job_changed() RETURNS trigger
-LANGUAGE plpgsql AS $$
-BEGIN
-    IF NOT cronwell_status_logging() THEN
-        RETURN NULL;
-    END IF;
-    IF TG_OP = 'INSERT' THEN
-        INSERT INTO cronwell_status_changes (job_id) SELECT n.id FROM new_rows n ORDER BY n.id;
-    ELSE
-        INSERT INTO cronwell_status_changes (job_id)
-        SELECT n.id FROM new_rows n JOIN old_rows o ON o.id = n.id
-        WHERE n.next_run_at IS DISTINCT FROM o.next_run_at
-           OR n.suspended IS DISTINCT FROM o.suspended
-           OR n.suspended_reason IS DISTINCT FROM o.suspended_reason
-           OR n.consecutive_failures IS DISTINCT FROM o.consecutive_failures
-           OR n.missed_total IS DISTINCT FROM o.missed_total
-           OR n.generation IS DISTINCT FROM o.generation
-           OR n.deleted_at IS DISTINCT FROM o.deleted_at
-        ORDER BY n.id;
-    END IF;
-    RETURN NULL;
-END $$;
+-- 0002's triggers (their functions unchanged) fire only while changes are logged: a WHEN
+-- condition without column references, evaluated once per statement. Without a writer,
+-- the trigger function is not even called.
+DROP TRIGGER cronwell_status_occurrence_insert ON cronwell_occurrences;
+CREATE TRIGGER cronwell_status_occurrence_insert AFTER INSERT ON cronwell_occurrences
+    REFERENCING NEW TABLE AS new_rows FOR EACH STATEMENT
+    WHEN (cronwell_status_logging()) EXECUTE FUNCTION cronwell_status_occurrence_inserted();
+DROP TRIGGER cronwell_status_occurrence_update ON cronwell_occurrences;
+CREATE TRIGGER cronwell_status_occurrence_update AFTER UPDATE ON cronwell_occurrences
+    REFERENCING OLD TABLE AS old_rows NEW TABLE AS new_rows FOR EACH STATEMENT
+    WHEN (cronwell_status_logging()) EXECUTE FUNCTION cronwell_status_occurrence_updated();
+DROP TRIGGER cronwell_status_job_insert ON cronwell_jobs;
+CREATE TRIGGER cronwell_status_job_insert AFTER INSERT ON cronwell_jobs
+    REFERENCING NEW TABLE AS new_rows FOR EACH STATEMENT
+    WHEN (cronwell_status_logging()) EXECUTE FUNCTION cronwell_status_job_changed();
+DROP TRIGGER cronwell_status_job_update ON cronwell_jobs;
+CREATE TRIGGER cronwell_status_job_update AFTER UPDATE ON cronwell_jobs
+    REFERENCING OLD TABLE AS old_rows NEW TABLE AS new_rows FOR EACH STATEMENT
+    WHEN (cronwell_status_logging()) EXECUTE FUNCTION cronwell_status_job_changed();
