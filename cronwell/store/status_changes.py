@@ -3,6 +3,7 @@ operator's status writer drains the one into the other."""
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -10,6 +11,10 @@ from datetime import datetime
 from decimal import Decimal
 
 from cronwell.store.db import Database
+
+#: How often a writer declared after a gap looks whether the transactions that logged
+#: nothing have ended (they are short: a claim or a completion batch).
+GAP_POLL_SECONDS = 0.05
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,15 +96,16 @@ async def declare_writer(
     db: Database, *, identity: str, ttl_seconds: float, after_gap: bool
 ) -> datetime:
     """Declare a status writer until the returned instant: the store logs status changes
-    only while one is declared. `after_gap`: logging may have been off, so first wait for
-    every transaction that logged nothing (the writer then resyncs what they changed)."""
-    params = {"identity": identity, "ttl": ttl_seconds}
-    if not after_gap:
-        until: datetime = await db.scalar("StatusWriterDeclare", params)
-        return until
-    async with db.transaction() as conn:
-        await db.execute("StatusWriterGapLock", conn=conn)
-        until = await db.scalar("StatusWriterDeclare", params, conn=conn)
+    only while one is declared. `after_gap`: logging may have been off, so then wait for
+    every transaction that had logged nothing to end (the writer resyncs what they changed)."""
+    until: datetime = await db.scalar(
+        "StatusWriterDeclare", {"identity": identity, "ttl": ttl_seconds}
+    )
+    if after_gap:
+        holders = await db.scalar("StatusWriterGapHolders", {"among": None})
+        while holders:
+            await asyncio.sleep(GAP_POLL_SECONDS)
+            holders = await db.scalar("StatusWriterGapHolders", {"among": holders})
     return until
 
 

@@ -82,11 +82,17 @@ VALUES (%(identity)s, clock_timestamp() + make_interval(secs => %(ttl)s))
 ON CONFLICT (identity) DO UPDATE SET expires_at = excluded.expires_at
 RETURNING w.expires_at;
 
--- name: StatusWriterGapLock
--- Before a declaration after a gap (in its transaction): waits for every transaction that
--- found no writer declared and so logged nothing (they hold this lock shared, migration
--- 0014), so that the writer's resync, after the commit, reads their changes.
-SELECT pg_advisory_xact_lock(7367211650200);
+-- name: StatusWriterGapHolders
+-- The transactions holding the no-writer lock (migration 0014) now, or those of `among`
+-- still holding it: each found no writer declared and logged nothing. A writer declared
+-- after a gap waits for them to end before it resyncs (not by taking the lock: that would
+-- queue every write behind the slowest of them). 7367211650200 = 1715 << 32 | 1342737560.
+SELECT coalesce(array_agg(l.virtualtransaction), '{}') AS holders
+FROM pg_locks l
+WHERE l.locktype = 'advisory' AND l.granted AND l.classid = 1715 AND l.objid = 1342737560
+  AND l.objsubid = 1
+  AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+  AND (%(among)s::text[] IS NULL OR l.virtualtransaction = ANY(%(among)s::text[]));
 
 -- name: StatusWriterRetire
 -- A writer that stops cleanly withdraws its declaration: the log stops filling at once.

@@ -14,11 +14,12 @@ CREATE TABLE cronwell_status_writers (
 -- Whether the current statement's changes are logged; once per statement (the triggers are
 -- statement-level). With a writer declared, one probe of this tiny table. Without one, the
 -- answer "no" is taken under a shared advisory lock held to the end of the transaction and
--- checked again under it (a fresh snapshot: PL/pgSQL takes one per query): a writer that
--- declares itself after a gap takes the lock exclusively (StatusWriterGapLock), so
--- it waits for every transaction that decided not to log, and its resync of every status
--- reads their changes. The lock is taken only when no writer is declared, never while one
--- is: an operator's store pays nothing for it.
+-- checked again under it (a fresh snapshot: PL/pgSQL takes one per query). A writer that
+-- declares itself after a gap then waits for the transactions holding that lock
+-- (StatusWriterGapHolders): every transaction that decided not to log has ended before its
+-- resync reads the store, and any later check (made after the declaration committed) logs.
+-- Nobody takes the lock exclusively, so it never makes a write wait; it is taken only when
+-- no writer is declared: an operator's store pays nothing for it.
 CREATE FUNCTION cronwell_status_logging() RETURNS boolean
 LANGUAGE plpgsql AS $$
 BEGIN
