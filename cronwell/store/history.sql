@@ -47,8 +47,9 @@ counters AS (DELETE FROM cronwell_job_counters c USING gone WHERE c.job_id = gon
 SELECT count(*) AS n FROM gone;
 
 -- name: StatusChangesPrune
--- Change-log rows older than the retention (no operator drains the log in standalone use;
--- a status is recomputed from the store anyway).
+-- Change-log rows older than the retention (left undrained by an operator that died: the log
+-- fills only while a writer is declared, migration 0014; a status is recomputed from the
+-- store anyway).
 DELETE FROM cronwell_status_changes
 WHERE id IN (SELECT id FROM cronwell_status_changes
              WHERE changed_at < now() - make_interval(secs => %(retention)s)

@@ -3,6 +3,7 @@ operator's status writer drains the one into the other."""
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -10,6 +11,10 @@ from datetime import datetime
 from decimal import Decimal
 
 from cronwell.store.db import Database
+
+#: How often a writer declared after a gap looks whether the transactions that logged
+#: nothing have ended (they are short: a claim or a completion batch).
+GAP_POLL_SECONDS = 0.05
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,3 +90,25 @@ async def delete(db: Database, ids: Sequence[int]) -> None:
 async def job_status(db: Database, job_ids: Sequence[uuid.UUID]) -> list[JobStatus]:
     """The status facts of these jobs (one row per job found)."""
     return await db.rows(JobStatus, "JobStatusBatch", {"ids": job_ids})
+
+
+async def declare_writer(
+    db: Database, *, identity: str, ttl_seconds: float, after_gap: bool
+) -> datetime:
+    """Declare a status writer until the returned instant: the store logs status changes
+    only while one is declared. `after_gap`: logging may have been off, so then wait for
+    every transaction that had logged nothing to end (the writer resyncs what they changed)."""
+    until: datetime = await db.scalar(
+        "StatusWriterDeclare", {"identity": identity, "ttl": ttl_seconds}
+    )
+    if after_gap:
+        holders = await db.scalar("StatusWriterGapHolders", {"among": None})
+        while holders:
+            await asyncio.sleep(GAP_POLL_SECONDS)
+            holders = await db.scalar("StatusWriterGapHolders", {"among": holders})
+    return until
+
+
+async def retire_writer(db: Database, *, identity: str) -> None:
+    """Withdraw a writer's declaration (clean stop): nothing is logged for it any more."""
+    await db.execute("StatusWriterRetire", {"identity": identity})

@@ -69,3 +69,31 @@ LEFT JOIN LATERAL (
     FROM cronwell_occurrences o WHERE o.job_id = j.id AND o.finished_at IS NOT NULL
     ORDER BY o.scheduled_for DESC, o.id DESC LIMIT 1) fin ON true
 WHERE j.id = ANY(%(ids)s::uuid[]);
+
+-- name: StatusWriterDeclare
+-- Declares a status writer (or renews its declaration) until `ttl` seconds from now: the
+-- triggers log status changes only while one is declared (migration 0014). Declarations
+-- expired an hour ago (writers that died) are forgotten on the way.
+WITH gone AS (
+    DELETE FROM cronwell_status_writers
+    WHERE expires_at < now() - interval '1 hour' AND identity <> %(identity)s)
+INSERT INTO cronwell_status_writers AS w (identity, expires_at)
+VALUES (%(identity)s, clock_timestamp() + make_interval(secs => %(ttl)s))
+ON CONFLICT (identity) DO UPDATE SET expires_at = excluded.expires_at
+RETURNING w.expires_at;
+
+-- name: StatusWriterGapHolders
+-- The transactions holding the no-writer lock (migration 0014) now, or those of `among`
+-- still holding it: each found no writer declared and logged nothing. A writer declared
+-- after a gap waits for them to end before it resyncs (not by taking the lock: that would
+-- queue every write behind the slowest of them). 7367211650200 = 1715 << 32 | 1342737560.
+SELECT coalesce(array_agg(l.virtualtransaction), '{}') AS holders
+FROM pg_locks l
+WHERE l.locktype = 'advisory' AND l.granted AND l.classid = 1715 AND l.objid = 1342737560
+  AND l.objsubid = 1
+  AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+  AND (%(among)s::text[] IS NULL OR l.virtualtransaction = ANY(%(among)s::text[]));
+
+-- name: StatusWriterRetire
+-- A writer that stops cleanly withdraws its declaration: the log stops filling at once.
+DELETE FROM cronwell_status_writers WHERE identity = %(identity)s;

@@ -78,6 +78,13 @@ class StatusSettings(BaseSettings):
         1.0, gt=0, description="Pause between passes when the change log is empty."
     )
     concurrency: int = Field(8, ge=1, description="Status requests in flight at once.")
+    declaration_seconds: float = Field(
+        30.0,
+        ge=3,
+        description="How long the writer's declaration in the store lasts unrenewed (renewed "
+        "every third of it): the store logs status changes only while one is declared, so a "
+        "writer that dies leaves the log filling this long.",
+    )
 
 
 class WebhookSettings(BaseSettings):

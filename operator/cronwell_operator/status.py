@@ -18,6 +18,14 @@ alter a job's status (see migration 0002). The writer, running only in the leade
    keeps failing never blocks the jobs behind it, and a pass where every write failed
    waits before the next one instead of looping against the API server.
 
+The store logs changes only while a writer is declared (migration 0014): the writer
+declares itself before its first pass and renews the declaration every third of
+`declaration_seconds` (30 s by default; a writer that dies leaves the log filling that long,
+one that stops withdraws it). Whenever logging may have been off (the first declaration, or
+a renewal that came after the previous one expired) the writer resyncs: every CR it knows
+is written from the store in the next pass, and so is every CR a handler shows it for the
+first time (kopf resumes every CR at start), so no status stays stale for good.
+
 Every patch and Event goes through one token bucket (`status_qps`, `status_burst`): the
 API server sees a bounded request rate however large a burst of runs is.
 
@@ -31,6 +39,7 @@ gauge at 1.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 import uuid
@@ -42,7 +51,7 @@ from typing import Any
 
 from cronwell.errors import EXPECTED_ERRORS
 from cronwell.metrics import Metrics
-from cronwell.store import gauges, status_changes
+from cronwell.store import clock, gauges, status_changes
 from cronwell.store.db import Database
 from cronwell.store.status_changes import JobStatus, StatusChange
 from cronwell.supervise import repeat, wait_event
@@ -100,14 +109,19 @@ class StatusWriter:
         self._sem = asyncio.Semaphore(self.settings.status.concurrency)
         self._clock_offset = 0.0
         self.backoff = JobBackoff()
+        self._covered_until: datetime | None = None  # the declaration's expiry
+        self._declared = asyncio.Event()
 
     # -- called by the kopf handlers (same event loop)
 
     def seen(self, ref: CRef, status: Mapping[str, Any] | None) -> None:
-        """A handler saw this CR: remember its identity and the status it shows."""
+        """A handler saw this CR: remember its identity and the status it shows. One seen
+        for the first time is written from the store: changes made while no writer was
+        declared were not logged (at start, kopf resumes every CR: a full pass)."""
         known = self._known.get(ref.uid)
         if known is None:
             self._known[ref.uid] = _Known(ref, dict(status or {}))
+            self.touch(ref.uid)
         elif known.status is None:
             known.status = dict(status or {})
 
@@ -126,13 +140,59 @@ class StatusWriter:
         self._touched.add(uid)
         self._wake.set()
 
+    # -- the declaration
+
+    async def declare(self) -> float:
+        """Declare this writer in the store (or renew it); seconds until the next renewal.
+        If logging may have been off since the last declaration, resync every known CR."""
+        s = self.settings
+        ttl = s.status.declaration_seconds
+        if self._covered_until is not None:
+            until = await status_changes.declare_writer(
+                self.db, identity=s.identity, ttl_seconds=ttl, after_gap=False
+            )
+            # committed before the previous declaration expired: logging never stopped
+            if await clock.now(self.db) < self._covered_until:
+                self._covered_until = until
+                return ttl / 3
+        self._covered_until = await status_changes.declare_writer(
+            self.db, identity=s.identity, ttl_seconds=ttl, after_gap=True
+        )
+        self.resync()
+        self._declared.set()
+        return ttl / 3
+
+    def resync(self) -> None:
+        """Write every known CR from the store in the next pass (changes may be unlogged)."""
+        log.info(
+            "status writer declared: resync",
+            extra={"action": "status_resync", "jobs": len(self._known)},
+        )
+        for uid in self._known:
+            self.touch(uid)
+
+    async def retire(self) -> None:
+        """Withdraw the declaration (a clean stop): the log stops filling at once."""
+        self._covered_until = None
+        with contextlib.suppress(TimeoutError, *EXPECTED_ERRORS):
+            async with asyncio.timeout(5):
+                await status_changes.retire_writer(self.db, identity=self.settings.identity)
+
     # -- the loop
 
     async def run(self) -> None:
         log.info("status writer started", extra={"action": "status_writer_start"})
         self.metrics.operator_leader.set(1)
+        declaring = asyncio.create_task(
+            repeat("status writer declaration", self.declare, interval_seconds=0.0)
+        )
 
         async def step() -> float:
+            if declaring.done():
+                await declaring  # it failed unexpectedly: so does the writer
+            if not self._declared.is_set():  # passes only once changes are logged
+                await wait_event(self._declared, self.settings.status.poll_seconds)
+                return 0.0
             try:
                 busy = await self.pass_once()
             except EXPECTED_ERRORS:
@@ -146,6 +206,9 @@ class StatusWriter:
         try:
             await repeat("status write-back", step, interval_seconds=0.0)
         finally:
+            declaring.cancel()
+            await asyncio.gather(declaring, return_exceptions=True)
+            await self.retire()
             self.metrics.operator_leader.set(0)
 
     async def pass_once(self) -> bool:

@@ -62,7 +62,7 @@ async def finish(db: Database, job_id: str, state: str) -> None:
 
 
 async def setup(
-    db: Database, kube: Cluster, ns: str, names: list[str]
+    db: Database, kube: Cluster, ns: str, names: list[str], **flat: Any
 ) -> tuple[StatusWriter, dict[str, str]]:
     uids = create(kube, ns, names)
     for n in names:
@@ -72,11 +72,12 @@ async def setup(
     async with db.connection() as conn:
         await conn.execute("DELETE FROM cronwell_status_changes")
     settings = OperatorSettings.from_flat(
-        {"status_qps": 0.25, "status_burst": 1, "status_concurrency": 1}
+        {"status_qps": 0.25, "status_burst": 1, "status_concurrency": 1, **flat}
     )
     writer = StatusWriter(db, Kube(api_client(str(kube.kubeconfig))), settings)
     for n in names:
         writer.seen(CRef(uids[n], ns, n), {})  # the CRs show no status: no GET needed
+    await writer.declare()  # the store logs the changes that follow
     return writer, uids
 
 

@@ -11,9 +11,11 @@ from cronwell.metrics import Metrics
 from cronwell.scheduler import Scheduler
 from cronwell.settings import SchedulerSettings
 from cronwell.store.db import Database
+from tests.helpers.wait import wait_for
 
 from .helpers import make_job, set_cursor
-from .worker_helpers import running_worker
+from .test_maintenance import _past_occurrences
+from .worker_helpers import Outcome, RunningWorker, running_worker
 
 
 def value(m: Metrics, name: str, **labels: str) -> float:
@@ -63,5 +65,40 @@ async def test_worker_metrics_follow_attempts(db: Database, db_url: str) -> None
         await rw.outcome(key)
         m = rw.worker.metrics
         assert value(m, "cronwell_start_lag_seconds_count", pool="default") == 1
-        assert value(m, "cronwell_occurrences_total", pool="default", outcome="succeeded") == 1
+        await wait_for(lambda: _counted(m, 1), what="the outcome counted")  # batched
         assert value(m, "cronwell_occurrences_total", pool="default", outcome="dead") == 0
+
+
+async def test_a_bursts_outcomes_are_counted_in_batches_and_all_counted(
+    db: Database, db_url: str
+) -> None:
+    """The worker counts outcomes in memory and adds them to its metrics in batches (not
+    one locked update per occurrence): the first outcome is not on the counter when it is
+    reported, and once the burst is over every one is."""
+    burst = 60
+    job = await make_job(db, "many", schedule="0 0 1 1 *", concurrencyPolicy="Allow")
+    async with running_worker(db_url) as rw:
+        m = rw.worker.metrics
+        on_counter: list[float] = []
+
+        def report(o: Outcome) -> None:
+            on_counter.append(value(m, "cronwell_occurrences_total", **SUCCEEDED))
+            rw.outcomes.append(o)
+
+        rw.worker.on_outcome = report
+        await _past_occurrences(db, job.id, burst)
+        await wait_for(lambda: _all(rw, burst), what="the burst run")
+        assert on_counter[0] == 0  # counted in memory first
+        await wait_for(lambda: _counted(m, burst), what="every outcome counted")
+    assert value(m, "cronwell_occurrences_total", pool="default", outcome="dead") == 0
+
+
+SUCCEEDED = {"pool": "default", "outcome": "succeeded"}
+
+
+async def _all(rw: RunningWorker, n: int) -> bool:
+    return len(rw.outcomes) >= n and all(o.result == "succeeded" for o in rw.outcomes)
+
+
+async def _counted(m: Metrics, n: int) -> bool:
+    return value(m, "cronwell_occurrences_total", **SUCCEEDED) == n

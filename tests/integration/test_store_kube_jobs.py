@@ -12,6 +12,8 @@ from .test_overlap import _claim
 
 
 async def test_the_running_attempts_job_is_recorded_under_its_fence(db: Database) -> None:
+    # an operator's status writer drains the log: changes are logged
+    await status_changes.declare_writer(db, identity="op", ttl_seconds=60, after_gap=True)
     job = await make_job(db, "kj", schedule="* * * * * *", concurrencyPolicy="Allow")
     await set_cursor(db, "kj", "date_trunc('second', now()) - interval '2 s'")
     await (await scheduler(db, horizon_seconds=0.001)).materialise_until_idle()
