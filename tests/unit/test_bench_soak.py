@@ -35,6 +35,10 @@ def run(
                 "processes": {
                     "worker-1": {"memory": int(100 * MB * (1 + rss * f)), "connections": 4},
                     "scheduler": {"memory": 90 * MB, "connections": 3},
+                    "postgres backends of worker-1": {
+                        "memory": (2 + (f > 0.75)) * 6 * MB,
+                        "connections": 2 + (f > 0.75),
+                    },
                     # autovacuum workers come and go: sampled, never judged
                     "postgres autovacuum and parallel workers": {"memory": (i % 2) * 10 * MB},
                 },
@@ -59,7 +63,8 @@ def test_a_flat_run_holds() -> None:
     assert figs["holds"] is True
     assert figs["rss_growth_last_30min_pct"] == 0.0
     assert figs["rss_growth_window_s"] == [1800.0, 3600.0]
-    assert set(figs["criteria"]["rss"]["growth_pct"]) == {"worker-1", "scheduler"}
+    judged = {"worker-1", "scheduler", "postgres backends of worker-1"}
+    assert set(figs["criteria"]["rss"]["growth_pct"]) == judged
 
 
 @pytest.mark.parametrize(
@@ -85,6 +90,14 @@ def test_a_short_run_judges_memory_over_its_last_half_after_the_warm_up() -> Non
     assert figs["rss_growth_window_s"] == [300.0, 480.0]
     assert figs["rss_growth_last_30min_pct"] > 5
     assert figs["criteria"]["rss"]["holds"] is False
+
+
+def test_backends_are_judged_per_connection() -> None:
+    """The pool opened a third connection in the last half hour: its backends' memory grew
+    by half, their memory per connection did not: not a leak."""
+    figs = run()
+    assert figs["criteria"]["rss"]["growth_pct"]["postgres backends of worker-1"] == 0.0
+    assert figs["holds"] is True
 
 
 def test_pruning_counts_only_what_exceeds_the_retained_window() -> None:
