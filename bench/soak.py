@@ -46,9 +46,11 @@ COMPRESSION = 24
 TARGET_PER_SECOND = SEED_PER_DAY * SCALE_UP * COMPRESSION / 86400
 """10M occurrences (a 10x-seed day) in an hour: 2,778/s, bursts included."""
 DEFAULT_SCALE = 0.5
-"""Half the 10x-seed background: with the bursts ~1,550/s offered, under a quarter of the
-~7,000/s this 2-core machine's CPU allows (sustained's cpu_bound_per_second), leaving room
-for pruning, autovacuum and each burst's peak."""
+"""Half the 10x-seed background: with the default bursts ~1,550/s offered. The hot path
+alone allows ~7,000/s on this 2-core machine (sustained's cpu_bound_per_second), but the
+soak also pays for pruning, autovacuum and each burst's peak: 0.88 cores at 1,472/s in
+an 8-minute check, so the full shape would need ~1.7 of 2, too close to tell drift from
+saturation."""
 HISTORY_LIMIT = 4
 """successfulJobsHistoryLimit and failedJobsHistoryLimit of every soak job: the default
 100 compressed 24x."""
