@@ -194,3 +194,7 @@ $(BENCH_STAMP): $(STAMP)
 .PHONY: bench
 bench: $(BENCH_STAMP) ## Run the benchmarks and print comparable figures (ARGS="--only schedule").
 	$(BIN)/python -m bench $(ARGS)
+
+.PHONY: soak
+soak: $(BENCH_STAMP) ## The hour-long soak: the seed's day at 10x compressed 24x, watched for leaks and drift (ARGS="--soak-scale 0.25").
+	$(BIN)/python -m bench --only soak $(ARGS)

@@ -35,6 +35,7 @@ from bench import (
     profile,
     retention,
     schedule,
+    soak,
     status,
     sustained,
     ui,
@@ -72,7 +73,10 @@ SECTIONS = (
     "schedule",
     "forecast",
     "ui",
+    "soak",
 )
+DEFAULT_SECTIONS = SECTIONS[:-1]
+"""All but the soak: an hour of its own (`make soak`)."""
 COMPARED = (
     "per_second",
     "handler_start_lag_p50_s",
@@ -242,7 +246,11 @@ async def main() -> None:
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--concurrency", type=int, default=500)
     ap.add_argument("--lead", type=float, default=40.0, help="burst T = now + lead seconds")
-    ap.add_argument("--only", default=",".join(SECTIONS), help=f"any of {','.join(SECTIONS)}")
+    ap.add_argument(
+        "--only",
+        default=",".join(DEFAULT_SECTIONS),
+        help=f"any of {','.join(SECTIONS)} (default: all but soak)",
+    )
     ap.add_argument(
         "--claim-ahead",
         default="0,2",
@@ -322,6 +330,24 @@ async def main() -> None:
     )
     ap.add_argument("--ui-runs", type=int, default=10_000_000, help="ui: runs over the first size")
     ap.add_argument("--ui-requests", type=int, default=50, help="ui: measured requests per page")
+    ap.add_argument("--soak-minutes", type=float, default=60.0, help="soak: run length")
+    ap.add_argument(
+        "--soak-warmup-minutes",
+        type=float,
+        default=5.0,
+        help="soak: judged after this (default 5; at most a third of --soak-minutes is sane)",
+    )
+    ap.add_argument("--soak-burst", type=int, default=50_000, help="soak: occurrences a burst")
+    ap.add_argument(
+        "--soak-burst-every", type=float, default=150.0, help="soak: seconds between bursts"
+    )
+    ap.add_argument(
+        "--soak-scale",
+        type=float,
+        default=soak.DEFAULT_SCALE,
+        help="soak: background rate as a fraction of the 10x-seed day compressed 24x"
+        f" (default {soak.DEFAULT_SCALE:g}: under this 2-core machine's CPU bound)",
+    )
     ap.add_argument("--out", type=Path, default=RESULTS)
     args = ap.parse_args()
     only = set(args.only.split(","))
@@ -349,6 +375,14 @@ async def main() -> None:
             prescale.check(args.prescale_max_workers)
         if "sustained" in only:
             sustained.check(args.sustained_seconds, args.sustained_warmup)
+        if "soak" in only:
+            soak.check(
+                args.soak_minutes,
+                args.soak_warmup_minutes,
+                args.soak_burst,
+                args.soak_burst_every,
+                args.soak_scale,
+            )
         if "profile" in only and not burst.PY_SPY.exists():
             raise BenchError(f"profile needs py-spy ({burst.PY_SPY}): pip install -e '.[bench]'")
     except BenchError as e:
@@ -570,6 +604,22 @@ async def main() -> None:
             if "ui" in only:
                 sizes = [int(x) for x in _floats(args.ui_sizes, "--ui-sizes")]
                 await section("ui", ui.ui_bench(db, url, sizes, args.ui_runs, args.ui_requests))
+            if "soak" in only:
+                await section(
+                    "soak",
+                    soak.soak(
+                        db,
+                        worker_env(url),
+                        workers=args.workers,
+                        concurrency=args.concurrency,
+                        minutes=args.soak_minutes,
+                        warmup_minutes=args.soak_warmup_minutes,
+                        burst=args.soak_burst,
+                        every=args.soak_burst_every,
+                        scale=args.soak_scale,
+                        out=args.out,
+                    ),
+                )
     except BaseException as e:
         results["run"]["error"] = f"{type(e).__name__}: {e}"[:500]
         raise

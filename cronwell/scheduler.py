@@ -37,6 +37,9 @@ from cronwell.supervise import Supervisor, repeat, wait_event
 
 log = logging.getLogger(__name__)
 
+MATERIALISATION = "materialisation pass"
+"""The materialisation loop's name in liveness (a stalled one stops renewing partitions)."""
+
 
 class SpecCache:
     """Parsed specs by spec hash, schedules by (spec hash, uid if the cron uses H): a burst
@@ -312,13 +315,17 @@ class Scheduler:
         return len(jobs)
 
     async def materialise_until_idle(self) -> int:
-        """Batches, round-robin over owned partitions, until none has due jobs left."""
+        """Batches, round-robin over owned partitions, until none has due jobs left. Each
+        committed batch is progress (liveness): a catch-up of many batches on a busy
+        machine is not a stall, only a batch that hangs is."""
         total = 0
         busy = sorted(self.owned)
         while busy:
             still = []
             for p in busy:
                 n = await self.materialise_once(p)
+                self.live.progressed(MATERIALISATION)
+                self.live.waiting(MATERIALISATION)
                 total += n
                 if n >= self.settings.batch_size:
                     still.append(p)
@@ -361,7 +368,7 @@ class Scheduler:
         interval = self.settings.partition_lease_seconds / 3
 
         async def step() -> None:
-            stalled = self.live.stalled(among=("materialisation pass",))
+            stalled = self.live.stalled(among=(MATERIALISATION,))
             if stalled:
                 # Liveness means progress: a replica whose materialisation is stuck gives
                 # its partitions up (by not renewing them), so another one materialises.
@@ -396,7 +403,7 @@ class Scheduler:
             return 0.0
 
         tick = self.settings.tick_seconds
-        await repeat("materialisation pass", step, interval_seconds=tick, live=self.live)
+        await repeat(MATERIALISATION, step, interval_seconds=tick, live=self.live)
 
     async def _prune_loop(self) -> None:
         async def step() -> None:

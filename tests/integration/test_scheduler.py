@@ -7,9 +7,11 @@ import itertools
 import json
 from datetime import timedelta
 
-from cronwell import jobs, partitions, schedule
+import pytest
+
+from cronwell import jobs, liveness, partitions, schedule
 from cronwell.models import ScheduledJobSpec
-from cronwell.scheduler import Scheduler
+from cronwell.scheduler import MATERIALISATION, Scheduler
 from cronwell.settings import SchedulerSettings
 from cronwell.store import jobs as store_jobs
 from cronwell.store.db import Database
@@ -256,3 +258,21 @@ async def test_a_stored_spec_that_no_longer_validates_parks_its_job_only(db: Dat
     async with db.connection() as conn:
         cur = await conn.execute("SELECT next_run_at FROM cronwell_jobs WHERE id = %s", (bad.id,))
         assert (await cur.fetchone()) == {"next_run_at": None}
+
+
+async def test_a_long_catch_up_is_progress_not_a_stall(
+    db: Database, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each committed batch is progress: a pass of many batches that outlasts the stall
+    threshold on a busy machine must not give the partitions up (seen in the soak's
+    start-up at load 5, whose first pass materialises 30 s of 1,472 occurrences/s)."""
+    for i in range(3):
+        await make_job(db, f"j{i}", schedule="0 0 1 1 *")
+        await set_cursor(db, f"j{i}", "now()")
+    s = await scheduler(db, batch_size=1)  # three batches
+    monkeypatch.setattr(liveness.time, "monotonic", lambda: 0.0)
+    s.live.waiting(MATERIALISATION)  # the pass began long before the stall threshold
+    monkeypatch.undo()
+    assert s.live.stalled() == [MATERIALISATION]
+    assert await s.materialise_until_idle() == 3
+    assert s.live.stalled() == []
