@@ -228,7 +228,10 @@ def main(
     """cronwell: scheduled jobs with exactly-once effect (at-least-once dispatch +
     idempotent execution, keyed by job uid and nominal instant)."""
     logs.setup(log_level, log_format)
-    ctx.obj = Env(database_url, data_dir, database_read_url)
+    try:
+        ctx.obj = Env(database_url, data_dir, database_read_url)
+    except pydantic.ValidationError as e:  # a bad CRONWELL_* database setting
+        raise invalid_setting(e) from None
 
 
 metrics_port_option = click.option(
