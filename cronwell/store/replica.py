@@ -95,7 +95,7 @@ class ReadDatabase(Database):
     async def _check(self) -> str | None:
         """Why the replica may not serve reads now (None: it may)."""
         try:
-            found = await Database.fetch(self, "ReplicaLag")
+            found = await super().fetch("ReplicaLag")  # the replica itself, no routing
         except (DatabaseError, psycopg.Error) as e:
             return f"unreachable ({e})"
         lag = found[0]["lag_seconds"] if found else None
