@@ -81,7 +81,17 @@ class ReadDatabase(Database):
     async def open(self) -> None:
         """Start connecting without waiting: a replica down at start-up sends reads to the
         primary, it does not stop the process."""
+        logging.getLogger("psycopg.pool").addFilter(self._quiet)
         await self.pool.open(wait=False)
+
+    async def close(self) -> None:
+        await super().close()
+        logging.getLogger("psycopg.pool").removeFilter(self._quiet)
+
+    def _quiet(self, record: logging.LogRecord) -> bool:
+        """Drop the pool's own line per failed connection attempt to the replica (two lines
+        each, every few seconds while it is down): `_verdict` says it once."""
+        return not (isinstance(record.args, tuple) and record.args[:1] == (self.pool.name,))
 
     async def on_replica(self) -> bool:
         """Whether a read goes to the replica now; checks it when the last check is older

@@ -225,9 +225,18 @@ def test_read_url_from_a_file_and_its_errors(db_url: str, tmp_path: Path) -> Non
     )
     assert missing.returncode == 1
     assert f"cannot read CRONWELL_DATABASE_READ_URL_FILE {tmp_path / 'nope'}" in missing.stderr
+    # A replica that is down: the primary answers, and one line says so (not the pool's).
+    down = "postgresql://ro:secret@127.0.0.1:1/x"
+    dead = run([*base, "--database-read-url", down, "runs"], env=env)
+    assert dead.returncode == 0, dead.stderr
+    [line] = [ln for ln in dead.stderr.splitlines() if "warning" in ln]
+    assert (
+        "reads moved to the primary: the read replica at postgresql://ro:***@127.0.0.1:1/x "
+        "is unreachable" in line
+    )
     bad = run([*base, "status"], env=env | {"CRONWELL_DATABASE_READ_MAX_LAG_SECONDS": "0"})
     assert bad.returncode == 1 and "database_read_max_lag_seconds" in bad.stderr
-    assert "Traceback" not in both.stderr + missing.stderr + bad.stderr
+    assert "Traceback" not in both.stderr + missing.stderr + bad.stderr + dead.stderr
 
 
 def test_pause_and_resume_selectors(db_url: str, tmp_path: Path) -> None:
