@@ -22,7 +22,7 @@ from cronwell.embedded import EmbeddedPostgres
 from cronwell.errors import CronwellError
 from cronwell.settings import DatabaseSettings
 from cronwell.store import Database, migrate
-from cronwell.store.replica import ReadDatabase
+from cronwell.store.replica import reads_from
 
 T = TypeVar("T")
 
@@ -45,7 +45,7 @@ class Env:
 
     def url(self) -> str:
         s = self.db_settings
-        url = _given_url(s.database_url, s.database_url_file, "CRONWELL_DATABASE_URL")
+        url = given_url(s.database_url, s.database_url_file, "CRONWELL_DATABASE_URL")
         if url is not None:
             return url
         self.embedded = EmbeddedPostgres(self.db_settings.data_dir)
@@ -56,7 +56,7 @@ class Env:
     def read_url(self) -> str | None:
         """The read replica's URL (None: every read on the primary)."""
         s = self.db_settings
-        return _given_url(
+        return given_url(
             s.database_read_url, s.database_read_url_file, "CRONWELL_DATABASE_READ_URL"
         )
 
@@ -83,22 +83,18 @@ class Env:
         async with db:
             if migrate_first:
                 await migrate(db, partitions=partitions)
-            read_url = self.read_url() if reads else None
-            if read_url is None:
-                yield db
-                return
-            async with ReadDatabase(
-                read_url,
+            async with reads_from(
                 db,
+                self.read_url() if reads else None,
                 max_lag_seconds=s.database_read_max_lag_seconds,
                 check_seconds=s.database_read_check_seconds,
                 max_size=max_size or s.pool_max_size,
                 deadline_seconds=s.deadline_seconds,
-            ) as db.reads:
+            ):
                 yield db
 
 
-def _given_url(url: str | None, url_file: Path | None, variable: str) -> str | None:
+def given_url(url: str | None, url_file: Path | None, variable: str) -> str | None:
     """A URL given directly or in a file (a mounted Secret), with a clear line for a file
     that cannot be read, an empty one, or both given."""
     if url_file is None:

@@ -176,3 +176,18 @@ class ReadDatabase(Database):
         """The primary's: anything in a transaction may write, and must see the primary."""
         async with self._primary.transaction(deadline_seconds=deadline_seconds) as conn:
             yield conn
+
+
+@contextlib.asynccontextmanager
+async def reads_from(db: Database, url: str | None, **options: Any) -> AsyncIterator[Database]:
+    """`db`, its reads that tolerate staleness (`db.reads`) on the replica at `url` for the
+    block (`options`: ReadDatabase's); `url` None: on `db` itself, as without a replica."""
+    if url is None:
+        yield db
+        return
+    async with ReadDatabase(url, db, **options) as reads:
+        db.reads = reads
+        try:
+            yield db
+        finally:
+            db.reads = db
