@@ -35,9 +35,12 @@ class DatabaseSettings(_Settings):
     database_read_max_lag_seconds: float = Field(
         30.0,
         gt=0,
+        le=300,
         description="A replica further behind serves no reads (they go to the primary): "
         "half a minute is stale for a page refreshed every few seconds, yet rides out a "
-        "burst's replay backlog.",
+        "burst's replay backlog. At most 5 minutes: the forecast rereads the runs finished "
+        "in the 5 minutes before its previous read (fleet_forecast.FINISH_SLACK), so a copy "
+        "further behind could hide a run's duration from it.",
     )
     database_read_check_seconds: float = Field(
         5.0,

@@ -234,8 +234,10 @@ def test_read_url_from_a_file_and_its_errors(db_url: str, tmp_path: Path) -> Non
         "reads moved to the primary: the read replica at postgresql://ro:***@127.0.0.1:1/x "
         "is unreachable" in line
     )
-    bad = run([*base, "status"], env=env | {"CRONWELL_DATABASE_READ_MAX_LAG_SECONDS": "0"})
-    assert bad.returncode == 1 and "database_read_max_lag_seconds" in bad.stderr
+    for lag in ("0", "301"):
+        bad = run([*base, "status"], env=env | {"CRONWELL_DATABASE_READ_MAX_LAG_SECONDS": lag})
+        assert bad.returncode == 1 and "database_read_max_lag_seconds" in bad.stderr
+        assert "Traceback" not in bad.stderr
     assert "Traceback" not in both.stderr + missing.stderr + bad.stderr + dead.stderr
 
 

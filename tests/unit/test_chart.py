@@ -610,6 +610,10 @@ def test_monitoring_objects_are_off_by_default(default: list[dict[str, Any]]) ->
         ),
         (("--set", "database.existingSecret=x", "--set", "typo=1"), "'typo' not allowed"),
         (("--set", "database.existingSecret=x", "--set", "database.sslmode=verify"), "sslmode"),
+        (
+            ("--set", "database.existingSecret=x", "--set", "database.read.maxLagSeconds=600"),
+            "maxLagSeconds",
+        ),
         (("--set", "database.existingSecret=x", "--set", "worker.pools[0].name=Bad_Name"), "name"),
         (
             (
