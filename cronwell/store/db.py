@@ -69,6 +69,12 @@ def connection_options(url: str, *, session_attrs: str = "read-write") -> dict[s
     return {k: v for k, v in defaults.items() if k not in given}
 
 
+def first_line(e: BaseException) -> str:
+    """An error's first line (psycopg's add hints on further lines), for one-line messages."""
+    text = str(e).strip()
+    return text.splitlines()[0] if text else type(e).__name__
+
+
 def redact(url: str) -> str:
     """The URL with its password hidden, for error messages and logs."""
     return re.sub(r"(://[^:/@]+:)[^@]*@", r"\1***@", url)
@@ -159,7 +165,7 @@ class Database:
             await conn.close()
             return "connections time out"
         except psycopg.Error as e:
-            return str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            return first_line(e)
 
     async def close(self) -> None:
         await self.pool.close()

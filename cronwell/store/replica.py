@@ -22,7 +22,7 @@ import psycopg
 from psycopg.rows import DictRow
 
 from cronwell.errors import DatabaseError, DatabaseUnavailable
-from cronwell.store.db import Conn, Database, redact
+from cronwell.store.db import Conn, Database, first_line, redact
 
 R = TypeVar("R")
 T = TypeVar("T")
@@ -107,7 +107,7 @@ class ReadDatabase(Database):
         try:
             found = await super().fetch("ReplicaLag")  # the replica itself, no routing
         except (DatabaseError, psycopg.Error) as e:
-            return f"unreachable ({e})"
+            return f"unreachable ({first_line(e)})"
         lag = found[0]["lag_seconds"] if found else None
         if lag is None:
             return "of unknown staleness (nothing replayed since it started)"
@@ -135,7 +135,7 @@ class ReadDatabase(Database):
             try:
                 return await on_replica()
             except DatabaseUnavailable as e:
-                self._verdict(f"unreachable ({e})")
+                self._verdict(f"unreachable ({first_line(e)})")
         self.fallback_reads += 1
         return await on_primary()
 

@@ -32,7 +32,7 @@ from tests.helpers.wait import wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.failover]
 
-NO_BOUND = 3600.0
+NO_BOUND = 300.0
 """A lag bound no paused replay reaches during a test: reads stay on the standby."""
 
 
@@ -220,7 +220,8 @@ async def test_a_dead_standby_sends_reads_to_the_primary(
         r = await client.get("/", params={"namespace": "rr"})
         assert r.status == 200 and "survivor" in await r.text()
         assert reads.why_not is not None and "unreachable" in reads.why_not
-        assert "reads moved to the primary" in caplog.text
+        [moved] = [r for r in caplog.records if "reads moved" in r.getMessage()]
+        assert "\n" not in moved.getMessage()  # one line, whatever psycopg's message holds
         assert (await client.get("/status")).status == 200
         shown = cli("runs", "-n", "rr", url=pair.h1.url, read_url=pair.h2.url)
         assert shown.returncode == 0, shown.stderr
