@@ -9,19 +9,17 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator, Iterator
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-import psycopg
 import pytest
 from kubernetes import config
 
 from cronwell.jobs import apply_job, trigger_job
 from cronwell.metrics import Metrics
 from cronwell.models import ScheduledJobSpec
-from cronwell.store import Database, clock, migrate
+from cronwell.store import Database, clock
 from cronwell.store.replica import reads_from
 from cronwell.testing.controlplane import Cluster
 from cronwell_operator.kube import Kube
@@ -29,31 +27,20 @@ from cronwell_operator.scaler import Scaler
 from cronwell_operator.settings import OperatorSettings
 from tests.e2e.test_kubectl_plugin import apply_sj, get_sj, kubectl_cronwell
 from tests.e2e.test_prescale import deployment, replicas, workerpool
-from tests.failover.replication import Node, Pair
+from tests.failover.replication import (  # noqa: F401
+    Node,
+    Pair,
+    replayed,
+    replica_pair,
+    replica_primary,
+)
 from tests.helpers.wait import wait_for
 
 pytestmark = [pytest.mark.slow]
 
 
-@pytest.fixture(scope="module")
-def pair(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pair]:
-    p = Pair(tmp_path_factory.mktemp("replica"), synchronous=False)
-    yield p
-    p.close()
-
-
-@pytest.fixture(scope="module")
-async def primary(pair: Pair) -> AsyncIterator[Database]:
-    async with Database(pair.h1.url, max_size=4) as db:
-        await migrate(db, partitions=4)
-        yield db
-
-
 def has_jobs(standby: Node, pool: str) -> bool:
-    try:
-        return bool(standby.sql(f"SELECT 1 FROM cronwell_jobs WHERE pool = '{pool}'"))
-    except psycopg.errors.UndefinedTable:  # the migration is not replayed yet
-        return False
+    return replayed(standby, f"SELECT 1 FROM cronwell_jobs WHERE pool = '{pool}'")
 
 
 async def test_the_forecast_reads_the_standby_and_the_scale_follows_its_replay(

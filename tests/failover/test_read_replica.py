@@ -16,38 +16,29 @@ import sys
 from collections.abc import AsyncIterator, Iterator
 from html import unescape
 
-import psycopg
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
 from cronwell import jobs
 from cronwell.models import ScheduledJobSpec
-from cronwell.store import Database, migrate
+from cronwell.store import Database
 from cronwell.store import jobs as store_jobs
 from cronwell.store.replica import ReadDatabase
 from cronwell.ui.app import CSRF_FIELD, UiConfig, make_app
 from tests.conftest import REPO
-from tests.failover.replication import Node, Pair
+from tests.failover.replication import (  # noqa: F401
+    Node,
+    Pair,
+    replayed,
+    replica_pair,
+    replica_primary,
+)
 from tests.helpers.wait import wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.failover]
 
 NO_BOUND = 300.0
 """A lag bound no paused replay reaches during a test: reads stay on the standby."""
-
-
-@pytest.fixture(scope="module")
-def pair(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pair]:
-    p = Pair(tmp_path_factory.mktemp("replica"), synchronous=False)
-    yield p
-    p.close()
-
-
-@pytest.fixture(scope="module")
-async def primary(pair: Pair) -> AsyncIterator[Database]:
-    async with Database(pair.h1.url, max_size=4) as db:
-        await migrate(db, partitions=4)
-        yield db
 
 
 async def apply(db: Database, name: str) -> jobs.Applied:
@@ -57,17 +48,14 @@ async def apply(db: Database, name: str) -> jobs.Applied:
     return await jobs.apply_job(db, namespace="rr", name=name, spec=spec)
 
 
-def replayed(standby: Node, name: str) -> bool:
-    try:
-        return bool(standby.sql(f"SELECT 1 FROM cronwell_jobs WHERE name = '{name}'"))
-    except psycopg.errors.UndefinedTable:  # the migration is not replayed yet
-        return False
+def has_job(standby: Node, name: str) -> bool:
+    return replayed(standby, f"SELECT 1 FROM cronwell_jobs WHERE name = '{name}'")
 
 
 async def replay_until(standby: Node, name: str) -> None:
     """Wait until the standby has replayed the job `name`."""
     await wait_for(
-        lambda: asyncio.to_thread(replayed, standby, name),
+        lambda: asyncio.to_thread(has_job, standby, name),
         timeout=60,
         what=f"the standby to replay {name}",
     )
