@@ -130,6 +130,10 @@ async def test_pages_and_cli_views_read_from_the_standby(
     status = cli("status", url=pair.h1.url, read_url=pair.h2.url, **big)
     assert status.returncode == 0, status.stderr  # the fence epoch is the primary's
     assert "fences: generation 0, timeline 1" in status.stdout, status.stdout
+    # The status page's durability and fence epoch describe the primary (it streams to
+    # the standby; the standby has no WAL position to give), its counts come from the standby.
+    page = await (await client.get("/status")).text()
+    assert "asynchronous (standbys: 1 connected)" in page, page
     assert reads.why_not is None and reads.fallback_reads == 0
 
     paused.sql("SELECT pg_wal_replay_resume()")
