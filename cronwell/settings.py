@@ -23,6 +23,31 @@ class DatabaseSettings(_Settings):
     database_url_file: Path | None = Field(
         None, description="File holding the URL (a mounted Secret); excludes database_url."
     )
+    database_read_url: str | None = Field(
+        None,
+        description="A streaming replica of it, for reads that tolerate staleness (the "
+        "read-only CLI views, the dashboard's pages, the forecast). Unset: the primary.",
+    )
+    database_read_url_file: Path | None = Field(
+        None,
+        description="File holding the read URL (a mounted Secret); excludes database_read_url.",
+    )
+    database_read_max_lag_seconds: float = Field(
+        30.0,
+        gt=0,
+        le=300,
+        description="A replica further behind serves no reads (they go to the primary): "
+        "half a minute is stale for a page refreshed every few seconds, yet rides out a "
+        "burst's replay backlog. At most 5 minutes: the forecast rereads the runs finished "
+        "in the 5 minutes before its previous read (fleet_forecast.FINISH_SLACK), so a copy "
+        "further behind could hide a run's duration from it.",
+    )
+    database_read_check_seconds: float = Field(
+        5.0,
+        gt=0,
+        description="How often the replica's lag is checked (one query), and how long reads "
+        "stay on the primary after the replica failed.",
+    )
     data_dir: Path = Field(
         Path(platformdirs.user_data_dir("cronwell")),
         description="Where the embedded PostgreSQL keeps its data (reused across runs).",

@@ -9,6 +9,7 @@ from cronwell.cli import admin, backfill, convert, forecast, jobs, scheduler, ui
 from cronwell.cli.jobs import load_or_fail
 from cronwell.cli.main import (
     Env,
+    given_url,
     invalid_setting,
     main,
     metrics_port_option,
@@ -23,6 +24,7 @@ __all__ = [
     "Env",
     "duration_option",
     "fmt_time",
+    "given_url",
     "invalid_setting",
     "json_line",
     "load_or_fail",

@@ -94,11 +94,12 @@ def status_cmd(env: Env) -> None:
     async def go() -> tuple[
         list[Owner], list[Process], list[StateCount], fences.Durability, fences.Epoch | None
     ]:
-        async with env.database() as db:
+        async with env.database(reads=True) as db:
             return (
+                # Liveness is heartbeats against now(): the primary's, not a lagging copy.
                 await leases.list_all(db),
                 await processes.list_all(db, ttl_seconds=15),
-                await gauges.occurrence_counts(db),
+                await gauges.occurrence_counts(db.reads),
                 await fences.durability(db),
                 await fences.epoch(db),
             )

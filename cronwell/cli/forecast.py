@@ -61,9 +61,9 @@ def forecast_cmd(
     plt: Any = None if png is None else render.pyplot()
 
     async def go() -> dict[str, forecast.PoolForecast]:
-        async with env.database() as db:
+        async with env.database(reads=True) as db:
             return await fleet_forecast.Forecaster().forecast(
-                db, horizon_s, pool=pool, slo_seconds=spec.start_slo_seconds
+                db.reads, horizon_s, pool=pool, slo_seconds=spec.start_slo_seconds
             )
 
     pools = run(go())

@@ -258,8 +258,8 @@ def jobs_cmd(env: Env, namespace: str | None) -> None:
     """List jobs in the store (the standalone `kubectl get scheduledjobs`)."""
 
     async def go() -> list[store_jobs.JobSummary]:
-        async with env.database() as db:
-            return await store_jobs.list_live(db, namespace=namespace)
+        async with env.database(reads=True) as db:
+            return await store_jobs.list_live(db.reads, namespace=namespace)
 
     render.render_jobs(run(go()))
 
@@ -277,9 +277,9 @@ def runs_cmd(
     """Recent occurrences with state, start lag and attempts (newest first)."""
 
     async def go() -> list[runs.Run]:
-        async with env.database() as db:
+        async with env.database(reads=True) as db:
             return await runs.list_runs(
-                db, name=name, namespace=namespace, state=state, limit=limit
+                db.reads, name=name, namespace=namespace, state=state, limit=limit
             )
 
     render.render_runs(run(go()), as_json=as_json)

@@ -22,6 +22,7 @@ from cronwell.embedded import EmbeddedPostgres
 from cronwell.errors import CronwellError
 from cronwell.settings import DatabaseSettings
 from cronwell.store import Database, migrate
+from cronwell.store.replica import reads_from
 
 T = TypeVar("T")
 
@@ -29,37 +30,35 @@ T = TypeVar("T")
 class Env:
     """What every command gets: where the database is and how to open it."""
 
-    def __init__(self, database_url: str | None, data_dir: Path | None):
+    def __init__(
+        self, database_url: str | None, data_dir: Path | None, read_url: str | None = None
+    ):
         overrides: dict[str, Any] = {}
         if database_url:
             overrides["database_url"] = database_url
         if data_dir:
             overrides["data_dir"] = data_dir
+        if read_url:
+            overrides["database_read_url"] = read_url
         self.db_settings = DatabaseSettings(**overrides)
         self.embedded: EmbeddedPostgres | None = None
 
     def url(self) -> str:
         s = self.db_settings
-        if s.database_url_file is not None:
-            if s.database_url:
-                raise CronwellError(
-                    "set CRONWELL_DATABASE_URL or CRONWELL_DATABASE_URL_FILE, not both"
-                )
-            try:
-                url = s.database_url_file.read_text().strip()
-            except OSError as e:
-                raise CronwellError(
-                    f"cannot read CRONWELL_DATABASE_URL_FILE {s.database_url_file}: {e.strerror}"
-                ) from None
-            if not url:
-                raise CronwellError(f"CRONWELL_DATABASE_URL_FILE {s.database_url_file} is empty")
+        url = given_url(s.database_url, s.database_url_file, "CRONWELL_DATABASE_URL")
+        if url is not None:
             return url
-        if s.database_url:
-            return s.database_url
         self.embedded = EmbeddedPostgres(self.db_settings.data_dir)
         if not self.embedded.is_running():
             click.echo(f"starting embedded PostgreSQL in {self.db_settings.data_dir}", err=True)
         return self.embedded.start()
+
+    def read_url(self) -> str | None:
+        """The read replica's URL (None: every read on the primary)."""
+        s = self.db_settings
+        return given_url(
+            s.database_read_url, s.database_read_url_file, "CRONWELL_DATABASE_READ_URL"
+        )
 
     @contextlib.asynccontextmanager
     async def database(
@@ -68,8 +67,11 @@ class Env:
         max_size: int | None = None,
         migrate_first: bool = False,
         partitions: int | None = None,
+        reads: bool = False,
     ) -> AsyncIterator[Database]:
-        """An open pool; `migrate_first` migrates (a new store gets `partitions` as its P)."""
+        """An open pool; `migrate_first` migrates (a new store gets `partitions` as its P).
+        `reads`: the command has reads that tolerate staleness (`db.reads`): with a read
+        URL configured they go to that replica."""
         s = self.db_settings
         db = Database(
             self.url(),
@@ -81,7 +83,31 @@ class Env:
         async with db:
             if migrate_first:
                 await migrate(db, partitions=partitions)
-            yield db
+            async with reads_from(
+                db,
+                self.read_url() if reads else None,
+                max_lag_seconds=s.database_read_max_lag_seconds,
+                check_seconds=s.database_read_check_seconds,
+                max_size=max_size or s.pool_max_size,
+                deadline_seconds=s.deadline_seconds,
+            ):
+                yield db
+
+
+def given_url(url: str | None, url_file: Path | None, variable: str) -> str | None:
+    """A URL given directly or in a file (a mounted Secret), with a clear line for a file
+    that cannot be read, an empty one, or both given."""
+    if url_file is None:
+        return url or None
+    if url:
+        raise CronwellError(f"set {variable} or {variable}_FILE, not both")
+    try:
+        text = url_file.read_text().strip()
+    except OSError as e:
+        raise CronwellError(f"cannot read {variable}_FILE {url_file}: {e.strerror}") from None
+    if not text:
+        raise CronwellError(f"{variable}_FILE {url_file} is empty")
+    return text
 
 
 def run(coro: Coroutine[Any, Any, T]) -> T:
@@ -167,6 +193,12 @@ class _Group(click.Group):
     help="PostgreSQL URL. Unset: an embedded PostgreSQL in --data-dir.",
 )
 @click.option(
+    "--database-read-url",
+    envvar="CRONWELL_DATABASE_READ_URL",
+    help="A streaming replica for reads that tolerate staleness (runs, jobs, status, "
+    "forecast, the dashboard's pages, the pre-scaler's forecast). Unset: the primary.",
+)
+@click.option(
     "--data-dir",
     type=click.Path(path_type=Path),
     envvar="CRONWELL_DATA_DIR",
@@ -184,6 +216,7 @@ class _Group(click.Group):
 def main(
     ctx: click.Context,
     database_url: str | None,
+    database_read_url: str | None,
     data_dir: Path | None,
     log_level: str,
     log_format: str,
@@ -191,7 +224,10 @@ def main(
     """cronwell: scheduled jobs with exactly-once effect (at-least-once dispatch +
     idempotent execution, keyed by job uid and nominal instant)."""
     logs.setup(log_level, log_format)
-    ctx.obj = Env(database_url, data_dir)
+    try:
+        ctx.obj = Env(database_url, data_dir, database_read_url)
+    except pydantic.ValidationError as e:  # a bad CRONWELL_* database setting
+        raise invalid_setting(e) from None
 
 
 metrics_port_option = click.option(

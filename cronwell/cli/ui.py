@@ -89,7 +89,7 @@ def ui_cmd(
     stop = asyncio.Event()
 
     async def go() -> None:
-        async with env.database() as db:
+        async with env.database(reads=True) as db:
             config = UiConfig(
                 db=db, allow_actions=allow_actions, auth=kube, kube=kube.api if kube else None
             )

@@ -58,13 +58,21 @@ up and a waiting client starts a new round at once: after an outage the first co
 comes within seconds of the database, not after psycopg_pool's 64 s backoff step."""
 
 
-def connection_options(url: str) -> dict[str, Any]:
-    """CONNECTION_DEFAULTS less what `url` sets itself; passed as connect() keywords."""
+def connection_options(url: str, *, session_attrs: str = "read-write") -> dict[str, Any]:
+    """CONNECTION_DEFAULTS less what `url` sets itself; passed as connect() keywords.
+    `session_attrs`: the servers accepted (a read replica's pool accepts "any")."""
     try:
         given = conninfo_to_dict(url)
     except psycopg.ProgrammingError:
         return {}  # psycopg reports the malformed URL itself, at connect time
-    return {k: v for k, v in CONNECTION_DEFAULTS.items() if k not in given}
+    defaults = CONNECTION_DEFAULTS | {"target_session_attrs": session_attrs}
+    return {k: v for k, v in defaults.items() if k not in given}
+
+
+def first_line(e: BaseException) -> str:
+    """An error's first line (psycopg's add hints on further lines), for one-line messages."""
+    text = str(e).strip()
+    return text.splitlines()[0] if text else type(e).__name__
 
 
 def redact(url: str) -> str:
@@ -100,13 +108,17 @@ class Database:
         connect_timeout_seconds: float = 10.0,
         deadline_seconds: float = 10.0,
         application_name: str = "cronwell",
+        session_attrs: str = "read-write",
     ):
         """`deadline_seconds`: the longest a checkout may hold a connection (every call,
         a whole transaction included) before the connection is severed."""
         self.url = url
         self._timeout = connect_timeout_seconds
         self.deadline_seconds = deadline_seconds
-        self.options = connection_options(url)
+        self.options = connection_options(url, session_attrs=session_attrs)
+        self.reads: Database = self
+        """Where reads that tolerate staleness go (`cronwell runs`, the dashboard's pages, the
+        forecast): a `replica.ReadDatabase` when a read URL is configured, else this one."""
         self.statements = 0
         """Statements sent (each one database round trip); benchmarks read it."""
         self.transactions = 0
@@ -126,6 +138,12 @@ class Database:
             connection_class=psycopg.AsyncConnection[DictRow],
             reconnect_timeout=RECONNECT_SECONDS,
         )
+
+    @property
+    def primary(self) -> Database:
+        """The primary's pool: for reads that describe the primary itself (its clock, its
+        fence epoch, its standbys), whichever Database a caller was given."""
+        return self
 
     async def open(self) -> None:
         try:
@@ -147,7 +165,7 @@ class Database:
             await conn.close()
             return "connections time out"
         except psycopg.Error as e:
-            return str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            return first_line(e)
 
     async def close(self) -> None:
         await self.pool.close()

@@ -48,7 +48,8 @@ class Epoch:
 
 
 async def epoch(db: Database) -> Epoch | None:
-    return await db.row(Epoch, "FenceEpoch")
+    """The primary's (a standby has no current WAL position, and issues no fence)."""
+    return await db.primary.row(Epoch, "FenceEpoch")
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,6 +84,7 @@ class Durability:
 
 
 async def durability(db: Database) -> Durability:
-    row = await db.row(Durability, "ReplicationDurability")
+    """The primary's: its settings and the standbys it streams to decide what a commit is."""
+    row = await db.primary.row(Durability, "ReplicationDurability")
     assert row is not None  # one row, always
     return row

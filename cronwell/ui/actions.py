@@ -28,7 +28,7 @@ from cronwell.cli.parse import parse_instant
 from cronwell.errors import JobNotFound
 from cronwell.models import GROUP, VERSION
 from cronwell.store import ui
-from cronwell.ui.app import ACT_VERB, CONFIG, CSRF_FIELD, csrf_token, require
+from cronwell.ui.app import ACT_VERB, CONFIG, CSRF_FIELD, csrf_token, database, require
 from cronwell.ui.views import _count, _form_text, render
 
 TRIGGER_ANNOTATION = f"{GROUP}/trigger"
@@ -113,9 +113,7 @@ async def _job(request: web.Request) -> ui.JobDetail:
     namespace the user may not touch does not tell which jobs it has)."""
     namespace = request.match_info["namespace"]
     await require(request, ACT_VERB, namespace)
-    job = await ui.job_get(
-        request.app[CONFIG].db, namespace=namespace, name=request.match_info["name"]
-    )
+    job = await ui.job_get(database(request), namespace=namespace, name=request.match_info["name"])
     if job is None:
         raise web.HTTPNotFound(reason="No such job")
     return job
@@ -176,7 +174,7 @@ async def trigger(request: web.Request) -> web.Response:
         raise _back(job, done="trigger-requested")
     try:
         _, created = await jobs.trigger_job(
-            request.app[CONFIG].db, namespace=job.namespace, name=job.name, trigger_id=trigger_id
+            database(request), namespace=job.namespace, name=job.name, trigger_id=trigger_id
         )
     except JobNotFound:
         raise web.HTTPNotFound(reason="No such job") from None
@@ -194,7 +192,7 @@ async def _set_suspended(request: web.Request, suspended: bool) -> web.Response:
         raise _back(job, done="suspend-requested" if suspended else "resume-requested")
     try:
         await jobs.set_suspended(
-            request.app[CONFIG].db,
+            database(request),
             namespace=job.namespace,
             name=job.name,
             suspended=suspended,
@@ -240,7 +238,7 @@ async def _backfill(
     start, end = _window(values)
     try:
         return await backfills.backfill(
-            request.app[CONFIG].db,
+            database(request),
             namespace=job.namespace,
             name=job.name,
             start=start,

@@ -46,6 +46,9 @@ HEALTH_PATH = "/healthz"
 OPEN_RESOURCES = frozenset({HEALTH_PATH, "/robots.txt", "/favicon.ico", "/static"})
 #: Verb on scheduledjobs that makes a namespace visible; the one that allows an action.
 VIEW_VERB, ACT_VERB = "list", "update"
+#: GET pages that prepare an action (their forms carry what the POST checks, e.g. the count
+#: of dead letters a bulk replay changes): read on the primary, as the action will be.
+PRIMARY_GETS = frozenset({"/dead/confirm", "/jobs/{namespace}/{name}/backfill"})
 #: The `namespace` of `require` for a cluster-wide grant (a ClusterRoleBinding): what the
 #: fleet-wide views need, since they add up every namespace.
 ALL_NAMESPACES = ""
@@ -177,6 +180,16 @@ def current_user(request: web.Request) -> User | None:
     return request.get(_USER)
 
 
+def database(request: web.Request) -> Database:
+    """The Database a request uses: a page (GET) reads `db.reads`, the read replica when
+    one is configured (a page is a few seconds old anyway); an action (POST) and the pages
+    that prepare one (PRIMARY_GETS), the primary."""
+    db = request.app[CONFIG].db
+    resource = request.match_info.route.resource
+    prepares = resource is not None and resource.canonical in PRIMARY_GETS
+    return db.reads if request.method in _SAFE_METHODS and not prepares else db
+
+
 async def visible_namespaces(request: web.Request) -> list[str] | None:
     """The namespaces whose jobs, runs and dead letters the request may see, for the store's
     queries (None: all, without authentication). Asked once per request."""
@@ -184,7 +197,7 @@ async def visible_namespaces(request: web.Request) -> list[str] | None:
     if auth is None or user is None:
         return None
     if _VISIBLE not in request:
-        candidates = await ui.namespaces(request.app[CONFIG].db)
+        candidates = await ui.namespaces(database(request))
         request[_VISIBLE] = await auth.namespaces(user, candidates, VIEW_VERB)
     return request[_VISIBLE]
 

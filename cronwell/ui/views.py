@@ -31,6 +31,7 @@ from cronwell.ui.app import (
     VIEW_VERB,
     csrf_token,
     current_user,
+    database,
     permitted,
     require,
     visible_namespaces,
@@ -217,7 +218,7 @@ async def jobs_page(request: web.Request) -> web.Response:
     filters["label"], labels = label_filter(request)
     sort = _choice(request, "sort", ui.JOB_SORTS) or "name"
     rows = await ui.job_page(
-        request.app[CONFIG].db,
+        database(request),
         namespaces=await visible_namespaces(request),
         namespace=filters["namespace"],
         pool=filters["pool"],
@@ -248,8 +249,9 @@ async def status_page(request: web.Request) -> web.Response:
     the workers' load, the retention and the tables' sizes. Aggregates of every namespace:
     with authentication, only for a cluster-wide `list` grant."""
     await require(request, VIEW_VERB, ALL_NAMESPACES)
-    db = request.app[CONFIG].db
-    parts = await leases.list_all(db)
+    db = database(request)
+    # Liveness is heartbeats against now(): the primary's, not a lagging copy's.
+    parts = await leases.list_all(db.primary)
     owners: dict[str, list[int]] = {}
     for p in parts:
         owners.setdefault(p.holder if p.live and p.holder else "(unowned)", []).append(p.partition)
@@ -260,7 +262,7 @@ async def status_page(request: web.Request) -> web.Response:
         epoch=await fences.epoch(db),
         partition_count=len(parts),
         owners=sorted(owners.items()),
-        procs=await processes.list_all(db, ttl_seconds=PROCESS_TTL_SECONDS),
+        procs=await processes.list_all(db.primary, ttl_seconds=PROCESS_TTL_SECONDS),
         counts=await ui.occurrence_counts(db),
         backlog=await ui.backlog(db),
         backlog_cap=ui.BACKLOG_CAP,
@@ -295,7 +297,7 @@ async def dead_page(request: web.Request) -> web.Response:
     done = {k: n for k in DEAD_DONE if (n := _count(request.query.get(k), k)) is not None}
     config = request.app[CONFIG]
     rows = await ui.dead_page(
-        config.db,
+        database(request),
         namespaces=await visible_namespaces(request),
         namespace=filters["namespace"],
         name=filters["job"],
@@ -348,7 +350,7 @@ async def _dead_target(request: web.Request, form: Mapping[str, object]) -> tupl
     404 unless the user may see it, then (with authentication) 403 unless they may update
     ScheduledJobs in that namespace."""
     key = _form_key(form)
-    db = request.app[CONFIG].db
+    db = database(request)
     namespace = await ui.dead_namespace(db, key=key, namespaces=await visible_namespaces(request))
     if namespace is None:
         raise web.HTTPNotFound(reason="No dead occurrence with that key")
@@ -361,7 +363,7 @@ async def dead_replay(request: web.Request) -> web.Response:
     `cronwell dlq replay KEY` does (Ambiguous ones are not replayed from here)."""
     form = await request.post()
     key, namespace = await _dead_target(request, form)
-    replayed = await dispatch.replay_dead(request.app[CONFIG].db, key=key, namespace=namespace)
+    replayed = await dispatch.replay_dead(database(request), key=key, namespace=namespace)
     if not replayed:
         raise web.HTTPNotFound(reason="No replayable dead occurrence with that key")
     raise _back_to_dead(_form_filters(form), replayed=len(replayed))
@@ -371,7 +373,7 @@ async def dead_discard(request: web.Request) -> web.Response:
     """POST (guarded): delete one dead key and its attempts, as `cronwell dlq discard KEY`."""
     form = await request.post()
     key, namespace = await _dead_target(request, form)
-    gone = await dead.discard(request.app[CONFIG].db, key=key, namespace=namespace, name=None)
+    gone = await dead.discard(database(request), key=key, namespace=namespace, name=None)
     if not gone:
         raise web.HTTPNotFound(reason="No dead occurrence with that key")
     raise _back_to_dead(_form_filters(form), discarded=len(gone))
@@ -405,7 +407,7 @@ async def dead_confirm(request: web.Request) -> web.Response:
     filters = _dead_filters(request)
     await _bulk_allowed(request, filters["namespace"])
     counts = await dead.count(
-        request.app[CONFIG].db, namespace=filters["namespace"], name=filters["job"]
+        database(request), namespace=filters["namespace"], name=filters["job"]
     )
     return render(
         request,
@@ -446,7 +448,7 @@ async def dead_replay_all(request: web.Request) -> web.Response:
     filters, expect = await _bulk_form(request)
     try:
         rows = await dispatch.replay_dead(
-            request.app[CONFIG].db,
+            database(request),
             namespace=filters["namespace"],
             name=filters["job"],
             expect=expect,
@@ -462,7 +464,7 @@ async def dead_discard_all(request: web.Request) -> web.Response:
     filters, expect = await _bulk_form(request)
     try:
         gone = await dead.discard(
-            request.app[CONFIG].db,
+            database(request),
             key=None,
             namespace=filters["namespace"],
             name=filters["job"],
@@ -479,7 +481,7 @@ async def job_page(request: web.Request) -> web.Response:
     namespace the user may not see: 403 (whether or not the job exists); unknown job: 404."""
     from cronwell.ui import actions  # it imports this module's helpers
 
-    db = request.app[CONFIG].db
+    db = database(request)
     namespace = request.match_info["namespace"]
     await require(request, VIEW_VERB, namespace)
     job = await ui.job_get(db, namespace=namespace, name=request.match_info["name"])
@@ -558,7 +560,7 @@ async def _runs(request: web.Request) -> dict[str, Any]:
     filters = {k: _text(request, k) for k in RUN_FILTERS}
     filters["state"] = _choice(request, "state", ui.RUN_STATES)
     rows = await ui.run_page(
-        request.app[CONFIG].db,
+        database(request),
         namespaces=await visible_namespaces(request),
         namespace=filters["namespace"],
         name=filters["job"],
@@ -701,7 +703,7 @@ async def forecast_data(request: web.Request) -> dict[str, Any]:
     cluster = await _cluster_pools(request)
     async with config.forecast_lock:
         forecasts = await config.forecaster.forecast(
-            config.db,
+            database(request),
             FORECAST_HORIZON_SECONDS,
             pool=only,
             pools=cluster or {},
@@ -756,7 +758,7 @@ async def forecast_data(request: web.Request) -> dict[str, Any]:
         )
     bursts.sort(key=lambda b: (b["time"], b["pool"]))
     recent = await prescales.recent(
-        request.app[CONFIG].db,
+        database(request),
         within_seconds=SchedulerSettings().retention_seconds,
         per_pool=PRESCALE_ROWS,
         pool=only,

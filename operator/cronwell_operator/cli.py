@@ -133,7 +133,7 @@ def operator(
     async def go() -> None:
         kube = Kube(api_client(kubeconfig))
         try:
-            async with env.database(migrate_first=True) as db:
+            async with env.database(migrate_first=True, reads=True) as db:
                 op = Operator(db, kube, settings, metrics=metrics)
                 holder.append(op)
                 await op.run()

@@ -10,11 +10,12 @@ client, not a controller.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import sys
 import uuid
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -26,12 +27,14 @@ from kubernetes.client.exceptions import ApiException
 from urllib3.exceptions import HTTPError
 
 from cronwell import kubejson, logs
-from cronwell.cli import render_dead, render_runs, run
+from cronwell.cli import given_url, render_dead, render_runs, run
 from cronwell.kubejson import api_client
 from cronwell.models import GROUP, VERSION
 from cronwell.schedule import trigger_key
+from cronwell.settings import DatabaseSettings
 from cronwell.store import dead, runs
 from cronwell.store.db import Database
+from cronwell.store.replica import reads_from
 from cronwell_operator.kube import PLURAL
 
 #: The annotation the operator watches (kopf_handlers.py): each new value requests one run.
@@ -56,6 +59,8 @@ class Plugin:
     context: str | None
     database_url: str | None
     database_url_file: str | None
+    database_read_url: str | None = None
+    database_read_url_file: str | None = None
     _api: client.ApiClient | None = field(default=None, repr=False)
 
     def api(self) -> client.ApiClient:
@@ -159,18 +164,38 @@ class _Objects:
         )
 
 
-def _store(plugin: Plugin) -> Database:
-    return Database(plugin.url(), min_size=1, max_size=1, application_name="kubectl-cronwell")
+@contextlib.asynccontextmanager
+async def _store(plugin: Plugin) -> AsyncIterator[Database]:
+    """The store, its reads on the read replica when one is given (--database-read-url)."""
+    read_file = plugin.database_read_url_file
+    read_url = given_url(
+        plugin.database_read_url,
+        Path(read_file) if read_file else None,
+        "CRONWELL_DATABASE_READ_URL",
+    )
+    s, name = DatabaseSettings(), "kubectl-cronwell"
+    async with (
+        Database(plugin.url(), min_size=1, max_size=1, application_name=name) as db,
+        reads_from(
+            db,
+            read_url,
+            max_lag_seconds=s.database_read_max_lag_seconds,
+            check_seconds=s.database_read_check_seconds,
+            max_size=1,
+            application_name=name,
+        ),
+    ):
+        yield db
 
 
 async def _runs(plugin: Plugin, job_id: uuid.UUID, state: str | None, limit: int) -> list[runs.Run]:
     async with _store(plugin) as db:
-        return await runs.list_for_job(db, job_id=job_id, state=state, limit=limit)
+        return await runs.list_for_job(db.reads, job_id=job_id, state=state, limit=limit)
 
 
 async def _dead(plugin: Plugin, ns: str | None, name: str | None, limit: int) -> list[dead.Dead]:
     async with _store(plugin) as db:
-        return await dead.list_dead(db, namespace=ns, name=name, limit=limit)
+        return await dead.list_dead(db.reads, namespace=ns, name=name, limit=limit)
 
 
 namespace_option = click.option(
@@ -183,6 +208,13 @@ namespace_option = click.option(
 @click.option("--context", help="kubeconfig context (default: the current one).")
 @click.option("--database-url", envvar="CRONWELL_DATABASE_URL", help=DATABASE_HELP)
 @click.option("--database-url-file", envvar="CRONWELL_DATABASE_URL_FILE", hidden=True)
+@click.option(
+    "--database-read-url",
+    envvar="CRONWELL_DATABASE_READ_URL",
+    help="A streaming replica of the store for runs and dlq (they fall back to "
+    "--database-url when it lags or is down).",
+)
+@click.option("--database-read-url-file", envvar="CRONWELL_DATABASE_READ_URL_FILE", hidden=True)
 @click.pass_context
 def plugin(
     ctx: click.Context,
@@ -190,6 +222,8 @@ def plugin(
     context: str | None,
     database_url: str | None,
     database_url_file: str | None,
+    database_read_url: str | None,
+    database_read_url_file: str | None,
 ) -> None:
     """cronwell from kubectl: status, runs, trigger, suspend/resume, dead letters, the
     dashboard.
@@ -197,7 +231,14 @@ def plugin(
     `trigger`, `suspend`, `resume`, `status` and `ui` talk to the API server only. `runs` and `dlq`
     also read the cronwell store: give --database-url (or CRONWELL_DATABASE_URL)."""
     logs.setup("ERROR")  # a client: its failures are the one-line errors below, not logs
-    ctx.obj = Plugin(kubeconfig, context, database_url, database_url_file)
+    ctx.obj = Plugin(
+        kubeconfig,
+        context,
+        database_url,
+        database_url_file,
+        database_read_url,
+        database_read_url_file,
+    )
 
 
 @plugin.command("runs")

@@ -192,8 +192,10 @@ class Scaler:
                 continue
             parsed.append((obj, spec))
             specs.setdefault(obj["metadata"]["name"], spec)
+        # Read-only, and fine a few seconds stale (db.reads: the read replica, if any); the
+        # clock and every write (the pre-scale history) stay on the primary.
         forecasts = await self._forecaster.forecast(
-            self.db, s.scaling.forecast_horizon_seconds, pools=specs
+            self.db.reads, s.scaling.forecast_horizon_seconds, pools=specs
         )
         base, mono = await self._db_now()
 

@@ -10,11 +10,14 @@ import os
 import signal
 import subprocess
 import time
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import psycopg
+import pytest
 
 from cronwell.embedded import EmbeddedPostgres
+from cronwell.store import Database, migrate
 
 REPLICATION = {
     "wal_level": "replica",
@@ -183,3 +186,30 @@ class Pair:
             with contextlib.suppress(subprocess.SubprocessError, OSError):
                 n.stop("immediate")
             n.kill()
+
+
+# ---------------------------------------------------------------- fixtures for read replicas
+# Import them into a module (with noqa F401): one pair for the module, asynchronous (a paused
+# replay never holds a commit back), the store migrated on the primary.
+
+
+@pytest.fixture(name="pair", scope="module")
+def replica_pair(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pair]:
+    p = Pair(tmp_path_factory.mktemp("replica"), synchronous=False)
+    yield p
+    p.close()
+
+
+@pytest.fixture(name="primary", scope="module")
+async def replica_primary(pair: Pair) -> AsyncIterator[Database]:
+    async with Database(pair.h1.url, max_size=4) as db:
+        await migrate(db, partitions=4)
+        yield db
+
+
+def replayed(standby: Node, query: str) -> bool:
+    """Whether `query` finds a row on the standby yet (False before the schema is replayed)."""
+    try:
+        return bool(standby.sql(query))
+    except psycopg.errors.UndefinedTable:
+        return False

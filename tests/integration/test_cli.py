@@ -200,6 +200,47 @@ def test_database_url_from_a_file(db_url: str, tmp_path: Path) -> None:
     assert "Traceback" not in both.stderr + empty.stderr
 
 
+def test_read_url_from_a_file_and_its_errors(db_url: str, tmp_path: Path) -> None:
+    """The read replica's URL comes the same ways as the primary's, with the same clear
+    lines; a server that is not in recovery (here the primary itself) serves reads."""
+    f = tmp_path / "read-url"
+    f.write_text(db_url + "\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CRONWELL_DATABASE_READ")}
+    run = functools.partial(
+        subprocess.run, capture_output=True, text=True, cwd=REPO, timeout=60, check=False
+    )
+    base = [sys.executable, "-m", "cronwell", "--database-url", db_url]
+    ok = run([*base, "jobs"], env=env | {"CRONWELL_DATABASE_READ_URL_FILE": str(f)})
+    assert ok.returncode == 0 and "NAME" in ok.stdout, ok.stderr
+    assert "reads moved" not in ok.stderr
+    flag = run([*base, "--database-read-url", db_url, "runs"], env=env)
+    assert flag.returncode == 0, flag.stderr
+    both = run(
+        [*base, "jobs"],
+        env=env | {"CRONWELL_DATABASE_READ_URL_FILE": str(f), "CRONWELL_DATABASE_READ_URL": db_url},
+    )
+    assert both.returncode == 1 and "not both" in both.stderr
+    missing = run(
+        [*base, "runs"], env=env | {"CRONWELL_DATABASE_READ_URL_FILE": str(tmp_path / "nope")}
+    )
+    assert missing.returncode == 1
+    assert f"cannot read CRONWELL_DATABASE_READ_URL_FILE {tmp_path / 'nope'}" in missing.stderr
+    # A replica that is down: the primary answers, and one line says so (not the pool's).
+    down = "postgresql://ro:secret@127.0.0.1:1/x"
+    dead = run([*base, "--database-read-url", down, "runs"], env=env)
+    assert dead.returncode == 0, dead.stderr
+    [line] = [ln for ln in dead.stderr.splitlines() if "warning" in ln]
+    assert (
+        "reads moved to the primary: the read replica at postgresql://ro:***@127.0.0.1:1/x "
+        "is unreachable" in line
+    )
+    for lag in ("0", "301"):
+        bad = run([*base, "status"], env=env | {"CRONWELL_DATABASE_READ_MAX_LAG_SECONDS": lag})
+        assert bad.returncode == 1 and "database_read_max_lag_seconds" in bad.stderr
+        assert "Traceback" not in bad.stderr
+    assert "Traceback" not in both.stderr + missing.stderr + bad.stderr + dead.stderr
+
+
 def test_pause_and_resume_selectors(db_url: str, tmp_path: Path) -> None:
     """`pause` is the incident button: one job, a namespace (--all) or everything (-A), the
     mass forms behind --yes; `resume --all` undoes only what `pause` did."""

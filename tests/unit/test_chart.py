@@ -211,6 +211,33 @@ def test_database_ca_secret_and_weaker_sslmode() -> None:
     assert env["PGSSLMODE"] == "require" and "PGSSLROOTCERT" not in env
 
 
+def test_read_replica_url_reaches_only_the_operator_and_the_dashboard(
+    full: list[dict[str, Any]], default: list[dict[str, Any]]
+) -> None:
+    """database.read: a mounted Secret, as the primary's URL, in the pods whose reads it
+    serves (operator: the pre-scaler's forecast; ui: the pages); none without it."""
+    served = set()
+    for where, spec in pod_specs(full):
+        volumes = {v["name"]: v for v in spec["volumes"]}
+        for c in spec["containers"]:
+            env = {e["name"]: e.get("value") for e in c["env"]}
+            if "CRONWELL_DATABASE_READ_URL_FILE" not in env:
+                assert "database-read" not in volumes, where
+                continue
+            served.add(where.split("/")[1])
+            mounts = {m["name"]: m for m in c["volumeMounts"]}
+            assert mounts["database-read"]["readOnly"] is True
+            assert env["CRONWELL_DATABASE_READ_URL_FILE"] == "/etc/cronwell/database-read/dsn"
+            assert env["CRONWELL_DATABASE_READ_MAX_LAG_SECONDS"] == "10"
+            secret = volumes["database-read"]["secret"]
+            assert secret["secretName"] == "cronwell-database-ro"
+            assert [i["path"] for i in secret["items"]] == ["dsn"]
+    assert served == {"cw-operator", "cw-ui"}, served
+    for where, spec in pod_specs(default):
+        for c in spec["containers"]:
+            assert not any(e["name"].startswith("CRONWELL_DATABASE_READ") for e in c["env"]), where
+
+
 # -------------------------------------------------------------------------------- RBAC
 
 
@@ -583,6 +610,10 @@ def test_monitoring_objects_are_off_by_default(default: list[dict[str, Any]]) ->
         ),
         (("--set", "database.existingSecret=x", "--set", "typo=1"), "'typo' not allowed"),
         (("--set", "database.existingSecret=x", "--set", "database.sslmode=verify"), "sslmode"),
+        (
+            ("--set", "database.existingSecret=x", "--set", "database.read.maxLagSeconds=600"),
+            "maxLagSeconds",
+        ),
         (("--set", "database.existingSecret=x", "--set", "worker.pools[0].name=Bad_Name"), "name"),
         (
             (

@@ -249,3 +249,33 @@ admission and at connect time) and the key of Secret-backed header values (a fil
     defaultMode: 0440
 {{- end }}
 {{- end }}
+
+{{/* The read replica (database.read): only the pods whose reads it serves (operator, ui). */}}
+{{- define "cronwell.readEnv" -}}
+{{- if .Values.database.read.existingSecret }}
+- name: CRONWELL_DATABASE_READ_URL_FILE
+  value: /etc/cronwell/database-read/{{ .Values.database.read.secretKey }}
+- name: CRONWELL_DATABASE_READ_MAX_LAG_SECONDS
+  value: {{ .Values.database.read.maxLagSeconds | quote }}
+{{- end }}
+{{- end }}
+
+{{- define "cronwell.readMount" -}}
+{{- if .Values.database.read.existingSecret }}
+- name: database-read
+  mountPath: /etc/cronwell/database-read
+  readOnly: true
+{{- end }}
+{{- end }}
+
+{{- define "cronwell.readVolume" -}}
+{{- if .Values.database.read.existingSecret }}
+- name: database-read
+  secret:
+    secretName: {{ .Values.database.read.existingSecret }}
+    defaultMode: 0440
+    items:
+      - key: {{ .Values.database.read.secretKey }}
+        path: {{ .Values.database.read.secretKey }}
+{{- end }}
+{{- end }}
