@@ -123,9 +123,9 @@ async def burst(
     ]
     spies: list[subprocess.Popen[bytes]] = []
     try:
-        nd = await claims.next_due(db, pool="default")
-        assert nd.next_due is not None, "the burst's occurrences are not pending"
-        due_in = (nd.next_due - nd.db_now).total_seconds()
+        (nd, *_) = await claims.coming(db, pool="default", horizon_seconds=lead + 60, rows=1)
+        assert nd.run_at is not None, "the burst's occurrences are not pending"
+        due_in = (nd.run_at - nd.db_now).total_seconds()
         if due_in < 1:
             print(f"warning: materialisation left only {due_in:.2f}s before T", file=sys.stderr)
         # CPU is counted (and py-spy samples, and pg_stat_statements counts) from a little
@@ -173,7 +173,7 @@ async def burst(
             cur = await conn.execute(
                 "SELECT extract(epoch FROM %s - max(started_at))::float8 AS s"
                 " FROM cronwell_processes WHERE role = 'worker' AND pid = ANY(%s)",
-                (nd.next_due, [p.pid for p in procs]),
+                (nd.run_at, [p.pid for p in procs]),
             )
             ready = (await cur.fetchone() or {"s": None})["s"]
     finally:
