@@ -119,6 +119,12 @@ class WorkerSettings(_Settings):
         "(its share / the measured claim rate + a margin) before its instant, at most this "
         "early (the scheduler materialises horizon_seconds ahead).",
     )
+    claim_ahead_margin_seconds: float = Field(
+        1.0,
+        ge=0,
+        description="A coming burst's claim starts this much earlier than its share takes "
+        "to claim at the measured rate.",
+    )
     claim_ahead_max: int = Field(
         50_000,
         ge=0,

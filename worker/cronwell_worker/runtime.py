@@ -112,8 +112,6 @@ CLAIM_RATE_GUESS = 2_000.0
 (low: a burst claimed too early costs nothing, too late costs its start lag)."""
 CLAIM_RATE_SMOOTHING = 0.3
 """Weight of each new claim's rate in the measured one (an exponential moving average)."""
-CLAIM_AHEAD_MARGIN_SECONDS = 1.0
-"""Added to the time a share takes to claim: the claim starts this much earlier still."""
 REGISTRY_TTL_SECONDS = 15.0
 """A worker whose registry heartbeat (every 5 s) is older is not counted in its pool."""
 
@@ -137,17 +135,18 @@ def plan_claims(
     min_window: float,
     max_window: float,
     slack: int,
+    margin: float,
 ) -> ClaimPlan:
     """Size the claim ahead from the coming instants, (seconds until it, occurrences due at
     it) each, earliest first: each instant's share (its count / the pool's workers, plus
     `slack`) must be claimed before it, after the shares of the instants before it, at
-    `rate` per second, with a margin. Why: a fixed window claims a large burst mostly after
+    `rate` per second, `margin` seconds early. Why: a fixed window claims a large burst mostly after
     its instant; a window as wide as the scheduler's horizon holds memory for nothing."""
     window, quota, cum = min_window, 0, 0
     for until, n in coming:
         share = min(n, math.ceil(n / max(1, workers)) + slack)
         cum += share
-        lead = min(max_window, cum / rate + CLAIM_AHEAD_MARGIN_SECONDS)
+        lead = min(max_window, cum / rate + margin)
         if until > min_window and until > lead:
             return ClaimPlan(window, quota, until - lead)
         window = max(window, until)
@@ -449,6 +448,7 @@ class Worker:
             min_window=s.claim_ahead_seconds,
             max_window=max(s.claim_ahead_seconds, s.claim_ahead_max_seconds),
             slack=s.claim_batch_size,
+            margin=s.claim_ahead_margin_seconds,
         )
 
     def _claim_size(self, free: int, plan: ClaimPlan) -> int:
