@@ -90,6 +90,18 @@ async def prepare_burst(db: Database, n: int, lead: float, handler: str = "noop"
     await s.resign()
 
 
+async def registered(db: Database, pids: list[int], deadline: float) -> None:
+    """Wait until every worker process in `pids` is in the registry (or the deadline)."""
+    while time.monotonic() < deadline:
+        async with db.connection() as conn:
+            cur = await conn.execute(
+                "SELECT count(*) AS n FROM cronwell_processes WHERE pid = ANY(%s)", (pids,)
+            )
+            if (await cur.fetchone() or {"n": 0})["n"] >= len(pids):
+                return
+        await asyncio.sleep(0.05)
+
+
 async def burst(
     db: Database,
     url: str,
@@ -104,8 +116,9 @@ async def burst(
     statements: bool = False,
 ) -> dict[str, Any]:
     """Materialise n occurrences due at T = now + lead, then let worker processes run them
-    with `handler` (a key of HANDLERS) and `claim_ahead` seconds of claim ahead (None: the
-    worker's default; 0: claimed only once due, the behaviour before claim ahead).
+    with `handler` (a key of HANDLERS) and `claim_ahead` seconds of least claim-ahead window
+    (None: the worker's default settings, a window that follows the burst; 0: claimed only
+    once due, the behaviour before claim ahead).
     With `profile`, py-spy samples every worker process (raw collapsed stacks there);
     with `profile` or `statements`, pg_stat_statements counts from the same instant."""
     await prepare_burst(db, n, lead, handler)
@@ -113,6 +126,8 @@ async def burst(
     env = worker_env(url) | {"CRONWELL_BENCH_STARTS": str(starts_dir)}
     if claim_ahead is not None:
         env["CRONWELL_CLAIM_AHEAD_SECONDS"] = f"{claim_ahead:g}"
+    if claim_ahead == 0:
+        env["CRONWELL_CLAIM_AHEAD_MAX_SECONDS"] = "0"
     procs = [
         subprocess.Popen(  # noqa: ASYNC220 - started once, before timing
             worker_argv(concurrency, "cronwell_bench_noop"),
@@ -128,10 +143,10 @@ async def burst(
         due_in = (nd.run_at - nd.db_now).total_seconds()
         if due_in < 1:
             print(f"warning: materialisation left only {due_in:.2f}s before T", file=sys.stderr)
-        # CPU is counted (and py-spy samples, and pg_stat_statements counts) from a little
-        # before the claims ahead of T: worker start-up (imports) is not the burst's cost.
-        ahead = 2.0 if claim_ahead is None else claim_ahead
-        await asyncio.sleep(max(0.0, due_in - ahead - 1.5))
+        # CPU is counted (and py-spy samples, and pg_stat_statements counts) from when every
+        # worker registered, before its first claim: start-up (imports) is not the burst's
+        # cost, the claims ahead of T (up to claim_ahead_max_seconds early) are.
+        await registered(db, [p.pid for p in procs], time.monotonic() + due_in)
         cpu0 = sum(cpu_seconds(p.pid) for p in procs)
         pg_cpu0 = postgres_cpu_seconds()
         if profile is not None or statements:
