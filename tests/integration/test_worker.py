@@ -789,19 +789,19 @@ async def _succeeded(db: Database, name: str, n: int) -> dict[str, Any] | None:
 
 
 async def test_two_workers_of_a_pool_share_a_burst_ahead(db: Database, db_url: str) -> None:
-    """Two live workers: each claims ahead at most half the burst plus a batch of slack,
-    and together all of it before its instant."""
+    """Two live workers, one starting its claims ahead long before the other: it claims at
+    most half the burst plus a batch of slack, and the other the rest, all before the
+    instant (without the share, the first would claim all of it while the other idles)."""
     await handler_job(db, "shared", "t-noop")
     opts = {
         "concurrency": 8,
         "claim_batch_size": 20,
         "claim_ahead_seconds": 0.5,
-        "claim_ahead_margin_seconds": BURST_MARGIN,
         "lease_seconds": 30.0,
     }
     async with (
-        running_worker(db_url, worker_id="w-a", **opts),
-        running_worker(db_url, worker_id="w-b", **opts),
+        running_worker(db_url, worker_id="w-early", claim_ahead_margin_seconds=20.0, **opts),
+        running_worker(db_url, worker_id="w-late", claim_ahead_margin_seconds=8.0, **opts),
     ):
         await wait_for(lambda: _registered(db, 2), what="both workers registered")
         await burst_in(db, "shared", 400, BURST_LEAD)
@@ -810,7 +810,7 @@ async def test_two_workers_of_a_pool_share_a_burst_ahead(db: Database, db_url: s
         )
         assert seen["before_t"], "claimed only after the instant"
         share_and_slack = 400 // 2 + 20
-        assert set(seen["by_worker"]) == {"w-a", "w-b"}, seen["by_worker"]
+        assert set(seen["by_worker"]) == {"w-early", "w-late"}, seen["by_worker"]
         assert max(seen["by_worker"].values()) <= share_and_slack, seen["by_worker"]
         await wait_for(
             lambda: _succeeded(db, "shared", 400), timeout=BURST_LEAD + 30, what="all ran"
