@@ -480,7 +480,9 @@ class Worker:
             due_limit=max(0, free),
         )
         took = time.monotonic() - sent
-        if claimed and len(claimed) == want and took > 0:
+        # Full claims of at least half a batch: a few due ones claimed into freed slots
+        # say how fast slots free, not how fast this worker can claim.
+        if len(claimed) == want >= max(1, s.claim_batch_size // 2) and took > 0:
             a = CLAIM_RATE_SMOOTHING
             self._claim_rate = (1 - a) * self._claim_rate + a * len(claimed) / took
         return claimed
