@@ -20,6 +20,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import psutil
+
 from bench.common import (
     HANDLERS,
     cpu_seconds,
@@ -88,6 +90,15 @@ async def prepare_burst(db: Database, n: int, lead: float, handler: str = "noop"
     await s.materialise_until_idle()
     keep.cancel()
     await s.resign()
+
+
+def rss_mb(pid: int) -> float:
+    """A process's resident memory in MB (0 once it is gone): the claimed-ahead burst's
+    memory shows here."""
+    try:
+        return float(psutil.Process(pid).memory_info().rss) / 2**20
+    except psutil.Error:
+        return 0.0
 
 
 async def registered(db: Database, pids: list[int], deadline: float) -> None:
@@ -175,7 +186,9 @@ async def burst(
                 for i, p in enumerate(procs)
             ]
         deadline = time.monotonic() + due_in + 300
+        rss = 0.0
         while time.monotonic() < deadline:
+            rss = max([rss] + [rss_mb(p.pid) for p in procs])
             if not await unfinished(db):
                 break
             await asyncio.sleep(0.25)
@@ -228,6 +241,7 @@ async def burst(
         "workers_ready_before_t_s": None if ready is None else round(ready, 2),
         "all_succeeded_after_s": round(done_after, 3),
         "worker_cpu_ms_per_occurrence": round(1000 * worker_cpu / n, 3),
+        "worker_rss_mb_max": round(rss, 1),
         "worker_cpu_ms_per_occurrence_with_startup": round(1000 * worker_cpu_all / n, 3),
         "postgres_cpu_ms_per_occurrence": round(1000 * pg_cpu / n, 3),
         # The physical floor of this run: its CPU (workers + PostgreSQL) spread over every
