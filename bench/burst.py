@@ -28,6 +28,7 @@ from bench.common import (
     handler_lags,
     lag_stats,
     postgres_cpu_seconds,
+    postmaster_pid,
     seed,
     succeeded_lags,
     unfinished,
@@ -159,7 +160,8 @@ async def burst(
         # cost, the claims ahead of T (up to claim_ahead_max_seconds early) are.
         await registered(db, [p.pid for p in procs], time.monotonic() + due_in)
         cpu0 = sum(cpu_seconds(p.pid) for p in procs)
-        pg_cpu0 = postgres_cpu_seconds()
+        postmaster = await postmaster_pid(db)
+        pg_cpu0 = postgres_cpu_seconds(postmaster)
         if profile is not None or statements:
             async with db.connection() as conn:
                 await conn.execute("SELECT pg_stat_statements_reset()")
@@ -194,7 +196,7 @@ async def burst(
             await asyncio.sleep(0.25)
         worker_cpu_all = sum(cpu_seconds(p.pid) for p in procs)
         worker_cpu = worker_cpu_all - cpu0
-        pg_cpu = postgres_cpu_seconds() - pg_cpu0
+        pg_cpu = postgres_cpu_seconds(postmaster) - pg_cpu0
         async with db.connection() as conn:
             # When the last worker registered (start-up done), against T: a worker still
             # importing at T adds its start-up to every lag (seen at load 13: 6 s).
@@ -220,6 +222,13 @@ async def burst(
             "SELECT count(*) AS n FROM cronwell_attempts WHERE outcome = 'succeeded'"
         )
         successes = (await cur.fetchone() or {"n": 0})["n"]
+        # Claimed before its instant (its last claim): how much of the burst the claim
+        # ahead moved before T.
+        cur = await conn.execute(
+            "SELECT coalesce(avg((claimed_at < run_at)::int), 0)::float8 AS share"
+            " FROM cronwell_occurrences"
+        )
+        ahead_share = (await cur.fetchone() or {"share": 0.0})["share"]
     if done_after is None:
         return {"occurrences": n, "handler": handler, "claim_ahead_s": claim_ahead, "succeeded": 0}
     offset = await wall_clock_offset(db)
@@ -239,6 +248,7 @@ async def burst(
         **lag_stats(at_handler, "handler_start_lag"),
         "db_minus_wall_clock_s": round(offset, 4),
         "workers_ready_before_t_s": None if ready is None else round(ready, 2),
+        "claimed_before_t_share": round(ahead_share, 4),
         "all_succeeded_after_s": round(done_after, 3),
         "worker_cpu_ms_per_occurrence": round(1000 * worker_cpu / n, 3),
         "worker_rss_mb_max": round(rss, 1),

@@ -114,6 +114,11 @@ CLAIM_RATE_SMOOTHING = 0.3
 """Weight of each new claim's rate in the measured one (an exponential moving average)."""
 REGISTRY_TTL_SECONDS = 15.0
 """A worker whose registry heartbeat (every 5 s) is older is not counted in its pool."""
+LOOK_MIN_SECONDS = 0.1
+"""Least time between two looks at what is coming: every handler that returns wakes the
+claim loop, and a burst's thousands of wakes must not become thousands of queries."""
+WORKERS_MAX_AGE_SECONDS = 2.0
+"""How long the count of the pool's live workers is reused (the registry moves slowly)."""
 
 
 @dataclass(frozen=True)
@@ -260,6 +265,7 @@ class Worker:
         self._unstarted: list[Claimed] = []  # claimed ahead, stopped before their start
         self._claim_rate = CLAIM_RATE_GUESS  # occurrences per second, measured
         self._coming: _Coming | None = None
+        self._workers, self._workers_at = 1, -math.inf  # the pool's live workers, when read
         self._seen: dict[datetime, int] = {}  # instant -> most occurrences seen due at it
         self._held: dict[datetime, int] = {}  # instant -> claimed ahead here, not started
         self._specs: OrderedDict[str, ScheduledJobSpec] = OrderedDict()  # by spec hash
@@ -371,6 +377,7 @@ class Worker:
         s = self.settings
         backoff = Backoff(first_seconds=0.5, max_seconds=min(s.poll_seconds, RETRY_MAX_SECONDS))
         look = True  # look at what is coming before claiming (not within a run of full claims)
+        looked = True
         while not self._stopping.is_set():
             # Cleared before the claim: a NOTIFY arriving while it runs wakes the next one.
             self._wake.clear()
@@ -378,7 +385,7 @@ class Worker:
             self.live.waiting("claim")
             try:
                 if look:
-                    await self._look()
+                    looked = await self._look()
                 free, plan = self._free_slots(), self._plan()
                 want = self._claim_size(free, plan)
                 took_some = False
@@ -398,9 +405,11 @@ class Worker:
                     if not look:
                         continue
                     took_some = bool(claimed)
-                    await self._look()
+                    looked = await self._look()
                     free, plan = self._free_slots(), self._plan()
                 delay = self._claim_delay(plan, took_some, free)
+                if not looked:
+                    delay = min(delay, LOOK_MIN_SECONDS)  # look again soon: something woke it
                 look = True
                 backoff.success()
                 self.live.progressed("claim")
@@ -414,12 +423,19 @@ class Worker:
             if delay > 0 and not self._stopping.is_set():
                 await wait_event(self._wake, min(delay, s.poll_seconds))
 
-    async def _look(self) -> None:
-        """Read what is coming for the pool and how many live workers share it."""
+    async def _look(self) -> bool:
+        """Read what is coming for the pool and how many live workers share it; False when
+        the last look is too recent to look again (LOOK_MIN_SECONDS)."""
         s = self.settings
-        live = await processes.live_count(
-            self.db, role="worker", ttl_seconds=REGISTRY_TTL_SECONDS, pool=s.pool
-        )
+        now = time.monotonic()
+        if self._coming is not None and now - self._coming.at < LOOK_MIN_SECONDS:
+            return False
+        if now - self._workers_at > WORKERS_MAX_AGE_SECONDS:
+            self._workers = await processes.live_count(
+                self.db, role="worker", ttl_seconds=REGISTRY_TTL_SECONDS, pool=s.pool
+            )
+            self._workers_at = now
+        live = self._workers
         rows = await claims.coming(
             self.db,
             pool=s.pool,
@@ -436,6 +452,7 @@ class Worker:
         }
         self._seen = seen
         self._coming = _Coming(sorted(seen.items()), pending, rows[0].db_now, at, max(1, live))
+        return True
 
     def _plan(self) -> ClaimPlan:
         s = self.settings
