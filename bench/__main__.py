@@ -123,11 +123,16 @@ def scaling_table(results: dict[str, Any]) -> None:
     if not rows:
         return
     print("\nscaling: the no-op burst with 1..N worker processes, default worker settings")
-    print(f"{'n':>8}{'workers':>9}" + "".join(f"{label:>15}" for _, label in SCALING))
+    print(
+        f"{'n':>8}{'workers':>9}"
+        + "".join(f"{label:>15}" for _, label in SCALING)
+        + f"{'load 1 min':>14}"
+    )
     for _, f in rows:
         print(
             f"{f.get('occurrences', '-')!s:>8}{f.get('workers', '-')!s:>9}"
             + "".join(f"{f.get(k, '-')!s:>15}" for k, _ in SCALING)
+            + f"{_load(f):>14}"
         )
 
 
