@@ -750,6 +750,20 @@ async def _ahead(db: Database, name: str) -> dict[str, Any]:
 # A burst 25 s ahead, claimed from 15 s + its share at the measured rate before it: "before
 # its instant" with room to spare on a loaded machine (the assertion is only "before T").
 BURST_LEAD, BURST_MARGIN = 25.0, 15.0
+AHEAD = {
+    "claim_ahead_seconds": 0.5,
+    "claim_ahead_margin_seconds": BURST_MARGIN,
+    "lease_seconds": 30.0,
+}
+
+
+async def _all_claimed_ahead(db: Database, name: str, n: int) -> dict[str, Any]:
+    """Wait until all n occurrences of job `name` are claimed ahead; they were before T."""
+    seen = await wait_for(
+        lambda: _claimed_ahead(db, name, n), timeout=BURST_LEAD, what=f"{n} claimed ahead"
+    )
+    assert seen["before_t"], "claimed only after the instant"
+    return seen
 
 
 async def test_a_burst_larger_than_the_concurrency_is_claimed_entirely_before_its_instant(
@@ -762,15 +776,10 @@ async def test_a_burst_larger_than_the_concurrency_is_claimed_entirely_before_it
         db_url,
         concurrency=4,
         claim_batch_size=50,
-        claim_ahead_seconds=0.5,
-        claim_ahead_margin_seconds=BURST_MARGIN,
-        lease_seconds=30.0,
+        **AHEAD,
     ):
         await burst_in(db, "burst", 600, BURST_LEAD)
-        seen = await wait_for(
-            lambda: _claimed_ahead(db, "burst", 600), timeout=BURST_LEAD, what="600 ahead"
-        )
-        assert seen["before_t"], "claimed only after the instant"
+        seen = await _all_claimed_ahead(db, "burst", 600)
         assert seen["pending"] == 0
         done = await wait_for(
             lambda: _succeeded(db, "burst", 600), timeout=BURST_LEAD + 30, what="all ran"
@@ -793,22 +802,14 @@ async def test_two_workers_of_a_pool_share_a_burst_ahead(db: Database, db_url: s
     most half the burst plus a batch of slack, and the other the rest, all before the
     instant (without the share, the first would claim all of it while the other idles)."""
     await handler_job(db, "shared", "t-noop")
-    opts = {
-        "concurrency": 8,
-        "claim_batch_size": 20,
-        "claim_ahead_seconds": 0.5,
-        "lease_seconds": 30.0,
-    }
+    opts = AHEAD | {"concurrency": 8, "claim_batch_size": 20}
     async with (
-        running_worker(db_url, worker_id="w-early", claim_ahead_margin_seconds=20.0, **opts),
-        running_worker(db_url, worker_id="w-late", claim_ahead_margin_seconds=8.0, **opts),
+        running_worker(db_url, worker_id="w-early", **opts | {"claim_ahead_margin_seconds": 20.0}),
+        running_worker(db_url, worker_id="w-late", **opts | {"claim_ahead_margin_seconds": 8.0}),
     ):
         await wait_for(lambda: _registered(db, 2), what="both workers registered")
         await burst_in(db, "shared", 400, BURST_LEAD)
-        seen = await wait_for(
-            lambda: _claimed_ahead(db, "shared", 400), timeout=BURST_LEAD, what="400 ahead"
-        )
-        assert seen["before_t"], "claimed only after the instant"
+        seen = await _all_claimed_ahead(db, "shared", 400)
         share_and_slack = 400 // 2 + 20
         assert set(seen["by_worker"]) == {"w-early", "w-late"}, seen["by_worker"]
         assert max(seen["by_worker"].values()) <= share_and_slack, seen["by_worker"]
@@ -831,18 +832,13 @@ async def test_waiting_claims_hold_no_handler_slot(db: Database, db_url: str) ->
     async with running_worker(
         db_url,
         concurrency=2,
-        claim_ahead_seconds=0.5,
-        claim_ahead_margin_seconds=BURST_MARGIN,
-        lease_seconds=30.0,
+        **AHEAD,
     ):
         keys = [await trigger(db, name) for name in ("long-1", "long-2")]
         for k in keys:
             await started(k)
         await burst_in(db, "later", 30, BURST_LEAD)
-        seen = await wait_for(
-            lambda: _claimed_ahead(db, "later", 30), timeout=BURST_LEAD, what="30 ahead"
-        )
-        assert seen["before_t"], "claimed only after the instant"
+        await _all_claimed_ahead(db, "later", 30)
         assert [(await occurrence(db, k))["state"] for k in keys] == ["running", "running"]
         for k in keys:
             CONTROL.setdefault(k, asyncio.Event()).set()
@@ -856,15 +852,10 @@ async def test_stop_gives_back_every_waiting_claim(db: Database, db_url: str) ->
     async with running_worker(
         db_url,
         concurrency=2,
-        claim_ahead_seconds=0.5,
-        claim_ahead_margin_seconds=BURST_MARGIN,
-        lease_seconds=30.0,
+        **AHEAD,
     ) as w:
         await burst_in(db, "ahead-many", 200, BURST_LEAD)
-        seen = await wait_for(
-            lambda: _claimed_ahead(db, "ahead-many", 200), timeout=BURST_LEAD, what="200 ahead"
-        )
-        assert seen["before_t"], "claimed only after the instant"
+        await _all_claimed_ahead(db, "ahead-many", 200)
         w.worker.stop()
         await asyncio.wait_for(asyncio.shield(w.task), 20)
         assert sorted({o.result for o in w.outcomes}) == ["released"]
