@@ -60,6 +60,7 @@ from cronwell.store import Database, migrate
 SECTIONS = (
     "materialise",
     "burst",
+    "scaling",
     "ceiling",
     "peer",
     "pgqueuer",
@@ -101,6 +102,42 @@ def burst_key(handler: str, n: int, ahead: float, concurrency: int | None = None
     """The results key of one burst run (`concurrency`: the --deep-concurrency run)."""
     deep = f" concurrency={concurrency}" if concurrency else ""
     return f"burst {handler} n={n} claim_ahead={ahead:g}s{deep}"
+
+
+SCALING = (
+    ("handler_start_lag_p50_s", "p50 s"),
+    ("handler_start_lag_p99_s", "p99 s"),
+    ("handler_start_lag_max_s", "all started s"),
+    ("all_succeeded_after_s", "all done s"),
+    ("worker_cpu_ms_per_occurrence", "worker ms/occ"),
+    ("postgres_cpu_ms_per_occurrence", "pg ms/occ"),
+    ("per_second", "occ/s"),
+)
+"""The scaling curve's columns (start lags at the handler)."""
+
+
+def scaling_key(n: int, workers: int) -> str:
+    """The results key of one point of the scaling curve."""
+    return f"scaling noop n={n} workers={workers}"
+
+
+def scaling_table(results: dict[str, Any]) -> None:
+    """The scaling curve: one row per worker count, for sizing a cluster from it."""
+    rows = [(k, f) for k, f in results.items() if k.startswith("scaling noop ")]
+    if not rows:
+        return
+    print("\nscaling: the no-op burst with 1..N worker processes, default worker settings")
+    print(
+        f"{'n':>8}{'workers':>9}"
+        + "".join(f"{label:>15}" for _, label in SCALING)
+        + f"{'load 1 min':>14}"
+    )
+    for _, f in rows:
+        print(
+            f"{f.get('occurrences', '-')!s:>8}{f.get('workers', '-')!s:>9}"
+            + "".join(f"{f.get(k, '-')!s:>15}" for k, _ in SCALING)
+            + f"{_load(f):>14}"
+        )
 
 
 def ratio(a: Any, b: Any) -> str:
@@ -191,6 +228,7 @@ def report(results: dict[str, Any], aheads: list[float]) -> None:
                     f" {run.get('start_lag_p99_s')} s started_at; {name} p99"
                     f" {d.get('start_lag_p99_s', d.get('handler_start_lag_p99_s'))} s)"
                 )
+    scaling_table(results)
     print(f"\n{'figure':<72} value")
     for section, figs in results.items():
         for k, v in figs.items():
@@ -244,6 +282,12 @@ async def main() -> None:
     ap = argparse.ArgumentParser(prog="python -m bench", description=__doc__.splitlines()[0])
     ap.add_argument("--jobs", type=int, default=50_000)
     ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument(
+        "--scaling-workers",
+        default="1,2,4",
+        help="scaling: the no-op burst at --scaling-jobs once per worker process count",
+    )
+    ap.add_argument("--scaling-jobs", type=int, default=0, help="scaling: burst size (0: --jobs)")
     ap.add_argument("--concurrency", type=int, default=500)
     ap.add_argument("--lead", type=float, default=40.0, help="burst T = now + lead seconds")
     ap.add_argument(
@@ -359,6 +403,10 @@ async def main() -> None:
     retention_jobs = 10_000 if full else args.retention_jobs
     try:  # sizes a section cannot measure: say so before PostgreSQL starts
         aheads = _floats(args.claim_ahead, "--claim-ahead")
+        counts = _floats(args.scaling_workers, "--scaling-workers")
+        scaling_workers = [int(x) for x in counts]
+        if any(x < 1 or x % 1 for x in counts):
+            raise BenchError(f"--scaling-workers: whole numbers >= 1, got {args.scaling_workers!r}")
         handlers = [h for h in args.handler.split(",") if h]
         bad = set(handlers) - set(HANDLERS)
         if bad or not handlers:
@@ -450,6 +498,13 @@ async def main() -> None:
                         args.jobs if noop else args.handler_jobs,
                         args.lead if noop else args.handler_lead,
                         noop,
+                    )
+            if "scaling" in only:
+                for w in scaling_workers:
+                    n = args.scaling_jobs or args.jobs
+                    await section(
+                        scaling_key(n, w),
+                        burst.burst(db, url, n, w, args.concurrency, args.lead),
                     )
             if "ceiling" in only:
                 peers = {"peer", "pgqueuer"} & only

@@ -20,12 +20,15 @@ import time
 from pathlib import Path
 from typing import Any
 
+import psutil
+
 from bench.common import (
     HANDLERS,
     cpu_seconds,
     handler_lags,
     lag_stats,
     postgres_cpu_seconds,
+    postmaster_pid,
     seed,
     succeeded_lags,
     unfinished,
@@ -90,6 +93,27 @@ async def prepare_burst(db: Database, n: int, lead: float, handler: str = "noop"
     await s.resign()
 
 
+def rss_mb(pid: int) -> float:
+    """A process's resident memory in MB (0 once it is gone): the claimed-ahead burst's
+    memory shows here."""
+    try:
+        return float(psutil.Process(pid).memory_info().rss) / 2**20
+    except psutil.Error:
+        return 0.0
+
+
+async def registered(db: Database, pids: list[int], deadline: float) -> None:
+    """Wait until every worker process in `pids` is in the registry (or the deadline)."""
+    while time.monotonic() < deadline:
+        async with db.connection() as conn:
+            cur = await conn.execute(
+                "SELECT count(*) AS n FROM cronwell_processes WHERE pid = ANY(%s)", (pids,)
+            )
+            if (await cur.fetchone() or {"n": 0})["n"] >= len(pids):
+                return
+        await asyncio.sleep(0.05)
+
+
 async def burst(
     db: Database,
     url: str,
@@ -104,8 +128,9 @@ async def burst(
     statements: bool = False,
 ) -> dict[str, Any]:
     """Materialise n occurrences due at T = now + lead, then let worker processes run them
-    with `handler` (a key of HANDLERS) and `claim_ahead` seconds of claim ahead (None: the
-    worker's default; 0: claimed only once due, the behaviour before claim ahead).
+    with `handler` (a key of HANDLERS) and `claim_ahead` seconds of least claim-ahead window
+    (None: the worker's default settings, a window that follows the burst; 0: claimed only
+    once due, the behaviour before claim ahead).
     With `profile`, py-spy samples every worker process (raw collapsed stacks there);
     with `profile` or `statements`, pg_stat_statements counts from the same instant."""
     await prepare_burst(db, n, lead, handler)
@@ -113,6 +138,8 @@ async def burst(
     env = worker_env(url) | {"CRONWELL_BENCH_STARTS": str(starts_dir)}
     if claim_ahead is not None:
         env["CRONWELL_CLAIM_AHEAD_SECONDS"] = f"{claim_ahead:g}"
+    if claim_ahead == 0:
+        env["CRONWELL_CLAIM_AHEAD_MAX_SECONDS"] = "0"
     procs = [
         subprocess.Popen(  # noqa: ASYNC220 - started once, before timing
             worker_argv(concurrency, "cronwell_bench_noop"),
@@ -123,17 +150,18 @@ async def burst(
     ]
     spies: list[subprocess.Popen[bytes]] = []
     try:
-        nd = await claims.next_due(db, pool="default")
-        assert nd.next_due is not None, "the burst's occurrences are not pending"
-        due_in = (nd.next_due - nd.db_now).total_seconds()
+        (nd, *_) = await claims.coming(db, pool="default", horizon_seconds=lead + 60, rows=1)
+        assert nd.run_at is not None, "the burst's occurrences are not pending"
+        due_in = (nd.run_at - nd.db_now).total_seconds()
         if due_in < 1:
             print(f"warning: materialisation left only {due_in:.2f}s before T", file=sys.stderr)
-        # CPU is counted (and py-spy samples, and pg_stat_statements counts) from a little
-        # before the claims ahead of T: worker start-up (imports) is not the burst's cost.
-        ahead = 2.0 if claim_ahead is None else claim_ahead
-        await asyncio.sleep(max(0.0, due_in - ahead - 1.5))
+        # CPU is counted (and py-spy samples, and pg_stat_statements counts) from when every
+        # worker registered, before its first claim: start-up (imports) is not the burst's
+        # cost, the claims ahead of T (up to claim_ahead_max_seconds early) are.
+        await registered(db, [p.pid for p in procs], time.monotonic() + due_in)
         cpu0 = sum(cpu_seconds(p.pid) for p in procs)
-        pg_cpu0 = postgres_cpu_seconds()
+        postmaster = await postmaster_pid(db)
+        pg_cpu0 = postgres_cpu_seconds(postmaster)
         if profile is not None or statements:
             async with db.connection() as conn:
                 await conn.execute("SELECT pg_stat_statements_reset()")
@@ -160,20 +188,22 @@ async def burst(
                 for i, p in enumerate(procs)
             ]
         deadline = time.monotonic() + due_in + 300
+        rss = 0.0
         while time.monotonic() < deadline:
+            rss = max([rss] + [rss_mb(p.pid) for p in procs])
             if not await unfinished(db):
                 break
             await asyncio.sleep(0.25)
         worker_cpu_all = sum(cpu_seconds(p.pid) for p in procs)
         worker_cpu = worker_cpu_all - cpu0
-        pg_cpu = postgres_cpu_seconds() - pg_cpu0
+        pg_cpu = postgres_cpu_seconds(postmaster) - pg_cpu0
         async with db.connection() as conn:
             # When the last worker registered (start-up done), against T: a worker still
             # importing at T adds its start-up to every lag (seen at load 13: 6 s).
             cur = await conn.execute(
                 "SELECT extract(epoch FROM %s - max(started_at))::float8 AS s"
                 " FROM cronwell_processes WHERE role = 'worker' AND pid = ANY(%s)",
-                (nd.next_due, [p.pid for p in procs]),
+                (nd.run_at, [p.pid for p in procs]),
             )
             ready = (await cur.fetchone() or {"s": None})["s"]
     finally:
@@ -192,6 +222,13 @@ async def burst(
             "SELECT count(*) AS n FROM cronwell_attempts WHERE outcome = 'succeeded'"
         )
         successes = (await cur.fetchone() or {"n": 0})["n"]
+        # Claimed before its instant (its last claim): how much of the burst the claim
+        # ahead moved before T.
+        cur = await conn.execute(
+            "SELECT coalesce(avg((claimed_at < run_at)::int), 0)::float8 AS share"
+            " FROM cronwell_occurrences"
+        )
+        ahead_share = (await cur.fetchone() or {"share": 0.0})["share"]
     if done_after is None:
         return {"occurrences": n, "handler": handler, "claim_ahead_s": claim_ahead, "succeeded": 0}
     offset = await wall_clock_offset(db)
@@ -211,8 +248,10 @@ async def burst(
         **lag_stats(at_handler, "handler_start_lag"),
         "db_minus_wall_clock_s": round(offset, 4),
         "workers_ready_before_t_s": None if ready is None else round(ready, 2),
+        "claimed_before_t_share": round(ahead_share, 4),
         "all_succeeded_after_s": round(done_after, 3),
         "worker_cpu_ms_per_occurrence": round(1000 * worker_cpu / n, 3),
+        "worker_rss_mb_max": round(rss, 1),
         "worker_cpu_ms_per_occurrence_with_startup": round(1000 * worker_cpu_all / n, 3),
         "postgres_cpu_ms_per_occurrence": round(1000 * pg_cpu / n, 3),
         # The physical floor of this run: its CPU (workers + PostgreSQL) spread over every

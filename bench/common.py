@@ -275,8 +275,28 @@ def cpu_seconds(pid: int) -> float:
     return float(t.user + t.system)
 
 
-def postgres_cpu_seconds() -> float:
-    """CPU seconds of every postgres process on the machine (the bench's server)."""
+async def postmaster_pid(db: Database) -> int:
+    """The bench server's postmaster: the parent of one of its backends."""
+    async with db.connection() as conn:
+        cur = await conn.execute("SELECT pg_backend_pid() AS pid")
+        backend = (await cur.fetchone() or {"pid": 0})["pid"]
+    parent = psutil.Process(backend).ppid()
+    return int(parent)
+
+
+def postgres_cpu_seconds(postmaster: int | None = None) -> float:
+    """CPU seconds of the server under `postmaster`: its own, its live processes' and those
+    of the processes it reaped (backends that exited, autovacuum workers), so that neither
+    a server of someone else on the machine nor a backend ending mid-run moves the figure.
+    None: every postgres process on the machine (the bench's server)."""
+    if postmaster is not None:
+        pm = psutil.Process(postmaster)
+        t = pm.cpu_times()
+        total = float(t.user + t.system + t.children_user + t.children_system)
+        for child in pm.children():
+            with contextlib.suppress(psutil.Error):
+                total += cpu_seconds(child.pid)
+        return total
     total = 0.0
     for p in psutil.process_iter(["name"]):
         if p.info["name"] == "postgres":

@@ -188,10 +188,13 @@ async def claim(
     lease_seconds: float,
     known_specs: Container[str] = frozenset(),
     ahead_seconds: float = 0.0,
+    due_limit: int | None = None,
 ) -> list[Claimed]:
     """Claim up to `limit` occurrences of `pool` due now or within `ahead_seconds` (see the
     module's docstring): one transaction, a few round trips. Overlap is decided for the due
-    ones; one not due is claimed or left as `plan_ahead` says.
+    ones; one not due is claimed or left as `plan_ahead` says. At most `due_limit` due
+    ones (None: no limit): a worker takes no more due work than it has free handler slots,
+    while it may claim ahead beyond them (the rest stay pending, for whoever is free).
 
     Specs are fetched only for hashes not in `known_specs` (one job per hash): in a burst of
     jobs sharing a spec, one spec is read and parsed, not one per occurrence."""
@@ -214,7 +217,8 @@ async def claim(
             await claims.lock_jobs(db, serial_jobs, conn=conn)
             active = await claims.active(db, serial_jobs, conn=conn)
         due = [c for c in cands if c.due]
-        run, settle = decide_overlap(due, active)
+        run, settle = decide_overlap(due[:due_limit], active)
+        # The due ones left over still make their serialised jobs busy for plan_ahead.
         run += plan_ahead([c for c in cands if not c.due], due, active)
         if settle:
             await claims.settle(db, settle, conn=conn)

@@ -132,10 +132,29 @@ class WorkerSettings(_Settings):
     claim_ahead_seconds: float = Field(
         2.0,
         ge=0,
-        description="Claim occurrences due within this many seconds and start each at its "
-        "instant (a local timer aligned to the database clock): the claim's round trips "
-        "happen before the instant. Bounded by concurrency (a claimed occurrence holds a "
-        "slot while it waits); 0 claims only what is due.",
+        description="The least claim-ahead window: occurrences due within this many seconds "
+        "are always claimed before their instant and started at it (a local timer aligned "
+        "to the database clock). A coming burst widens the window (see "
+        "claim_ahead_max_seconds); 0 claims only what is due.",
+    )
+    claim_ahead_max_seconds: float = Field(
+        30.0,
+        ge=0,
+        description="The widest claim-ahead window: a coming burst is claimed from "
+        "(its share / the measured claim rate + a margin) before its instant, at most this "
+        "early (the scheduler materialises horizon_seconds ahead).",
+    )
+    claim_ahead_margin_seconds: float = Field(
+        1.0,
+        ge=0,
+        description="A coming burst's claim starts this much earlier than its share takes "
+        "to claim at the measured rate.",
+    )
+    claim_ahead_max: int = Field(
+        50_000,
+        ge=0,
+        description="Most occurrences one worker holds claimed ahead, waiting for their "
+        "instant (a row in memory each, not a handler slot).",
     )
     poll_seconds: float = Field(
         5.0, gt=0, description="Polling fallback when LISTEN/NOTIFY is silent."

@@ -89,11 +89,12 @@ class StrandedJob:
 
 
 @dataclass(frozen=True, slots=True)
-class NextDue:
-    """When a pool's next pending occurrence is claimable (None: nothing pending), and the
-    database's clock to measure the wait against."""
+class Coming:
+    """An instant at which `n` pending occurrences of a pool become due (None: nothing
+    pending), and the database's clock to measure the wait against."""
 
-    next_due: datetime | None
+    run_at: datetime | None
+    n: int | None
     db_now: datetime
 
 
@@ -184,11 +185,17 @@ async def stranded(db: Database, *, limit: int, conn: Conn | None = None) -> lis
     return [r.job_id for r in rows]
 
 
-async def next_due(db: Database, *, pool: str) -> NextDue:
-    """When `pool` next has something to claim (workers sleep until then)."""
-    row = await db.row(NextDue, "OccurrenceNextDue", {"pool": pool})
-    assert row is not None  # an aggregate: always one row
-    return row
+async def coming(
+    db: Database, *, pool: str, horizon_seconds: float, rows: int, instants: int = 1000
+) -> list[Coming]:
+    """The next instants of `pool`'s pending occurrences within `horizon_seconds` and how
+    many are due at each (over its earliest `rows` occurrences, at most `instants` instants),
+    earliest first; one row with run_at None when none is pending."""
+    return await db.rows(
+        Coming,
+        "OccurrenceComingInstants",
+        {"pool": pool, "horizon": horizon_seconds, "rows": rows, "instants": instants},
+    )
 
 
 async def notify_due(db: Database, payload: str, *, conn: Conn | None = None) -> None:

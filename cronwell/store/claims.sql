@@ -97,10 +97,23 @@ WHERE w.state = 'waiting'
                     AND (a.state = 'running' OR (a.state = 'pending' AND a.attempt > 0)))
 LIMIT %(limit)s;
 
--- name: OccurrenceNextDue
--- When the next pending occurrence of a pool becomes claimable (workers sleep until then).
-SELECT min(run_at) AS next_due, now() AS db_now FROM cronwell_occurrences
-WHERE pool = %(pool)s AND state = 'pending';
+-- name: OccurrenceComingInstants
+-- What is coming for a pool: the instants (run_at) of its earliest pending occurrences, at
+-- most `rows` of them within `horizon` seconds, with how many are due at each, and the
+-- database clock. A worker sizes its claim ahead from it (it starts claiming a burst early
+-- enough that its share is claimed before the instant) and sleeps until the next one. One
+-- range scan of the claim index (pool, run_at) WHERE state = 'pending', bounded by `rows`;
+-- the one-row outer side answers db_now when nothing is pending.
+SELECT i.run_at, i.n, now() AS db_now
+FROM (VALUES (1)) one(x)
+LEFT JOIN LATERAL (
+    SELECT c.run_at, count(*) AS n
+    FROM (SELECT run_at FROM cronwell_occurrences
+          WHERE pool = %(pool)s AND state = 'pending'
+            AND run_at <= now() + make_interval(secs => %(horizon)s)
+          ORDER BY run_at LIMIT %(rows)s) c
+    GROUP BY c.run_at ORDER BY c.run_at LIMIT %(instants)s) i ON true
+ORDER BY i.run_at;
 
 -- name: DueNotify
 -- One notification per materialised batch (never per row): pool -> earliest run_at.

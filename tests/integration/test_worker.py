@@ -23,7 +23,7 @@ from cronwell.schedule import format_instant
 from cronwell.sdk import Context
 from cronwell.store import claims
 from cronwell.store.db import Database
-from cronwell_worker.runtime import backoff_seconds, self_fence_margin
+from cronwell_worker.runtime import backoff_seconds, plan_claims, self_fence_margin
 from tests.helpers.wait import wait_for
 
 from .helpers import db_now, make_job, sql
@@ -32,6 +32,7 @@ from .worker_helpers import (
     EFFECTS_DDL,
     FAR_FUTURE,
     attempts,
+    burst_in,
     due_in,
     handler_job,
     http_server,
@@ -60,6 +61,23 @@ def test_backoff_is_exponential_capped_and_jittered_into_half_to_full() -> None:
 def test_self_fence_margin_is_below_the_lease() -> None:
     assert self_fence_margin(1.0) == pytest.approx(0.1)
     assert self_fence_margin(60.0) == 1.0
+
+
+def test_a_burst_is_claimed_from_its_share_over_the_rate_before_it_and_the_next_waits() -> None:
+    """Each instant's share (its count / workers + slack) is claimed before it at the
+    measured rate with a margin, after the shares before it; capped by the widest window."""
+    kw = {"rate": 1000.0, "min_window": 2.0, "max_window": 30.0, "slack": 10, "margin": 1.0}
+    # 10,000 due in 20 s, two workers: 5,010 to claim at 1,000/s + 1 s: from 6.01 s before.
+    plan = plan_claims([(20.0, 10_000)], workers=2, **kw)
+    assert plan.window == 2.0 and plan.quota == 0
+    assert plan.next_in == pytest.approx(20.0 - 6.01)
+    plan = plan_claims([(5.0, 10_000), (25.0, 100)], workers=2, **kw)
+    assert (plan.window, plan.quota) == (5.0, 5010)
+    # The second instant's claim comes after the first's share: 25 - (5,010 + 60) / 1,000 - 1.
+    assert plan.next_in == pytest.approx(25.0 - 5.07 - 1.0)
+    # Within the least window: always, up to the share; a huge burst: at most 30 s early.
+    plan = plan_claims([(1.0, 7), (29.0, 10**7)], workers=1, **kw)
+    assert (plan.window, plan.quota, plan.next_in) == (29.0, 7 + 10**7, None)
 
 
 def _ctx() -> Context:
@@ -707,6 +725,150 @@ async def test_stop_gives_back_occurrences_claimed_ahead_at_their_instant(
     assert (o["state"], o["attempt"], o["worker_id"], o["run_at"]) == ("pending", 0, None, run_at)
     assert o["started_at"] is None and not marks_of(None, "start", key)
     assert await attempts(db, key) == []
+
+
+async def _ahead(db: Database, name: str) -> dict[str, Any]:
+    """A job's occurrences: claimed ahead (running, not started), pending, by worker, and
+    whether the database clock is still before all of their instants."""
+    (row,) = await sql(
+        db,
+        "SELECT count(*) FILTER (WHERE o.state = 'running' AND o.started_at IS NULL) AS ahead,"
+        " count(*) FILTER (WHERE o.state = 'pending') AS pending,"
+        " count(*) FILTER (WHERE o.state = 'succeeded') AS succeeded,"
+        " coalesce(bool_and(o.run_at > now()), true) AS before_t"
+        " FROM cronwell_occurrences o JOIN cronwell_jobs j ON j.id = o.job_id WHERE j.name = %s",
+        name,
+    )
+    workers = await sql(
+        db,
+        "SELECT worker_id, count(*) AS n FROM cronwell_occurrences"
+        " WHERE state = 'running' AND started_at IS NULL GROUP BY worker_id",
+    )
+    return row | {"by_worker": {w["worker_id"]: w["n"] for w in workers}}
+
+
+# A burst 25 s ahead, claimed from 15 s + its share at the measured rate before it: "before
+# its instant" with room to spare on a loaded machine (the assertion is only "before T").
+BURST_LEAD, BURST_MARGIN = 25.0, 15.0
+AHEAD = {
+    "claim_ahead_seconds": 0.5,
+    "claim_ahead_margin_seconds": BURST_MARGIN,
+    "lease_seconds": 30.0,
+}
+
+
+async def _all_claimed_ahead(db: Database, name: str, n: int) -> dict[str, Any]:
+    """Wait until all n occurrences of job `name` are claimed ahead; they were before T."""
+    seen = await wait_for(
+        lambda: _claimed_ahead(db, name, n), timeout=BURST_LEAD, what=f"{n} claimed ahead"
+    )
+    assert seen["before_t"], "claimed only after the instant"
+    return seen
+
+
+async def test_a_burst_larger_than_the_concurrency_is_claimed_entirely_before_its_instant(
+    db: Database, db_url: str
+) -> None:
+    """600 occurrences due at one instant, a worker of concurrency 4: all 600 are claimed
+    ahead (a claimed-ahead occurrence waits without a handler slot), then all run."""
+    await handler_job(db, "burst", "t-noop")
+    async with running_worker(
+        db_url,
+        concurrency=4,
+        claim_batch_size=50,
+        **AHEAD,
+    ):
+        await burst_in(db, "burst", 600, BURST_LEAD)
+        seen = await _all_claimed_ahead(db, "burst", 600)
+        assert seen["pending"] == 0
+        done = await wait_for(
+            lambda: _succeeded(db, "burst", 600), timeout=BURST_LEAD + 30, what="all ran"
+        )
+        assert done["succeeded"] == 600
+
+
+async def _claimed_ahead(db: Database, name: str, n: int) -> dict[str, Any] | None:
+    row = await _ahead(db, name)
+    return row if row["ahead"] >= n or not row["before_t"] else None
+
+
+async def _succeeded(db: Database, name: str, n: int) -> dict[str, Any] | None:
+    row = await _ahead(db, name)
+    return row if row["succeeded"] == n else None
+
+
+async def test_two_workers_of_a_pool_share_a_burst_ahead(db: Database, db_url: str) -> None:
+    """Two live workers, one starting its claims ahead long before the other: it claims at
+    most half the burst plus a batch of slack, and the other the rest, all before the
+    instant (without the share, the first would claim all of it while the other idles)."""
+    await handler_job(db, "shared", "t-noop")
+    opts = AHEAD | {"concurrency": 8, "claim_batch_size": 20}
+    async with (
+        running_worker(db_url, worker_id="w-early", **opts | {"claim_ahead_margin_seconds": 20.0}),
+        running_worker(db_url, worker_id="w-late", **opts | {"claim_ahead_margin_seconds": 8.0}),
+    ):
+        await wait_for(lambda: _registered(db, 2), what="both workers registered")
+        await burst_in(db, "shared", 400, BURST_LEAD)
+        seen = await _all_claimed_ahead(db, "shared", 400)
+        share_and_slack = 400 // 2 + 20
+        assert set(seen["by_worker"]) == {"w-early", "w-late"}, seen["by_worker"]
+        assert max(seen["by_worker"].values()) <= share_and_slack, seen["by_worker"]
+        await wait_for(
+            lambda: _succeeded(db, "shared", 400), timeout=BURST_LEAD + 30, what="all ran"
+        )
+
+
+async def _registered(db: Database, n: int) -> bool:
+    rows = await sql(db, "SELECT count(*) AS n FROM cronwell_processes WHERE role = 'worker'")
+    return bool(rows[0]["n"] == n)
+
+
+async def test_waiting_claims_hold_no_handler_slot(db: Database, db_url: str) -> None:
+    """Long-running handlers fill the concurrency: a coming burst is still claimed ahead,
+    and runs once the slots free."""
+    for name in ("long-1", "long-2"):
+        await handler_job(db, name, "t-wait-event")
+    await handler_job(db, "later", "t-noop")
+    async with running_worker(
+        db_url,
+        concurrency=2,
+        **AHEAD,
+    ):
+        keys = [await trigger(db, name) for name in ("long-1", "long-2")]
+        for k in keys:
+            await started(k)
+        await burst_in(db, "later", 30, BURST_LEAD)
+        await _all_claimed_ahead(db, "later", 30)
+        assert [(await occurrence(db, k))["state"] for k in keys] == ["running", "running"]
+        for k in keys:
+            CONTROL.setdefault(k, asyncio.Event()).set()
+        await wait_for(lambda: _succeeded(db, "later", 30), timeout=BURST_LEAD + 30, what="all ran")
+
+
+async def test_stop_gives_back_every_waiting_claim(db: Database, db_url: str) -> None:
+    """Stopping before the instant gives back all that waits (more than the concurrency),
+    unstarted and unconsumed."""
+    await handler_job(db, "ahead-many", "t-noop")
+    async with running_worker(
+        db_url,
+        concurrency=2,
+        **AHEAD,
+    ) as w:
+        await burst_in(db, "ahead-many", 200, BURST_LEAD)
+        await _all_claimed_ahead(db, "ahead-many", 200)
+        w.worker.stop()
+        await asyncio.wait_for(asyncio.shield(w.task), 20)
+        assert sorted({o.result for o in w.outcomes}) == ["released"]
+        assert len(w.outcomes) == 200
+    rows = await sql(
+        db,
+        "SELECT state, attempt, worker_id, started_at, count(*) AS n FROM cronwell_occurrences"
+        " GROUP BY 1, 2, 3, 4",
+    )
+    assert rows == [
+        {"state": "pending", "attempt": 0, "worker_id": None, "started_at": None, "n": 200}
+    ]
+    assert await sql(db, "SELECT * FROM cronwell_attempts") == []
 
 
 # -- specs at claim time --------------------------------------------------------------------

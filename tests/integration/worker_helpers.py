@@ -375,6 +375,11 @@ async def fail_while(ctx: Context) -> None:
         raise RuntimeError(f"{ctx.name} is failing on purpose (attempt {ctx.attempt})")
 
 
+@cronwell.handler("t-noop")
+async def noop(ctx: Context) -> None:
+    """Does nothing (bursts)."""
+
+
 @cronwell.handler("t-clock")
 async def clock(ctx: Context) -> None:
     """Marks its start first thing (the mark's `t` is this process's monotonic clock), then
@@ -388,6 +393,23 @@ async def clock(ctx: Context) -> None:
         row = await cur.fetchone()
     assert row is not None
     mark("row", ctx, started_at=row[0].isoformat() if row[0] is not None else None)
+
+
+async def burst_in(db: Database, name: str, n: int, seconds: float) -> None:
+    """n occurrences of job `name` (overlap Allow) due at one instant `seconds` from now,
+    as the scheduler leaves a burst: pending, materialised ahead."""
+    await sql(
+        db,
+        "INSERT INTO cronwell_occurrences (idempotency_key, job_id, pool, scheduled_for, run_at,"
+        " state, overlap, delivery, max_attempts, timeout_seconds)"
+        " SELECT j.id || ':' || i, j.id, 'default', t, t, 'pending', 'Allow', 'AtLeastOnce',"
+        " 3, 60 FROM cronwell_jobs j,"
+        " (SELECT date_trunc('milliseconds', now() + make_interval(secs => %s)) t) s,"
+        " generate_series(1, %s) i WHERE j.name = %s",
+        seconds,
+        n,
+        name,
+    )
 
 
 async def due_in(db: Database, key: str, seconds: float) -> tuple[datetime, float]:

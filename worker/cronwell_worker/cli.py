@@ -70,8 +70,8 @@ _import_opt = click.option(
     "--claim-ahead-seconds",
     type=float,
     default=None,
-    help="Claim occurrences due within this window and start each at its instant (default 2;"
-    " 0: claim only what is due).",
+    help="The least claim-ahead window: claim occurrences due within it and start each at its"
+    " instant (default 2); a coming burst widens it (CRONWELL_CLAIM_AHEAD_MAX_SECONDS).",
 )
 @click.option(
     "--shutdown-grace-seconds",

@@ -9,10 +9,15 @@ whose lease may have run out, judged by the local monotonic clock from the momen
 successful renewal was *sent*, is cancelled before another worker can be handed the
 occurrence.
 
-Claim ahead: occurrences due within `claim_ahead_seconds` are claimed before their instant
-(each holds a slot while it waits, so at most `concurrency` wait) and started at it by a
-local monotonic timer aligned to the database clock at the claim. The wait is part of the
-attempt's lease (heartbeats renew it; the watchdog fences it). The start is recorded in the
+Claim ahead: a worker claims occurrences before their instant and starts each at it by a
+local monotonic timer aligned to the database clock at the claim. What is due within
+`claim_ahead_seconds` is always claimed ahead; a coming burst is claimed from early enough
+that this worker's share of it (the burst / the pool's live workers, plus a slack) is
+claimed before its instant at the claim rate it measures, at most `claim_ahead_max_seconds`
+early and `claim_ahead_max` occurrences at once. A claimed-ahead occurrence waiting for its
+instant holds no handler slot: it takes one at its instant (first come, first served, so
+in instant order). The wait is part of the attempt's lease (heartbeats renew it; the
+watchdog fences it). The start is recorded in the
 database, batched like completions, before the handler runs: a worker that dies before then
 leaves an occurrence the reaper gives back as never started (not an attempt, so never an
 ambiguous AtMostOnce one), and every fence a target sees belongs to a recorded attempt.
@@ -25,11 +30,13 @@ import asyncio
 import contextlib
 import functools
 import logging
+import math
 import random
 import time
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
 import httpx
@@ -100,6 +107,83 @@ SPEC_CACHE_SIZE = 10_000
 BUSY_RETRY_SECONDS = 0.05
 """The least wait before claiming again when a claim took nothing although something is
 due: another claimer holds it (SKIP LOCKED), possibly for long (a paused process)."""
+CLAIM_RATE_GUESS = 2_000.0
+"""Occurrences per second a worker's claims are assumed to achieve before it measured any
+(low: a burst claimed too early costs nothing, too late costs its start lag)."""
+CLAIM_RATE_SMOOTHING = 0.3
+"""Weight of each new claim's rate in the measured one (an exponential moving average)."""
+REGISTRY_TTL_SECONDS = 15.0
+"""A worker whose registry heartbeat (every 5 s) is older is not counted in its pool."""
+LOOK_MIN_SECONDS = 0.1
+"""Least time between two looks at what is coming: every handler that returns wakes the
+claim loop, and a burst's thousands of wakes must not become thousands of queries."""
+WORKERS_MAX_AGE_SECONDS = 2.0
+"""How long the count of the pool's live workers is reused (the registry moves slowly)."""
+
+
+@dataclass(frozen=True)
+class ClaimPlan:
+    """What to claim now: occurrences due within `window` seconds, at most `quota` of them
+    ahead of their instant; the next instant beyond the window wants its claim to start in
+    `next_in` seconds (None: nothing beyond it is known)."""
+
+    window: float
+    quota: int
+    next_in: float | None
+
+
+def plan_claims(
+    coming: list[tuple[float, int]],
+    *,
+    workers: int,
+    rate: float,
+    min_window: float,
+    max_window: float,
+    slack: int,
+    margin: float,
+) -> ClaimPlan:
+    """Size the claim ahead from the coming instants, (seconds until it, occurrences due at
+    it) each, earliest first: each instant's share (its count / the pool's workers, plus
+    `slack`) must be claimed before it, after the shares of the instants before it, at
+    `rate` per second, `margin` seconds early. Why: a fixed window claims a large burst mostly after
+    its instant; a window as wide as the scheduler's horizon holds memory for nothing."""
+    window, quota, cum = min_window, 0, 0
+    for until, n in coming:
+        share = min(n, math.ceil(n / max(1, workers)) + slack)
+        cum += share
+        lead = min(max_window, cum / rate + margin)
+        if until > min_window and until > lead:
+            return ClaimPlan(window, quota, until - lead)
+        window = max(window, until)
+        quota += share
+    return ClaimPlan(window, quota, None)
+
+
+@dataclass
+class _Coming:
+    """The last look at what is coming for the pool (claims.coming)."""
+
+    instants: list[tuple[datetime, int]]
+    """(instant, occurrences due then: the most seen pending plus held here), earliest
+    first."""
+    pending: dict[datetime, int]
+    """Pending occurrences at each instant (what is left to claim)."""
+    db_now: datetime
+    at: float
+    """The monotonic instant the look returned (db_now, give or take its round trip)."""
+    workers: int
+
+    def until(self) -> list[tuple[float, int]]:
+        """(seconds from now until each instant, its count)."""
+        base = time.monotonic() - self.at
+        return [((t - self.db_now).total_seconds() - base, n) for t, n in self.instants]
+
+    def first_pending(self) -> float | None:
+        """Seconds from now until the earliest instant with something left to claim."""
+        if not self.pending:
+            return None
+        base = time.monotonic() - self.at
+        return (min(self.pending) - self.db_now).total_seconds() - base
 
 
 def self_fence_margin(lease_seconds: float) -> float:
@@ -126,6 +210,11 @@ class _Running:
     admitted: tuple[EgressPolicy, dict[str, str] | None] | Exception | None = None
     """Claimed ahead: the pool and egress policies and Secret values, read while waiting
     for the instant (or why not); None: read at the start."""
+    slot: bool = False
+    """It holds a handler slot (from its start until its target is over); a claimed-ahead
+    attempt waiting for its instant holds none."""
+    waiting: bool = False
+    """Claimed ahead and not holding a slot yet (counted in Worker._waiting and _held)."""
 
     @property
     def held(self) -> tuple[str, int, int]:
@@ -170,7 +259,15 @@ class Worker:
         self.id = worker_id or process_id("worker")
         self.on_outcome = on_outcome
         self.running: dict[str, _Running] = {}
-        self._handlers = 0  # attempts whose target has not returned yet
+        self._handlers = 0  # handler slots taken: attempts whose target has not returned yet
+        self._waiting = 0  # claimed ahead, waiting for their instant or a slot (no slot)
+        self._slot_queue: deque[asyncio.Future[None]] = deque()  # due, waiting for a slot
+        self._unstarted: list[Claimed] = []  # claimed ahead, stopped before their start
+        self._claim_rate = CLAIM_RATE_GUESS  # occurrences per second, measured
+        self._coming: _Coming | None = None
+        self._workers, self._workers_at = 1, -math.inf  # the pool's live workers, when read
+        self._seen: dict[datetime, int] = {}  # instant -> most occurrences seen due at it
+        self._held: dict[datetime, int] = {}  # instant -> claimed ahead here, not started
         self._specs: OrderedDict[str, ScheduledJobSpec] = OrderedDict()  # by spec hash
         self._m = _PoolMetrics(self.metrics, settings.pool)
         self._stopping = asyncio.Event()
@@ -219,6 +316,8 @@ class Worker:
                 async with asyncio.timeout(10):
                     await claim
             await self._drain()
+            # The ones given back unstarted, in one statement (stopping may hold thousands).
+            await self._release(self._unstarted)
             await tasks.stop()
             await self._flush()
             with contextlib.suppress(DatabaseError):
@@ -277,24 +376,21 @@ class Worker:
     async def _claim_loop(self) -> None:
         s = self.settings
         backoff = Backoff(first_seconds=0.5, max_seconds=min(s.poll_seconds, RETRY_MAX_SECONDS))
+        look = True  # look at what is coming before claiming (not within a run of full claims)
+        looked = True
         while not self._stopping.is_set():
             # Cleared before the claim: a NOTIFY arriving while it runs wakes the next one.
             self._wake.clear()
-            free = self._free_slots()
             delay = s.poll_seconds
             self.live.waiting("claim")
             try:
-                if free > 0:
-                    want = min(free, s.claim_batch_size)
-                    claimed = await dispatch.claim(
-                        self.db,
-                        pool=s.pool,
-                        worker_id=self.id,
-                        limit=want,
-                        lease_seconds=s.lease_seconds,
-                        known_specs=self._specs,
-                        ahead_seconds=s.claim_ahead_seconds,
-                    )
+                if look:
+                    looked = await self._look()
+                free, plan = self._free_slots(), self._plan()
+                want = self._claim_size(free, plan)
+                took_some = False
+                if want > 0:
+                    claimed = await self._claim(want, plan.window, free)
                     if self._stopping.is_set():
                         # Stopped while the claim was in flight: give them back unstarted.
                         await self._release(claimed)
@@ -305,24 +401,21 @@ class Worker:
                     # known until every occurrence of the batch has its spec.
                     while len(self._specs) > SPEC_CACHE_SIZE:
                         self._specs.popitem(last=False)
-                    if len(claimed) == want:
+                    look = len(claimed) < want
+                    if not look:
                         continue
-                    due = await claims.next_due(self.db, pool=s.pool)
-                    if due.next_due is not None:
-                        until = (due.next_due - due.db_now).total_seconds()
-                        delay = until - s.claim_ahead_seconds
-                        if delay <= 0:
-                            # Inside the window yet not claimed: held back for its overlap
-                            # decision at its instant (dispatch.plan_ahead), or just due.
-                            delay = until
-                        if not claimed:
-                            # Due yet nothing taken: another claimer holds it, or it waits
-                            # behind one it holds (dispatch.hold_back). Not a busy loop.
-                            delay = max(delay, BUSY_RETRY_SECONDS)
+                    took_some = bool(claimed)
+                    looked = await self._look()
+                    free, plan = self._free_slots(), self._plan()
+                delay = self._claim_delay(plan, took_some, free)
+                if not looked:
+                    delay = min(delay, LOOK_MIN_SECONDS)  # look again soon: something woke it
+                look = True
                 backoff.success()
                 self.live.progressed("claim")
             except EXPECTED_ERRORS as e:
                 delay = backoff.failure()
+                look = True
                 log.warning(
                     f"claim failed; retrying in {delay:.1f}s: {e}",
                     extra={"action": "claim_failed"},
@@ -330,22 +423,172 @@ class Worker:
             if delay > 0 and not self._stopping.is_set():
                 await wait_event(self._wake, min(delay, s.poll_seconds))
 
-    def _free_slots(self) -> int:
-        """How many more occurrences to claim now. A slot frees when its handler returns,
-        not when its completion is written: the next batch is claimed while the last one's
-        completions are in flight (the database works on both at once). Attempts held,
-        running or completing, stay below twice the concurrency."""
+    async def _look(self) -> bool:
+        """Read what is coming for the pool and how many live workers share it; False when
+        the last look is too recent to look again (LOOK_MIN_SECONDS)."""
         s = self.settings
-        return min(s.concurrency - self._handlers, 2 * s.concurrency - len(self.running))
+        now = time.monotonic()
+        if self._coming is not None and now - self._coming.at < LOOK_MIN_SECONDS:
+            return False
+        if now - self._workers_at > WORKERS_MAX_AGE_SECONDS:
+            self._workers = await processes.live_count(
+                self.db, role="worker", ttl_seconds=REGISTRY_TTL_SECONDS, pool=s.pool
+            )
+            self._workers_at = now
+        live = self._workers
+        rows = await claims.coming(
+            self.db,
+            pool=s.pool,
+            horizon_seconds=max(s.claim_ahead_seconds, s.claim_ahead_max_seconds),
+            rows=max(1, s.claim_ahead_max) * max(1, live),
+        )
+        at = time.monotonic()
+        pending = {r.run_at: r.n or 0 for r in rows if r.run_at is not None}
+        # A burst's size is the most seen of it: pending ones plus those held here (others'
+        # claims shrink what is pending, not the burst each worker takes a share of).
+        seen = {
+            t: max(self._seen.get(t, 0), pending.get(t, 0) + self._held.get(t, 0))
+            for t in pending.keys() | self._held.keys()
+        }
+        self._seen = seen
+        self._coming = _Coming(sorted(seen.items()), pending, rows[0].db_now, at, max(1, live))
+        return True
+
+    def _plan(self) -> ClaimPlan:
+        s = self.settings
+        if self._coming is None:
+            return ClaimPlan(s.claim_ahead_seconds, 0, None)
+        return plan_claims(
+            self._coming.until(),
+            workers=self._coming.workers,
+            rate=self._claim_rate,
+            min_window=s.claim_ahead_seconds,
+            max_window=max(s.claim_ahead_seconds, s.claim_ahead_max_seconds),
+            slack=s.claim_batch_size,
+            margin=s.claim_ahead_margin_seconds,
+        )
+
+    def _claim_size(self, free: int, plan: ClaimPlan) -> int:
+        """How many occurrences to claim now: while something is due, as many as there are
+        free slots (due ones come first in the claim's order, and a worker takes no due
+        work it cannot start); otherwise ahead ones, up to this worker's share of what is
+        in the window and the memory bound."""
+        s = self.settings
+        first = self._coming.first_pending() if self._coming is not None else None
+        if first is None:
+            return 0  # nothing pending within the horizon
+        if first <= 0:
+            return min(s.claim_batch_size, max(0, free))
+        ahead = min(s.claim_ahead_max, plan.quota) - self._waiting
+        return min(s.claim_batch_size, max(0, ahead))
+
+    async def _claim(self, want: int, window: float, free: int) -> list[Claimed]:
+        """One claim; its rate (occurrences per second) updates the measured one."""
+        s = self.settings
+        sent = time.monotonic()
+        claimed = await dispatch.claim(
+            self.db,
+            pool=s.pool,
+            worker_id=self.id,
+            limit=want,
+            lease_seconds=s.lease_seconds,
+            known_specs=self._specs,
+            ahead_seconds=window,
+            due_limit=max(0, free),
+        )
+        took = time.monotonic() - sent
+        # Full claims of at least half a batch: a few due ones claimed into freed slots
+        # say how fast slots free, not how fast this worker can claim.
+        if len(claimed) == want >= max(1, s.claim_batch_size // 2) and took > 0:
+            a = CLAIM_RATE_SMOOTHING
+            self._claim_rate = (1 - a) * self._claim_rate + a * len(claimed) / took
+        return claimed
+
+    def _claim_delay(self, plan: ClaimPlan, took_some: bool, free: int) -> float:
+        """How long to sleep after a claim that took less than it asked for (or none):
+        until the next instant when what is left of it is in the window (held back for its
+        overlap decision, over this worker's share, or over the memory bound), else until
+        the next burst's claim should start. A slot that frees, a NOTIFY or the poll wakes
+        it sooner."""
+        first = self._coming.first_pending() if self._coming is not None else None
+        delay = self.settings.poll_seconds
+        if first is not None and first <= plan.window:
+            delay = first
+            if first <= 0 and free <= 0:
+                delay = self.settings.poll_seconds  # due, no slot: a slot that frees wakes it
+            elif not took_some:
+                # Due yet nothing taken: another claimer holds it, or it waits behind one it
+                # holds (dispatch.hold_back). Not a busy loop.
+                delay = max(delay, BUSY_RETRY_SECONDS)
+        if plan.next_in is not None:
+            delay = min(delay, max(plan.next_in, BUSY_RETRY_SECONDS))
+        return delay
+
+    def _free_slots(self) -> int:
+        """How many more due occurrences to claim now: the handler slots not taken and not
+        promised to a claimed-ahead attempt whose instant came. A slot frees when its
+        handler returns, not when its completion is written: the next batch is claimed
+        while the last one's completions are in flight (the database works on both at
+        once). Attempts running or completing stay below twice the concurrency; those
+        claimed ahead and waiting for their instant count against neither."""
+        s = self.settings
+        started = len(self.running) - self._waiting
+        return min(
+            s.concurrency - self._handlers - len(self._slot_queue), 2 * s.concurrency - started
+        )
 
     def _handler_done(self, r: _Running) -> None:
         """The attempt's target is over (returned, raised or was cancelled): what is left,
-        recording it, is never aborted, and its slot can take a new claim."""
+        recording it, is never aborted, and its slot goes to the first attempt waiting for
+        one, else to a new claim."""
         if r.completing:
             return
         r.completing = True
-        self._handlers -= 1
+        if r.slot:
+            r.slot = False
+            self._handlers -= 1
+            self._hand_slot()
+        else:
+            self._unhold(r)
         self._wake.set()
+
+    def _hand_slot(self) -> None:
+        """A slot is free: the first claimed-ahead attempt waiting for one takes it."""
+        while self._slot_queue and self._handlers < self.settings.concurrency:
+            fut = self._slot_queue.popleft()
+            if not fut.done():
+                self._handlers += 1
+                fut.set_result(None)
+
+    async def _take_slot(self, r: _Running) -> None:
+        """A claimed-ahead attempt whose instant came takes a handler slot, or waits for one
+        behind those whose instants came before (first come, first served)."""
+        if self._handlers < self.settings.concurrency and not self._slot_queue:
+            self._handlers += 1
+        else:
+            fut = asyncio.get_running_loop().create_future()
+            self._slot_queue.append(fut)
+            try:
+                await fut
+            except asyncio.CancelledError:
+                if fut.done() and not fut.cancelled():
+                    self._unhold(r)
+                    r.slot = True  # handed over as it was cancelled: _forget gives it back
+                raise
+        self._unhold(r)
+        r.slot = True
+
+    def _unhold(self, r: _Running) -> None:
+        """The attempt no longer waits as claimed ahead (it took a slot, or is over)."""
+        if r.waiting:
+            r.waiting = False
+            self._waiting -= 1
+            t = r.claimed.run_at
+            n = self._held.get(t, 0) - 1
+            if n > 0:
+                self._held[t] = n
+            else:
+                self._held.pop(t, None)
 
     async def _release(self, claimed: list[Claimed]) -> None:
         """Give claimed-but-unstarted occurrences back: pending now, attempt not consumed."""
@@ -396,7 +639,13 @@ class Worker:
         except (pydantic.ValidationError, ValueError) as e:
             r.spec_error = e
         self.running[c.key] = r
-        self._handlers += 1
+        if c.started_at is None:
+            r.waiting = True  # claimed ahead: takes a slot at its instant
+            self._waiting += 1
+            self._held[c.run_at] = self._held.get(c.run_at, 0) + 1
+        else:
+            r.slot = True
+            self._handlers += 1
         r.task = asyncio.create_task(self._execute(r), name=f"attempt {c.key}")
         # A task cancelled before its first step never runs _execute's `finally`: without
         # this its slot and entry would leak, and a worker whose slots all leaked claims
@@ -490,6 +739,7 @@ class Worker:
                 wait = c.due_monotonic - time.monotonic()
                 if wait > 0:
                     await asyncio.sleep(wait)
+                await self._take_slot(r)
                 # The handler runs only once its start is durable: started_at NULL means it
                 # never ran, so the reaper can give it back unconsumed (never Ambiguous), and
                 # every fence a target saw belongs to a recorded attempt.
@@ -498,7 +748,7 @@ class Worker:
                     return False
         except asyncio.CancelledError:
             if r.abort in (ABORT_SHUTDOWN, ABORT_RELEASE):
-                await self._release([c])
+                self._unstarted.append(c)  # given back in one statement when the worker stops
             else:
                 self._report(Outcome(c, "lease_lost", error=r.abort))
             return False
