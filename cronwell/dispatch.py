@@ -4,7 +4,8 @@ job's row lock (so one job's claims and completions are serialised, never its ne
 
 Claim ahead: a claim may take occurrences due within the next few seconds; the worker
 starts each at its instant (`Claimed.due_monotonic`, its local timer aligned to the
-database clock at the claim) and records the start. Overlap must be decided at the instant,
+database clock at the claim) and records the start (AtLeastOnce: with its ending, see the
+worker runtime's docstring). Overlap must be decided at the instant,
 so an occurrence of a serialised job is claimed ahead only when nothing of its job is active
 or due before it: claimed, it is itself the job's active occurrence, so nothing of the job
 can start before it. Otherwise it stays pending and is decided when it is due.
