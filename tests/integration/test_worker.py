@@ -717,11 +717,11 @@ async def test_an_at_least_once_attempt_claimed_ahead_starts_with_no_write_befor
     clock, at or after run_at), on the occurrence and its attempt row alike."""
     await handler_job(db, "least-ahead", "t-clock")
     key = await trigger(db, "least-ahead")
-    run_at, earliest = await due_in(db, key, 2.0)
+    run_at, earliest = await due_in(db, key, 3.0)
     async with running_worker(db_url, claim_ahead_seconds=10.0) as w:
         await wait_for(lambda: state_is(db, key, "succeeded"))
         out = await w.outcome(key)
-    assert out.result == "succeeded"
+    assert (out.result, out.claimed.started_at) == ("succeeded", None)  # claimed ahead
     (start,) = marks_of(None, "start", key)
     (row,) = marks_of(None, "row", key)
     assert start["t"] >= earliest, f"started {earliest - start['t']:.3f}s before its instant"
@@ -772,9 +772,10 @@ async def test_a_long_at_least_once_attempt_started_without_a_write_gets_its_sta
     recorded while it runs (the dashboard shows it started); its completion keeps it."""
     await handler_job(db, "long-ahead", "t-wait-event")
     key = await trigger(db, "long-ahead")
-    run_at, _ = await due_in(db, key, 1.0)
-    async with running_worker(db_url, claim_ahead_seconds=10.0):
+    run_at, _ = await due_in(db, key, 3.0)
+    async with running_worker(db_url, claim_ahead_seconds=10.0) as w:
         await started(key)
+        assert w.worker.running[key].claimed.started_at is None  # claimed ahead
 
         async def recorded() -> dict[str, Any] | None:
             o = await _occ(db, key)
@@ -897,6 +898,7 @@ async def test_completions_wait_while_a_burst_is_starting(db: Database, db_url: 
     CONTROL.pop("outcomes", None)
     seen = {m["key"]: m["succeeded"] for m in marks_of(None, "start") if m["key"] in keys}
     assert len(seen) == n
+    assert [o.claimed.started_at for o in w.outcomes] == [None] * n  # all claimed ahead
     assert set(seen.values()) == {0}, f"completions written while the burst started: {seen}"
     assert sorted(w.results(k)[0] for k in keys) == ["succeeded"] * n
 

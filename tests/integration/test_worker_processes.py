@@ -192,7 +192,8 @@ async def test_kill_minus_nine_as_an_at_least_once_start_with_no_write_it_counts
     await sql(db, EFFECTS_DDL)
     await handler_job(db, "dies", "t-die-first")
     key = await trigger(db, "dies")
-    run_at, _ = await due_in(db, key, 3.0)
+    # Far enough ahead that A, still importing on a loaded machine, claims it before it.
+    run_at, _ = await due_in(db, key, 10.0)
     marks = tmp_path / "marks"
     marks.mkdir()
     a = _worker(db_url, marks, tmp_path / "a.log", "--claim-ahead-seconds", "30")
@@ -201,9 +202,14 @@ async def test_kill_minus_nine_as_an_at_least_once_start_with_no_write_it_counts
         first = await _mark(marks, "start", key)
         assert first["pid"] == a.pid
         await asyncio.to_thread(a.wait, 10)
-        o = await occurrence(db, key)
+        (o,) = await sql(
+            db,
+            "SELECT state, claimed_at, run_at, started_at, lease_expires_at"
+            " FROM cronwell_occurrences WHERE idempotency_key = %s",
+            key,
+        )
         assert (o["state"], o["started_at"]) == ("running", None), o
-        assert o["run_at"] == run_at < o["lease_expires_at"], o
+        assert o["claimed_at"] < o["run_at"] == run_at < o["lease_expires_at"], o
         b = _worker(db_url, marks, tmp_path / "b.log")
         r = await _reap_until(db, key)
         assert (r["state"], r["reason"]) == ("pending", "LeaseExpired")
