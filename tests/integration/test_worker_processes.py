@@ -75,6 +75,14 @@ async def _reap_until(db: Database, key: str, timeout: float = 15.0) -> dict[str
     return await wait_for(reaped, timeout, f"the reaper to requeue {key}")
 
 
+async def _rerun_after_lease_expired(db: Database, key: str) -> dict[str, Any]:
+    """The reaper requeues `key` as an attempt that ran (LeaseExpired); a taker runs it to
+    success. Returns the succeeded occurrence."""
+    r = await _reap_until(db, key)
+    assert (r["state"], r["reason"]) == ("pending", "LeaseExpired")
+    return await wait_for(lambda: state_is(db, key, "succeeded"), 20, "the taker to succeed")
+
+
 async def _worker_a_runs(
     db: Database, db_url: str, tmp_path: Path, name: str, handler: str, payload: dict[str, Any]
 ) -> tuple[str, Path, subprocess.Popen[bytes]]:
@@ -105,9 +113,7 @@ async def test_kill_minus_nine_mid_job_another_worker_takes_over(
         os.kill(a.pid, signal.SIGKILL)
         a.wait()
         b = _worker(db_url, marks, tmp_path / "b.log")
-        r = await _reap_until(db, key)
-        assert (r["state"], r["reason"]) == ("pending", "LeaseExpired")
-        o = await wait_for(lambda: state_is(db, key, "succeeded"), 20, "the taker to succeed")
+        o = await _rerun_after_lease_expired(db, key)
     finally:
         stop(a)
         rc = stop(b) if b is not None else None
@@ -211,9 +217,7 @@ async def test_kill_minus_nine_as_an_at_least_once_start_with_no_write_it_counts
         assert (o["state"], o["started_at"]) == ("running", None), o
         assert o["claimed_at"] < o["run_at"] == run_at < o["lease_expires_at"], o
         b = _worker(db_url, marks, tmp_path / "b.log")
-        r = await _reap_until(db, key)
-        assert (r["state"], r["reason"]) == ("pending", "LeaseExpired")
-        done = await wait_for(lambda: state_is(db, key, "succeeded"), 20, "B to succeed")
+        done = await _rerun_after_lease_expired(db, key)
     finally:
         stop(a)
         rc = stop(b) if b is not None else None
