@@ -4,7 +4,8 @@ job's row lock (so one job's claims and completions are serialised, never its ne
 
 Claim ahead: a claim may take occurrences due within the next few seconds; the worker
 starts each at its instant (`Claimed.due_monotonic`, its local timer aligned to the
-database clock at the claim) and records the start. Overlap must be decided at the instant,
+database clock at the claim) and records the start (AtLeastOnce: with its ending, see the
+worker runtime's docstring). Overlap must be decided at the instant,
 so an occurrence of a serialised job is claimed ahead only when nothing of its job is active
 or due before it: claimed, it is itself the job's active occurrence, so nothing of the job
 can start before it. Otherwise it stays pending and is decided when it is due.
@@ -325,21 +326,29 @@ async def replay_dead(
     return rows
 
 
-async def succeed(db: Database, done: list[tuple[int, int]]) -> set[str]:
+async def succeed(
+    db: Database, done: list[tuple[int, int]], starts: Sequence[datetime | None] | None = None
+) -> set[str]:
     """Fenced completion of a batch of (occurrence id, fence); returns the keys that
     completed. A key missing from the result had a stale fence: it completes nothing
-    (invariant 3)."""
+    (invariant 3). `starts`: each attempt's start instant (database clock) when its start
+    was not written yet (None: written)."""
     if not done:
         return set()
     async with db.transaction() as conn:
-        return await succeed_in(db, conn, done)
+        return await succeed_in(db, conn, done, starts)
 
 
-async def succeed_in(db: Database, conn: Conn, done: list[tuple[int, int]]) -> set[str]:
+async def succeed_in(
+    db: Database,
+    conn: Conn,
+    done: list[tuple[int, int]],
+    starts: Sequence[datetime | None] | None = None,
+) -> set[str]:
     """Fenced completion inside the caller's transaction (the worker's batch, or a
     handler's `ctx.transaction()`), promoting the next waiting occurrence of each buffered
     job in the same transaction: every completion path goes through here."""
-    rows = await attempts.succeed(db, done, conn=conn)
+    rows = await attempts.succeed(db, done, starts, conn=conn)
     await promote_waiting(db, conn, [r.job_id for r in rows if r.overlap in BUFFERED])
     return {r.idempotency_key for r in rows}
 
@@ -354,9 +363,10 @@ async def fail(
     error: str,
     delay_seconds: float,
     outcome: str = "failed",
+    started: datetime | None = None,
 ) -> str | None:
     """Fenced failure: `next_state` pending (retry after the delay) or dead. Returns the new
-    state, or None if the fence was stale."""
+    state, or None if the fence was stale. `started`: the start instant if not written."""
     async with db.transaction() as conn:
         row = await attempts.fail(
             db,
@@ -367,6 +377,7 @@ async def fail(
             error=error[:4000],
             delay_seconds=delay_seconds,
             outcome=outcome,
+            started=started,
             conn=conn,
         )
         if row is None:
@@ -396,12 +407,15 @@ async def reassert(
     return await attempts.reassert(db, held, worker_id=worker_id, lease_seconds=lease_seconds)
 
 
-async def record_starts(db: Database, started: list[tuple[int, int]]) -> set[str]:
-    """Record the actual start of attempts claimed ahead (id, fence); returns the keys
-    still held (one missing lost its lease: it must not start)."""
+async def record_starts(
+    db: Database, started: list[tuple[int, int]], starts: Sequence[datetime | None] | None = None
+) -> set[str]:
+    """Record the actual start of attempts claimed ahead (id, fence), at `starts` (None:
+    now, before the handler runs); returns the keys still held (one missing lost its lease:
+    it must not start)."""
     if not started:
         return set()
-    return await attempts.record_starts(db, started)
+    return await attempts.record_starts(db, started, starts)
 
 
 async def release(db: Database, claimed: list[tuple[str, int]]) -> set[str]:

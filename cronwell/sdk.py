@@ -70,6 +70,9 @@ class Context:
     completed_in_transaction: bool = False
     occurrence_id: int | None = None
     """The claimed occurrence's row id: `ctx.transaction()` completes it by id and fence."""
+    start_instant: datetime | None = None
+    """When the attempt started (database clock), if that start is not written yet (an
+    AtLeastOnce attempt claimed ahead starts without a write): the completion records it."""
     _conn: Conn | None = None
     _cancel_flag: bool = field(default=False, repr=False)
     _cancel_event: threading.Event | None = field(default=None, repr=False)
@@ -134,7 +137,9 @@ class Context:
                 self.check_cancelled()
                 from cronwell import dispatch  # the SDK stays importable without the store
 
-                done = await dispatch.succeed_in(self.db, conn, [(self.occurrence_id, self.fence)])
+                done = await dispatch.succeed_in(
+                    self.db, conn, [(self.occurrence_id, self.fence)], [self.start_instant]
+                )
                 if not done:
                     raise LeaseLost(f"{self.key}: fence {self.fence} is stale; rolled back")
             finally:

@@ -165,6 +165,13 @@ class WorkerSettings(_Settings):
     complete_flush_seconds: float = Field(
         0.005, ge=0, description="Successful completions are written in batches this often."
     )
+    completion_hold_seconds: float = Field(
+        1.0,
+        ge=0,
+        description="Starts before completions: while attempts are due to start (within "
+        "50 ms) or starting, completion writes wait, at most this long, then go in one "
+        "larger batch.",
+    )
     pool_namespaces: str = Field(
         "*",
         description="Static pool policy: namespaces whose jobs this pool runs, comma-separated "

@@ -60,8 +60,12 @@ def _keys(held: Sequence[tuple[str, int]]) -> dict[str, list[str] | list[int]]:
     return {"keys": [k for k, _ in held], "fences": [f for _, f in held]}
 
 
-def _ids(held: Sequence[tuple[int, int]]) -> dict[str, list[int]]:
-    return {"ids": [i for i, _ in held], "fences": [f for _, f in held]}
+def _ids(
+    held: Sequence[tuple[int, int]], starts: Sequence[datetime | None] | None = None
+) -> dict[str, list[int] | list[datetime | None]]:
+    """The (id, fence) pairs as two arrays, and each one's start instant (None: none)."""
+    at: list[datetime | None] = list(starts) if starts is not None else [None] * len(held)
+    return {"ids": [i for i, _ in held], "fences": [f for _, f in held], "starts": at}
 
 
 async def heartbeat(
@@ -100,18 +104,27 @@ async def reassert(
     return {r.idempotency_key: r.id for r in rows}
 
 
-async def record_starts(db: Database, started: Sequence[tuple[int, int]]) -> set[str]:
-    """Record the actual start of (id, fence) claimed ahead; returns the keys still held
-    (one missing lost its lease and must not start)."""
-    rows = await db.rows(Keyed, "OccurrenceStartBatch", _ids(started))
+async def record_starts(
+    db: Database,
+    started: Sequence[tuple[int, int]],
+    starts: Sequence[datetime | None] | None = None,
+) -> set[str]:
+    """Record the actual start of (id, fence) claimed ahead, at `starts` (None: now); returns
+    the keys still held (one missing lost its lease and must not start)."""
+    rows = await db.rows(Keyed, "OccurrenceStartBatch", _ids(started, starts))
     return {r.idempotency_key for r in rows}
 
 
 async def succeed(
-    db: Database, done: Sequence[tuple[int, int]], *, conn: Conn | None = None
+    db: Database,
+    done: Sequence[tuple[int, int]],
+    starts: Sequence[datetime | None] | None = None,
+    *,
+    conn: Conn | None = None,
 ) -> list[Succeeded]:
-    """Complete (id, fence) pairs whose fence is current; a stale one completes nothing."""
-    return await db.rows(Succeeded, "OccurrenceSucceedBatch", _ids(done), conn)
+    """Complete (id, fence) pairs whose fence is current, recording each one's start from
+    `starts` if not recorded yet; a stale one completes nothing."""
+    return await db.rows(Succeeded, "OccurrenceSucceedBatch", _ids(done, starts), conn)
 
 
 async def fail(
@@ -124,9 +137,11 @@ async def fail(
     error: str,
     delay_seconds: float,
     outcome: str,
+    started: datetime | None = None,
     conn: Conn | None = None,
 ) -> Failed | None:
-    """Fail one attempt: pending after `delay_seconds`, or dead; None if the fence is stale."""
+    """Fail one attempt: pending after `delay_seconds`, or dead; None if the fence is stale.
+    `started`: its start instant if not recorded yet."""
     return await db.row(
         Failed,
         "OccurrenceFail",
@@ -138,6 +153,7 @@ async def fail(
             "error": error,
             "delay": delay_seconds,
             "outcome": outcome,
+            "started": started,
         },
         conn,
     )

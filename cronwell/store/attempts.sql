@@ -70,9 +70,13 @@ RETURNING o.idempotency_key, o.id;
 
 -- name: OccurrenceStartBatch
 -- Records the actual start of attempts claimed ahead of their instant, by (id, fence) pair
--- (fenced: a pair missing from the result lost its lease and must not start).
-UPDATE cronwell_occurrences o SET started_at = now()
-FROM unnest(%(ids)s::bigint[], %(fences)s::bigint[]) AS t(id, fence)
+-- (fenced: a pair missing from the result lost its lease and must not start). `starts`:
+-- each one's start instant when the worker already started it (an AtLeastOnce handler
+-- still running a while after its instant, recorded late), NULL for one that starts once
+-- this commits (AtMostOnce and `job` targets: now()).
+UPDATE cronwell_occurrences o SET started_at = coalesce(t.started, now())
+FROM unnest(%(ids)s::bigint[], %(fences)s::bigint[], %(starts)s::timestamptz[])
+     AS t(id, fence, started)
 WHERE o.id = ANY (%(ids)s::bigint[]) AND o.id = t.id AND o.fence = t.fence
   AND coalesce(o.state = 'running', false)
   AND o.started_at IS NULL
@@ -80,12 +84,15 @@ RETURNING o.idempotency_key;
 
 -- name: OccurrenceSucceedBatch
 -- Fenced completion by (id, fence) pair: only the current holder (its fence, still
--- running) can succeed.
+-- running) can succeed. `starts`: the start instant of an attempt whose start was not
+-- written yet (an AtLeastOnce handler started at its instant without a write), recorded
+-- here with its ending (NULL: already recorded).
 WITH done AS (
     UPDATE cronwell_occurrences o
     SET state = 'succeeded', finished_at = now(), lease_expires_at = NULL, last_error = NULL,
-        reason = NULL
-    FROM unnest(%(ids)s::bigint[], %(fences)s::bigint[]) AS t(id, fence)
+        reason = NULL, started_at = coalesce(o.started_at, t.started)
+    FROM unnest(%(ids)s::bigint[], %(fences)s::bigint[], %(starts)s::timestamptz[])
+         AS t(id, fence, started)
     WHERE o.id = ANY (%(ids)s::bigint[]) AND o.id = t.id AND o.fence = t.fence
       AND coalesce(o.state = 'running', false)
     RETURNING o.id, o.idempotency_key, o.job_id, o.attempt, o.fence, o.worker_id,
@@ -105,10 +112,12 @@ jobs AS (
 SELECT idempotency_key, job_id, overlap FROM done;
 
 -- name: OccurrenceFail
--- Fenced failure of one attempt: back to pending after a backoff, or dead.
+-- Fenced failure of one attempt: back to pending after a backoff, or dead. `started`: its
+-- start instant when not written yet (as in OccurrenceSucceedBatch), else NULL.
 WITH failed AS (
     UPDATE cronwell_occurrences o
     SET state = %(next_state)s, reason = %(reason)s, last_error = %(error)s,
+        started_at = coalesce(o.started_at, %(started)s::timestamptz),
         run_at = now() + make_interval(secs => %(delay)s), lease_expires_at = NULL,
         finished_at = CASE WHEN %(next_state)s = 'dead' THEN now() END
     WHERE o.idempotency_key = %(key)s AND o.fence = %(fence)s AND o.state = 'running'
@@ -148,50 +157,59 @@ WHERE o.id = ANY (h.ids) AND o.fence = h.fences[array_position(h.ids, o.id)]
 RETURNING o.idempotency_key;
 
 -- name: LeaseReap
--- Expired leases. One never started (claimed ahead, its worker died or stopped before the
--- instant) never ran: pending again at its instant, attempt not consumed, no attempt row,
--- not a failure, and not ambiguous under AtMostOnce. One that started has an unknown
--- outcome: AtLeastOnce re-runs it under the same key (pending); AtMostOnce never does
--- (dead, Ambiguous); exhausted attempts are dead. Except a `job` target (AtLeastOnce): its
--- Job runs on without the worker, so it is pending whatever attempts are left, and the next
--- claim adopts the Job and records how it ends (a claim past max_attempts only adopts:
--- kubejob.next_step).
+-- Expired leases. One whose handler never ran (claimed ahead, its worker died or stopped
+-- before the instant) is pending again at its instant, attempt not consumed, no attempt
+-- row, not a failure, and not ambiguous under AtMostOnce (NotStarted). One that may have
+-- run has an unknown outcome: AtLeastOnce re-runs it under the same key (pending);
+-- AtMostOnce never does (dead, Ambiguous); exhausted attempts are dead. Except a `job`
+-- target (AtLeastOnce): its Job runs on without the worker, so it is pending whatever
+-- attempts are left, and the next claim adopts the Job and records how it ends (a claim
+-- past max_attempts only adopts: kubejob.next_step).
+-- May have run (`ran`): started_at is set, or it is an AtLeastOnce handler whose instant
+-- (run_at) came before its lease expired. Those start at their instant without a write
+-- first, and only while their worker judges the lease held (issue 30): one whose instant
+-- was at or after the lease's expiry never started. AtMostOnce attempts and `job` targets
+-- start only once started_at is written, so for them started_at NULL means never started.
 WITH expired AS (
-    SELECT o.id, o.delivery <> 'AtMostOnce'
-                 AND coalesce((SELECT jsonb_typeof(j.spec -> 'target' -> 'job') = 'object'
-                               FROM cronwell_jobs j WHERE j.id = o.job_id), false) AS adopt
+    SELECT o.id, o.delivery <> 'AtMostOnce' AND x.job AS adopt,
+           o.started_at IS NOT NULL
+           OR (o.delivery <> 'AtMostOnce' AND NOT x.job AND o.run_at < o.lease_expires_at)
+           AS ran
     FROM cronwell_occurrences o
+    CROSS JOIN LATERAL (
+        SELECT coalesce((SELECT jsonb_typeof(j.spec -> 'target' -> 'job') = 'object'
+                         FROM cronwell_jobs j WHERE j.id = o.job_id), false) AS job) x
     WHERE o.state = 'running' AND o.lease_expires_at < now()
     ORDER BY o.lease_expires_at LIMIT %(limit)s FOR UPDATE OF o SKIP LOCKED),
 reaped AS (
     UPDATE cronwell_occurrences o
-    SET state = CASE WHEN o.started_at IS NULL THEN 'pending'
+    SET state = CASE WHEN NOT e.ran THEN 'pending'
                      WHEN o.delivery = 'AtMostOnce'
                           OR (o.attempt >= o.max_attempts AND NOT e.adopt)
                      THEN 'dead' ELSE 'pending' END,
-        reason = CASE WHEN o.started_at IS NULL THEN 'NotStarted'
+        reason = CASE WHEN NOT e.ran THEN 'NotStarted'
                       WHEN o.delivery = 'AtMostOnce' THEN 'Ambiguous'
                       WHEN o.attempt >= o.max_attempts AND NOT e.adopt THEN 'AttemptsExhausted'
                       ELSE 'LeaseExpired' END,
-        finished_at = CASE WHEN o.started_at IS NULL THEN NULL
+        finished_at = CASE WHEN NOT e.ran THEN NULL
                            WHEN o.delivery = 'AtMostOnce'
                                 OR (o.attempt >= o.max_attempts AND NOT e.adopt)
                            THEN now() END,
-        attempt = CASE WHEN o.started_at IS NULL THEN o.attempt - 1 ELSE o.attempt END,
-        last_error = CASE WHEN o.started_at IS NULL
+        attempt = CASE WHEN NOT e.ran THEN o.attempt - 1 ELSE o.attempt END,
+        last_error = CASE WHEN NOT e.ran
                           THEN 'claimed ahead by worker ' || coalesce(o.worker_id, '?')
                                || ', which never started it (lease expired)'
                           ELSE 'lease expired on worker ' || coalesce(o.worker_id, '?') END,
         run_at = greatest(o.run_at, now()), lease_expires_at = NULL, claimed_at = NULL
     FROM expired e WHERE o.id = e.id
     RETURNING o.id, o.idempotency_key, o.job_id, o.attempt, o.fence, o.worker_id,
-              o.started_at, o.state, o.reason, o.pool, o.overlap, o.run_at),
+              o.started_at, o.state, o.reason, o.pool, o.overlap, o.run_at, e.ran),
 att AS (
     INSERT INTO cronwell_attempts (occurrence_id, idempotency_key, attempt, fence, worker_id,
                                    outcome, error, started_at)
     SELECT id, idempotency_key, attempt, fence, worker_id, 'lease_expired', 'lease expired',
            started_at
-    FROM reaped WHERE started_at IS NOT NULL),
+    FROM reaped WHERE ran),
 -- A death by lease expiry is a death like any other: it counts toward suspendAfterFailures.
 jobs AS (
     UPDATE cronwell_jobs j

@@ -17,6 +17,7 @@ from cronwell.store._queries import q
 from cronwell.store.db import Database
 
 TYPES = {"keys": "text[]", "ids": "bigint[]", "fences": "bigint[]", "lease": "float8",
+         "starts": "timestamptz[]",
          "worker_id": "text"}  # fmt: skip
 BY_KEY = ["OccurrenceHeartbeat", "OccurrenceRelease"]
 BY_ID = ["OccurrenceStartBatch", "OccurrenceSucceedBatch"]

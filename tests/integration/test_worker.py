@@ -871,6 +871,200 @@ async def test_stop_gives_back_every_waiting_claim(db: Database, db_url: str) ->
     assert await sql(db, "SELECT * FROM cronwell_attempts") == []
 
 
+async def test_an_at_least_once_attempt_claimed_ahead_starts_with_no_write_before_it(
+    db: Database, db_url: str
+) -> None:
+    """AtLeastOnce, claimed ahead: at its start the database has no start yet (no round
+    trip in front of the handler); its completion records the start instant (database
+    clock, at or after run_at), on the occurrence and its attempt row alike."""
+    await handler_job(db, "least-ahead", "t-clock")
+    key = await trigger(db, "least-ahead")
+    run_at, earliest = await due_in(db, key, 3.0)
+    async with running_worker(db_url, claim_ahead_seconds=10.0) as w:
+        await wait_for(lambda: state_is(db, key, "succeeded"))
+        out = await w.outcome(key)
+    assert (out.result, out.claimed.started_at) == ("succeeded", None)  # claimed ahead
+    (start,) = marks_of(None, "start", key)
+    (row,) = marks_of(None, "row", key)
+    assert start["t"] >= earliest, f"started {earliest - start['t']:.3f}s before its instant"
+    assert row["started_at"] is None, "a start write came before the handler"
+    (o,) = await sql(
+        db,
+        "SELECT claimed_at, started_at, finished_at FROM cronwell_occurrences"
+        " WHERE idempotency_key = %s",
+        key,
+    )
+    assert o["claimed_at"] < run_at <= o["started_at"] <= o["finished_at"], o
+    atts = await attempts(db, key)
+    assert [(a["outcome"], a["started_at"]) for a in atts] == [("succeeded", o["started_at"])]
+
+
+async def test_a_failed_at_least_once_attempt_claimed_ahead_records_its_start_with_the_failure(
+    db: Database, db_url: str
+) -> None:
+    await handler_job(db, "fails-ahead", "t-fail-while", retry={"maxAttempts": 1})
+    key = await trigger(db, "fails-ahead")
+    run_at, _ = await due_in(db, key, 1.0)
+    async with running_worker(db_url, claim_ahead_seconds=10.0):
+        o = await wait_for(lambda: state_is(db, key, "dead"))
+    assert o["started_at"] is not None and run_at <= o["started_at"] <= o["finished_at"], o
+    atts = await attempts(db, key)
+    assert [(a["outcome"], a["started_at"]) for a in atts] == [("failed", o["started_at"])]
+    CONTROL.pop("calls:fails-ahead", None)
+
+
+async def test_a_transactional_completion_records_an_unwritten_start(
+    db: Database, db_url: str
+) -> None:
+    """ctx.transaction() completes the attempt itself: it records the start too."""
+    await sql(db, EFFECTS_DDL)
+    await handler_job(db, "tx-ahead", "t-outbox-effect")
+    key = await trigger(db, "tx-ahead")
+    run_at, _ = await due_in(db, key, 1.0)
+    async with running_worker(db_url, claim_ahead_seconds=10.0):
+        o = await wait_for(lambda: state_is(db, key, "succeeded"))
+    assert o["started_at"] is not None and run_at <= o["started_at"] <= o["finished_at"], o
+    assert [a["started_at"] for a in await attempts(db, key)] == [o["started_at"]]
+
+
+async def test_a_long_at_least_once_attempt_started_without_a_write_gets_its_start_recorded(
+    db: Database, db_url: str
+) -> None:
+    """A handler still running a while after its start (started with no write) has its start
+    recorded while it runs (the dashboard shows it started); its completion keeps it."""
+    await handler_job(db, "long-ahead", "t-wait-event")
+    key = await trigger(db, "long-ahead")
+    run_at, _ = await due_in(db, key, 3.0)
+    async with running_worker(db_url, claim_ahead_seconds=10.0) as w:
+        await started(key)
+        assert w.worker.running[key].claimed.started_at is None  # claimed ahead
+
+        async def recorded() -> dict[str, Any] | None:
+            o = await _occ(db, key)
+            return o if o["started_at"] is not None else None
+
+        o = await wait_for(recorded, 10, "the start to be recorded while the handler runs")
+        assert o["state"] == "running" and o["started_at"] >= run_at, o
+        CONTROL[key].set()
+        done = await wait_for(lambda: state_is(db, key, "succeeded"))
+    assert done["started_at"] == o["started_at"]
+    assert [a["started_at"] for a in await attempts(db, key)] == [o["started_at"]]
+
+
+async def test_an_at_least_once_attempt_whose_lease_is_not_surely_held_does_not_start(
+    db: Database, db_url: str
+) -> None:
+    """Nothing is written before an AtLeastOnce start, so the worker's own judgement of its
+    lease decides: one whose last renewal is too old at the instant is given back
+    unstarted (pending, attempt unconsumed), never run. The store's lease still runs here:
+    only the local judgement stops it."""
+    from cronwell.settings import WorkerSettings
+    from cronwell_worker.runtime import Outcome, Worker
+
+    await handler_job(db, "unsure", "t-clock")
+    key = await trigger(db, "unsure")
+    await due_in(db, key, 0.2)
+    outcomes: list[Outcome] = []
+    async with Database(db_url, max_size=4) as wdb:
+        w = Worker(wdb, WorkerSettings(lease_seconds=60), on_outcome=outcomes.append)
+        (c,) = await dispatch.claim(
+            wdb, pool="default", worker_id=w.id, limit=5, lease_seconds=60, ahead_seconds=10
+        )
+        w._start(c, time.monotonic())  # as if its last renewal was sent a lease ago
+        task = w.running[key].task
+        assert task is not None
+        await asyncio.wait_for(task, 10)
+    assert [o.result for o in outcomes] == ["released"]
+    assert not marks_of(None, "start", key)
+    o = await _occ(db, key)
+    assert (o["state"], o["attempt"], o["started_at"]) == ("pending", 0, None)
+    assert await attempts(db, key) == []
+
+
+async def test_the_reaper_counts_an_unwritten_at_least_once_start_as_run_if_its_instant_came_first(
+    db: Database,
+) -> None:
+    """started_at NULL on an expired lease: an AtLeastOnce attempt whose instant (run_at)
+    came before its lease expired may have run (it starts with no write, while its lease is
+    held): attempt consumed, an attempt row, retried or dead like a started one. One whose
+    instant was at or after the expiry never started; nor did an AtMostOnce one or a `job`
+    target's (their start is written before they run)."""
+    from .test_job_target_lease import JOB
+
+    cases = {
+        "ran": ({}, "1 second"),
+        "ran-last": ({"retry": {"maxAttempts": 1}}, "1 second"),
+        "at-expiry": ({}, "0 seconds"),
+        "after-expiry": ({}, "-1 second"),
+        "most": ({"delivery": "AtMostOnce"}, "1 second"),
+        "job": ({"target": JOB}, "1 second"),
+    }
+    keys = {}
+    for name, (spec, _) in cases.items():
+        if "target" in spec:
+            await make_job(db, name, schedule=FAR_FUTURE, **spec)
+        else:
+            await handler_job(db, name, "t-clock", **spec)
+        keys[name] = await trigger(db, name)
+        await due_in(db, keys[name], 30.0)
+    claimed = await dispatch.claim(
+        db, pool="default", worker_id="gone", limit=10, lease_seconds=60, ahead_seconds=60
+    )
+    assert sorted(c.key for c in claimed if c.started_at is None) == sorted(keys.values())
+    for name, (_, before) in cases.items():
+        await sql(
+            db,
+            "UPDATE cronwell_occurrences SET lease_expires_at = now() - interval '1 second',"
+            " run_at = now() - interval '1 second' - %s::interval WHERE idempotency_key = %s",
+            before,
+            keys[name],
+        )
+    reaped = {r.idempotency_key: (r.state, r.reason) for r in await maintenance.reap(db, limit=10)}
+    assert {n: reaped[k] for n, k in keys.items()} == {
+        "ran": ("pending", "LeaseExpired"),
+        "ran-last": ("dead", "AttemptsExhausted"),
+        "at-expiry": ("pending", "NotStarted"),
+        "after-expiry": ("pending", "NotStarted"),
+        "most": ("pending", "NotStarted"),
+        "job": ("pending", "NotStarted"),
+    }
+    for name, key in keys.items():
+        o = await _occ(db, key)
+        ran = name.startswith("ran")
+        assert o["attempt"] == (1 if ran else 0), (name, o)
+        outcomes = [(a["attempt"], a["outcome"], a["started_at"]) for a in await attempts(db, key)]
+        assert outcomes == ([(1, "lease_expired", None)] if ran else []), name
+
+
+async def test_completions_wait_while_a_burst_is_starting(db: Database, db_url: str) -> None:
+    """Starts before completions: 30 attempts claimed ahead, due 10 ms apart, handlers that
+    return at once. No completion is written (a success is reported only once written)
+    before the last of them has started; then all are written. The hold is bounded by
+    completion_hold_seconds, set high here so that no timing matters."""
+    n = 30
+    names = [f"burst-{i:02d}" for i in range(n)]
+    for name in names:
+        await handler_job(db, name, "t-seen-completions")
+    keys = [await trigger(db, name) for name in names]
+    await sql(
+        db,
+        "UPDATE cronwell_occurrences o SET run_at = clock_timestamp() + interval '3 seconds'"
+        " + make_interval(secs => 0.01 * t.i) FROM unnest(%s::text[]) WITH ORDINALITY"
+        " AS t(k, i) WHERE o.idempotency_key = t.k",
+        keys,
+    )
+    async with running_worker(db_url, claim_ahead_seconds=10.0, completion_hold_seconds=60.0) as w:
+        CONTROL["outcomes"] = w.outcomes
+        for key in keys:
+            await wait_for(lambda key=key: state_is(db, key, "succeeded"), 30)
+    CONTROL.pop("outcomes", None)
+    seen = {m["key"]: m["succeeded"] for m in marks_of(None, "start") if m["key"] in keys}
+    assert len(seen) == n
+    assert [o.claimed.started_at for o in w.outcomes] == [None] * n  # all claimed ahead
+    assert set(seen.values()) == {0}, f"completions written while the burst started: {seen}"
+    assert sorted(w.results(k)[0] for k in keys) == ["succeeded"] * n
+
+
 # -- specs at claim time --------------------------------------------------------------------
 
 

@@ -75,6 +75,14 @@ async def _reap_until(db: Database, key: str, timeout: float = 15.0) -> dict[str
     return await wait_for(reaped, timeout, f"the reaper to requeue {key}")
 
 
+async def _rerun_after_lease_expired(db: Database, key: str) -> dict[str, Any]:
+    """The reaper requeues `key` as an attempt that ran (LeaseExpired); a taker runs it to
+    success. Returns the succeeded occurrence."""
+    r = await _reap_until(db, key)
+    assert (r["state"], r["reason"]) == ("pending", "LeaseExpired")
+    return await wait_for(lambda: state_is(db, key, "succeeded"), 20, "the taker to succeed")
+
+
 async def _worker_a_runs(
     db: Database, db_url: str, tmp_path: Path, name: str, handler: str, payload: dict[str, Any]
 ) -> tuple[str, Path, subprocess.Popen[bytes]]:
@@ -105,9 +113,7 @@ async def test_kill_minus_nine_mid_job_another_worker_takes_over(
         os.kill(a.pid, signal.SIGKILL)
         a.wait()
         b = _worker(db_url, marks, tmp_path / "b.log")
-        r = await _reap_until(db, key)
-        assert (r["state"], r["reason"]) == ("pending", "LeaseExpired")
-        o = await wait_for(lambda: state_is(db, key, "succeeded"), 20, "the taker to succeed")
+        o = await _rerun_after_lease_expired(db, key)
     finally:
         stop(a)
         rc = stop(b) if b is not None else None
@@ -179,6 +185,51 @@ async def test_kill_minus_nine_holding_occurrences_claimed_ahead_they_run_once(
     effects = await sql(db, "SELECT key, pid FROM test_effects ORDER BY key")
     assert effects == [{"key": k, "pid": b.pid if b else None} for k in sorted(keys)]
     assert not [m for m in read_marks(marks) if m["pid"] == a.pid], "A ran something"
+
+
+async def test_kill_minus_nine_as_an_at_least_once_start_with_no_write_it_counts_as_run(
+    db: Database, db_url: str, tmp_path: Path
+) -> None:
+    """Worker A claims an AtLeastOnce occurrence ahead and starts it at its instant with no
+    write; the handler kills A (-9) as it starts, so started_at is still NULL. Its instant
+    came before its lease expired (A starts only while its lease is held): the reaper counts
+    an attempt that may have run (LeaseExpired, attempt consumed, an attempt row), and
+    worker B runs attempt 2."""
+    await sql(db, EFFECTS_DDL)
+    await handler_job(db, "dies", "t-die-first")
+    key = await trigger(db, "dies")
+    # Far enough ahead that A, still importing on a loaded machine, claims it before it.
+    run_at, _ = await due_in(db, key, 10.0)
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    a = _worker(db_url, marks, tmp_path / "a.log", "--claim-ahead-seconds", "30")
+    b: subprocess.Popen[bytes] | None = None
+    try:
+        first = await _mark(marks, "start", key)
+        assert first["pid"] == a.pid
+        await asyncio.to_thread(a.wait, 10)
+        (o,) = await sql(
+            db,
+            "SELECT state, claimed_at, run_at, started_at, lease_expires_at"
+            " FROM cronwell_occurrences WHERE idempotency_key = %s",
+            key,
+        )
+        assert (o["state"], o["started_at"]) == ("running", None), o
+        assert o["claimed_at"] < o["run_at"] == run_at < o["lease_expires_at"], o
+        b = _worker(db_url, marks, tmp_path / "b.log")
+        done = await _rerun_after_lease_expired(db, key)
+    finally:
+        stop(a)
+        rc = stop(b) if b is not None else None
+    assert rc == 0, _log(tmp_path / "b.log")
+    atts = await attempts(db, key)
+    assert [(x["attempt"], x["outcome"], x["started_at"]) for x in atts] == [
+        (1, "lease_expired", None),
+        (2, "succeeded", done["started_at"]),
+    ]
+    assert atts[0]["fence"] == first["fence"] < atts[1]["fence"]
+    effects = await sql(db, "SELECT fence, attempt, pid FROM test_effects")
+    assert effects == [{"fence": done["fence"], "attempt": 2, "pid": b.pid if b else None}]
 
 
 async def test_sigstop_past_the_lease_then_sigcont_late_writes_are_rejected(

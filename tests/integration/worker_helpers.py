@@ -429,6 +429,27 @@ async def due_in(db: Database, key: str, seconds: float) -> tuple[datetime, floa
     return row["run_at"], sent + (row["run_at"] - row["db_now"]).total_seconds()
 
 
+@cronwell.handler("t-seen-completions")
+async def seen_completions(ctx: Context) -> None:
+    """Marks its start with how many successes the in-process worker had reported by then
+    (CONTROL["outcomes"], the test's on_outcome list: a success is reported once its
+    completion is written)."""
+    done = CONTROL.get("outcomes", [])
+    mark("start", ctx, succeeded=sum(1 for o in done if o.result == "succeeded"))
+
+
+@cronwell.handler("t-die-first")
+async def die_first(ctx: Context) -> None:
+    """Attempt 1 kills its own worker process (-9) the moment it starts, before anything
+    else can be written; a later attempt writes its effect. Only in a worker process."""
+    mark("start", ctx)
+    if ctx.attempt == 1 and os.environ.get("CRONWELL_TEST_MARKS"):
+        os.kill(os.getpid(), 9)
+    assert ctx.db is not None
+    async with await psycopg.AsyncConnection.connect(ctx.db.url, autocommit=True) as conn:
+        await _insert_effect(conn, ctx, "after-kill")
+
+
 @cronwell.handler("t-wait-event")
 async def wait_event(ctx: Context) -> None:
     """Blocks until CONTROL[<key>] (an asyncio.Event) is set; marks cancellation."""

@@ -17,11 +17,25 @@ claimed before its instant at the claim rate it measures, at most `claim_ahead_m
 early and `claim_ahead_max` occurrences at once. A claimed-ahead occurrence waiting for its
 instant holds no handler slot: it takes one at its instant (first come, first served, so
 in instant order). The wait is part of the attempt's lease (heartbeats renew it; the
-watchdog fences it). The start is recorded in the
-database, batched like completions, before the handler runs: a worker that dies before then
-leaves an occurrence the reaper gives back as never started (not an attempt, so never an
-ambiguous AtMostOnce one), and every fence a target sees belongs to a recorded attempt.
-Stopping gives back the ones not started yet.
+watchdog fences it). Stopping gives back the ones not started yet, in one statement.
+
+Starting at the instant (issue 30). An AtLeastOnce attempt starts at its instant with no
+database round trip in front of it: only if the worker judges its lease held (the
+watchdog's judgement: last renewal sent + lease, less the self-fencing margin); otherwise
+it is given back unstarted. Its start instant, on the database clock (`run_at` + the time
+since the aligned timer fired), is written with its ending (the completion or the
+failure), or, for a handler still running `START_RECORD_AFTER_SECONDS` later, by a
+low-priority batched start record. A worker that dies first leaves started_at NULL; the
+reaper then counts the attempt as one that may have run if its instant came before its
+lease expired (the worker starts only while its lease is held) and as never started
+otherwise. An AtMostOnce attempt and a `job` target keep the older rule: the start is
+written before the target runs, so started_at NULL means it never ran (never an ambiguous
+AtMostOnce attempt, and no Job created for an attempt the reaper gives back unconsumed).
+
+Starts before completions: while an attempt is due to start within `START_GUARD_SECONDS`
+or is starting (its instant passed, not started yet), completion writes (and late start
+records) wait, at most `completion_hold_seconds` (1 s), then go in one larger batch. Start
+writes (AtMostOnce, `job`) never wait.
 """
 
 from __future__ import annotations
@@ -29,14 +43,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import heapq
+import itertools
 import logging
 import math
 import random
 import time
 from collections import OrderedDict, deque
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 import httpx
@@ -186,6 +202,19 @@ class _Coming:
         return (min(self.pending) - self.db_now).total_seconds() - base
 
 
+START_GUARD_SECONDS = 0.05
+"""Completion writes wait while an attempt is due to start within this (or is starting)."""
+HOLD_RECHECK_SECONDS = 0.01
+"""While completions are held, how often the writer looks again (a start write wakes it)."""
+START_RECORD_AFTER_SECONDS = 1.0
+"""An AtLeastOnce attempt started without a write still running this long after its start
+gets its start recorded (low priority, batched): the dashboard shows it started."""
+
+_Queued = tuple[str, int, int, datetime | None, "asyncio.Future[bool]"]
+"""A queued fenced write: (key, occurrence id, fence, start instant or None, its future)."""
+_Write = Callable[[Database, list[tuple[int, int]], Sequence[datetime | None]], Awaitable[set[str]]]
+
+
 def self_fence_margin(lease_seconds: float) -> float:
     """How long before the local lease deadline an unrenewed attempt is abandoned."""
     return min(1.0, lease_seconds * 0.1)
@@ -215,6 +244,11 @@ class _Running:
     attempt waiting for its instant holds none."""
     waiting: bool = False
     """Claimed ahead and not holding a slot yet (counted in Worker._waiting and _held)."""
+    starting: bool = False
+    """Claimed ahead and not started yet (in Worker._upcoming): completion writes wait for
+    it near its instant, and while it waits for a slot after it."""
+    start_db: datetime | None = None
+    """Started without a write: its start on the database clock, written with its ending."""
 
     @property
     def held(self) -> tuple[str, int, int]:
@@ -272,9 +306,16 @@ class Worker:
         self._m = _PoolMetrics(self.metrics, settings.pool)
         self._stopping = asyncio.Event()
         self._wake = asyncio.Event()
-        # Queued starts and completions: (key, occurrence id, fence, whether it was held).
-        self._done: list[tuple[str, int, int, asyncio.Future[bool]]] = []
-        self._starts: list[tuple[str, int, int, asyncio.Future[bool]]] = []
+        # Queued fenced writes; each future learns whether the key was still held.
+        self._done: list[_Queued] = []  # completions
+        self._starts: list[_Queued] = []  # starts a target waits on (AtMostOnce, job)
+        self._late: list[_Queued] = []  # starts of long handlers started without a write
+        self._held_since: float | None = None  # completions held since (starts first)
+        # Attempts claimed ahead, by instant (entries no longer waiting are dropped lazily).
+        self._upcoming: list[tuple[float, int, _Running]] = []
+        self._seq = itertools.count()
+        # Started without a write, in start order: (monotonic start, attempt).
+        self._unrecorded: deque[tuple[float, _Running]] = deque()
         self._flush_now = asyncio.Event()
         self._clients: dict[tuple[bool, EgressPolicy], httpx.AsyncClient] = {}
 
@@ -294,6 +335,7 @@ class Worker:
             self._heartbeat_loop,
             self._watchdog_loop,
             self._complete_loop,
+            self._late_start_loop,
             self._registry_loop,
         ):
             tasks.spawn(c(), c.__name__.lstrip("_"))
@@ -319,7 +361,8 @@ class Worker:
             # The ones given back unstarted, in one statement (stopping may hold thousands).
             await self._release(self._unstarted)
             await tasks.stop()
-            await self._flush()
+            self._queue_late_starts(float("inf"))
+            await self._flush(force=True)
             with contextlib.suppress(DatabaseError):
                 await processes.delete(self.db, self.id)
             for client in self._clients.values():
@@ -724,26 +767,20 @@ class Worker:
         self._wake.set()
 
     async def _begin(self, r: _Running) -> bool:
-        """Wait for the attempt's instant (claimed ahead) and record its start; False when
-        it must not run (lease lost, or the worker stops: then it is given back unstarted).
-        An attempt claimed when due started at its claim."""
+        """Wait for the attempt's instant (claimed ahead) and start it (see the module's
+        docstring); False when it must not run (lease lost or not surely held, or the worker
+        stops: then it is given back unstarted). An attempt claimed when due started at its
+        claim."""
         c = r.claimed
+        ahead = c.started_at is None
+        durable = ahead and self._durable_start(r)
         try:
-            if c.started_at is None:
-                if r.spec is not None:
-                    # What the attempt reads first is read before its instant, not at it.
-                    try:
-                        r.admitted = await self._admit(c, r.spec)
-                    except Exception as e:  # raised at the start, as if read then
-                        r.admitted = e
-                wait = c.due_monotonic - time.monotonic()
-                if wait > 0:
-                    await asyncio.sleep(wait)
+            if ahead:
+                await self._wait_for_instant(r)
                 await self._take_slot(r)
-                # The handler runs only once its start is durable: started_at NULL means it
-                # never ran, so the reaper can give it back unconsumed (never Ambiguous), and
-                # every fence a target saw belongs to a recorded attempt.
-                if not await self._record_start(r):
+                # AtMostOnce and `job`: the target runs only once its start is durable, so
+                # started_at NULL means it never ran (the reaper gives it back unconsumed).
+                if durable and not await self._record_start(r):
                     self._report(Outcome(c, "lease_lost", error="start not recorded"))
                     return False
         except asyncio.CancelledError:
@@ -752,10 +789,61 @@ class Worker:
             else:
                 self._report(Outcome(c, "lease_lost", error=r.abort))
             return False
-        r.start_lag = time.monotonic() - c.due_monotonic
+        finally:
+            r.starting = False
+        now = time.monotonic()
+        if ahead and not durable and not self._lease_held(r, now):
+            # No write before the start: the worker's own judgement of its lease decides.
+            r.abort = ABORT_SELF_FENCE  # given back below, not cancelled meanwhile
+            log.warning(
+                "lease not surely held at the instant; giving the occurrence back unstarted",
+                extra={"action": ABORT_SELF_FENCE, "key": c.key, "fence": c.fence},
+            )
+            await self._release([c])
+            return False
+        r.start_lag = now - c.due_monotonic
+        if ahead and not durable:
+            self._started_unwritten(r, now)
         if c.attempt == 1:
             self._m.start_lag.observe(r.start_lag)
         return True
+
+    async def _wait_for_instant(self, r: _Running) -> None:
+        """Read what the attempt needs first, then sleep until its instant (meanwhile it
+        counts among the starts that completion writes wait for)."""
+        c = r.claimed
+        if r.spec is not None:
+            # What the attempt reads first is read before its instant, not at it.
+            try:
+                r.admitted = await self._admit(c, r.spec)
+            except Exception as e:  # raised at the start, as if read then
+                r.admitted = e
+        r.starting = True
+        heapq.heappush(self._upcoming, (c.due_monotonic, next(self._seq), r))
+        wait = c.due_monotonic - time.monotonic()
+        if wait > 0:
+            await asyncio.sleep(wait)
+
+    @staticmethod
+    def _durable_start(r: _Running) -> bool:
+        """Whether the start is written before the target runs: AtMostOnce (started_at
+        NULL must mean it never ran: never Ambiguous) and a `job` target (its Job outlives
+        the worker; the reaper's rule for it reads started_at)."""
+        job = r.spec is not None and r.spec.target.job is not None
+        return r.claimed.delivery == Delivery.AT_MOST_ONCE or job
+
+    def _lease_held(self, r: _Running, now: float) -> bool:
+        """The watchdog's judgement: the lease surely runs until past `now` (the last
+        renewal sent + the lease, less the self-fencing margin; monotonic clock)."""
+        return now < r.deadline - self_fence_margin(self.settings.lease_seconds)
+
+    def _started_unwritten(self, r: _Running, now: float) -> None:
+        """Started without a write: keep its start on the database clock (the claim's
+        alignment: `due_monotonic` is `run_at`) for its ending or a late record."""
+        c = r.claimed
+        r.start_db = c.run_at + timedelta(seconds=now - c.due_monotonic)
+        r.ctx.start_instant = r.start_db
+        self._unrecorded.append((now, r))
 
     def _spec(self, c: Claimed) -> ScheduledJobSpec:
         """The parsed spec, cached by spec hash (a content hash: jobs sharing a spec share
@@ -876,6 +964,7 @@ class Worker:
         if e.reason in POLICY_REASONS:
             self.metrics.policy_denied.labels(self.settings.pool, e.reason).inc()
         r = self.running.get(c.key)
+        started = r.start_db if r is not None and r.claimed is c else None
         at_most_once = c.delivery == Delivery.AT_MOST_ONCE
         ambiguous = at_most_once and e.sent and e.retryable
         retry_ok = e.retryable and c.attempt < c.max_attempts and not ambiguous
@@ -897,6 +986,7 @@ class Worker:
             error=str(e),
             delay_seconds=delay,
             outcome=outcome,
+            started=started,
         )
         try:
             new = await record()
@@ -935,15 +1025,15 @@ class Worker:
 
     async def _complete(self, r: _Running) -> bool:
         fut: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
-        self._done.append((*r.held, fut))
+        self._done.append((*r.held, r.start_db, fut))
         self._flush_now.set()
         return await fut
 
     def _record_start(self, r: _Running) -> asyncio.Future[bool]:
-        """Queue the start of an attempt claimed ahead; written with the next completion
-        batch (before it). The future says whether the lease was still held."""
+        """Queue the start of an AtMostOnce or `job` attempt claimed ahead, written before
+        anything else. The future says whether the lease was still held."""
         fut: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
-        self._starts.append((*r.held, fut))
+        self._starts.append((*r.held, None, fut))
         self._flush_now.set()
         return fut
 
@@ -952,24 +1042,62 @@ class Worker:
             await self._flush_now.wait()
             await asyncio.sleep(self.settings.complete_flush_seconds)
             self._flush_now.clear()
-            await self._flush()
+            if await self._flush():
+                # Held: look again shortly, or as soon as a start write is queued.
+                await wait_event(self._flush_now, HOLD_RECHECK_SECONDS)
+                self._flush_now.set()
 
-    async def _flush(self) -> None:
-        """Write every pending start, then every pending completion, one fenced statement
-        each (a start and its completion may share a flush)."""
-        # Both taken at once: every completion taken has its start (queued before its
-        # handler ran) among the starts taken or written before.
+    async def _late_start_loop(self) -> None:
+        """Record the start of attempts started without a write and still running after
+        START_RECORD_AFTER_SECONDS, so the dashboard shows them started."""
+        while True:
+            await asyncio.sleep(START_RECORD_AFTER_SECONDS / 2)
+            self._queue_late_starts(time.monotonic())
+
+    def _queue_late_starts(self, now: float) -> None:
+        """Queue start records (low priority: written with completions) for attempts
+        started without a write at least START_RECORD_AFTER_SECONDS before `now`."""
+        q, loop = self._unrecorded, asyncio.get_running_loop()
+        while q and q[0][0] <= now - START_RECORD_AFTER_SECONDS:
+            _, r = q.popleft()
+            if not r.completing and self.running.get(r.claimed.key) is r:
+                self._late.append((*r.held, r.start_db, loop.create_future()))
+        if self._late:
+            self._flush_now.set()
+
+    async def _flush(self, force: bool = False) -> bool:
+        """Write every pending start write (a target waits on each), then, unless held
+        (starts before completions; `force`: never), the late start records and the
+        completions, one fenced statement each. True when completions were held."""
         starts, self._starts = self._starts, []
-        batch, self._done = self._done, []
         await self._write(starts, dispatch.record_starts, "start")
+        if not force and self._hold(time.monotonic()):
+            return True
+        self._held_since = None
+        # Taken after the start writes: every completion taken had its start written
+        # (AtMostOnce, job: its target ran after) or carries it (the others).
+        late, self._late = self._late, []
+        batch, self._done = self._done, []
+        await self._write(late, dispatch.record_starts, "start")
         await self._write(batch, dispatch.succeed, "completion")
+        return False
 
-    async def _write(
-        self,
-        batch: list[tuple[str, int, int, asyncio.Future[bool]]],
-        write: Callable[[Database, list[tuple[int, int]]], Awaitable[set[str]]],
-        what: str,
-    ) -> None:
+    def _hold(self, now: float) -> bool:
+        """Starts before completions: hold queued completions while an attempt is due to
+        start within START_GUARD_SECONDS or is starting, for at most
+        `completion_hold_seconds` (then they go, in one larger batch)."""
+        if not (self._done or self._late):
+            return False
+        if self._held_since is None:
+            self._held_since = now
+        if now - self._held_since >= self.settings.completion_hold_seconds:
+            return False
+        up = self._upcoming
+        while up and not up[0][2].starting:
+            heapq.heappop(up)
+        return bool(up) and up[0][0] <= now + START_GUARD_SECONDS
+
+    async def _write(self, batch: list[_Queued], write: _Write, what: str) -> None:
         """One fenced batch write by (id, fence), retried through database errors; each
         future learns whether its key was still held."""
         if not batch:
@@ -978,7 +1106,9 @@ class Worker:
         self.live.waiting(what)
         for _ in range(30):
             try:
-                ok = await write(self.db, [(i, f) for _, i, f, _ in batch])
+                ok = await write(
+                    self.db, [(i, f) for _, i, f, _, _ in batch], [s for _, _, _, s, _ in batch]
+                )
                 self.live.progressed(what)
                 break
             except EXPECTED_ERRORS as e:
@@ -993,15 +1123,18 @@ class Worker:
             # Given up: these attempts' leases lapse and they run again, fenced. The writer
             # waits no more; a next batch that cannot get through stalls it again.
             self.live.progressed(what)
-        missing = [(k, i, f) for k, i, f, _ in batch if k not in ok]
+        missing = [(k, f, s) for k, _, f, s, _ in batch if k not in ok]
         if missing:
             with contextlib.suppress(*EXPECTED_ERRORS):
-                back = await self._reassert([(k, f) for k, _, f in missing])
+                back = await self._reassert([(k, f) for k, f, _ in missing])
                 if back:
                     # By the id the store has now: the lost commits may have included the
                     # occurrence's materialisation (materialised again, under another id).
-                    ok |= await write(self.db, [(back[k], f) for k, _, f in missing if k in back])
-        for k, _, _, fut in batch:
+                    again = [(back[k], f, s) for k, f, s in missing if k in back]
+                    ok |= await write(
+                        self.db, [(i, f) for i, f, _ in again], [s for *_, s in again]
+                    )
+        for k, _, _, _, fut in batch:
             if not fut.done():
                 fut.set_result(k in ok)
 
@@ -1098,7 +1231,7 @@ class Worker:
             await asyncio.sleep(min(0.25, margin / 2))
             now = time.monotonic()
             for r in list(self.running.values()):
-                if not r.completing and now >= r.deadline - margin:
+                if not r.completing and not self._lease_held(r, now):
                     self._cancel(
                         r, ABORT_SELF_FENCE, "no heartbeat renewed the lease within its term"
                     )
