@@ -1102,6 +1102,10 @@ class Worker:
         future learns whether its key was still held."""
         if not batch:
             return
+        # In id order, the order a heartbeat's index scan locks the same rows in: a batch in
+        # completion order could lock them in another and deadlock with this worker's own
+        # heartbeat (seen in the soak: PostgreSQL aborts one of them, retried, 1 s lost).
+        batch.sort(key=lambda q: q[1])
         backoff = Backoff(first_seconds=0.1, max_seconds=RETRY_MAX_SECONDS)
         self.live.waiting(what)
         for _ in range(30):
