@@ -73,8 +73,13 @@ def test_a_burst_is_claimed_from_its_share_over_the_rate_before_it_and_the_next_
     assert plan.next_in == pytest.approx(20.0 - 6.01)
     plan = plan_claims([(5.0, 10_000), (25.0, 100)], workers=2, **kw)
     assert (plan.window, plan.quota) == (5.0, 5010)
-    # The second instant's claim comes after the first's share: 25 - (5,010 + 60) / 1,000 - 1.
-    assert plan.next_in == pytest.approx(25.0 - 5.07 - 1.0)
+    # The second instant's claim comes after the first's share: 25 - (5,010 + 52) / 1,000 - 1
+    # (50 + a slack of 5 %, 2: a small burst's slack is not a whole claim batch).
+    assert plan.next_in == pytest.approx(25.0 - 5.062 - 1.0)
+    # 100 over two workers with a claim batch of 256 as the most slack: 52 each, not all 100
+    # for the first to look (its 64 slots would start only 64 of them at the instant).
+    plan = plan_claims([(1.0, 100)], workers=2, **kw | {"slack": 256})
+    assert plan.quota == 52
     # Within the least window: always, up to the share; a huge burst: at most 30 s early.
     plan = plan_claims([(1.0, 7), (29.0, 10**7)], workers=1, **kw)
     assert (plan.window, plan.quota, plan.next_in) == (29.0, 7 + 10**7, None)
