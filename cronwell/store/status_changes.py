@@ -4,6 +4,7 @@ operator's status writer drains the one into the other."""
 from __future__ import annotations
 
 import asyncio
+import time
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -93,20 +94,37 @@ async def job_status(db: Database, job_ids: Sequence[uuid.UUID]) -> list[JobStat
 
 
 async def declare_writer(
-    db: Database, *, identity: str, ttl_seconds: float, after_gap: bool
-) -> datetime:
+    db: Database,
+    *,
+    identity: str,
+    ttl_seconds: float,
+    after_gap: bool,
+    wait_seconds: float | None = None,
+) -> tuple[datetime, list[str]]:
     """Declare a status writer until the returned instant: the store logs status changes
     only while one is declared. `after_gap`: logging may have been off, so then wait for
-    every transaction that had logged nothing to end (the writer resyncs what they changed)."""
+    every transaction that had logged nothing to end (the writer resyncs what they changed),
+    at most `wait_seconds` (default: the declaration's ttl): a transaction held open by a
+    paused process must not stall the writer for good. Returns the ones still open then
+    (`gap_holders` says when they end: the writer resyncs again)."""
     until: datetime = await db.scalar(
         "StatusWriterDeclare", {"identity": identity, "ttl": ttl_seconds}
     )
-    if after_gap:
-        holders = await db.scalar("StatusWriterGapHolders", {"among": None})
-        while holders:
-            await asyncio.sleep(GAP_POLL_SECONDS)
-            holders = await db.scalar("StatusWriterGapHolders", {"among": holders})
-    return until
+    if not after_gap:
+        return until, []
+    deadline = time.monotonic() + (ttl_seconds if wait_seconds is None else wait_seconds)
+    holders = await gap_holders(db)
+    while holders and time.monotonic() < deadline:
+        await asyncio.sleep(GAP_POLL_SECONDS)
+        holders = await gap_holders(db, holders)
+    return until, holders
+
+
+async def gap_holders(db: Database, among: list[str] | None = None) -> list[str]:
+    """The transactions (of `among`, or all) still holding the no-writer lock: each logged
+    nothing and has not ended."""
+    holders: list[str] = await db.scalar("StatusWriterGapHolders", {"among": among})
+    return holders
 
 
 async def retire_writer(db: Database, *, identity: str) -> None:

@@ -110,6 +110,7 @@ class StatusWriter:
         self._clock_offset = 0.0
         self.backoff = JobBackoff()
         self._covered_until: datetime | None = None  # the declaration's expiry
+        self._stragglers: list[str] = []  # unlogged transactions open past the gap wait
         self._declared = asyncio.Event()
 
     # -- called by the kopf handlers (same event loop)
@@ -147,17 +148,26 @@ class StatusWriter:
         If logging may have been off since the last declaration, resync every known CR."""
         s = self.settings
         ttl = s.status.declaration_seconds
+        if self._stragglers and not await status_changes.gap_holders(self.db, self._stragglers):
+            self._stragglers = []
+            self.resync()  # the unlogged transactions waited past the bound have ended
         if self._covered_until is not None:
-            until = await status_changes.declare_writer(
+            until, _ = await status_changes.declare_writer(
                 self.db, identity=s.identity, ttl_seconds=ttl, after_gap=False
             )
             # committed before the previous declaration expired: logging never stopped
             if await clock.now(self.db) < self._covered_until:
                 self._covered_until = until
                 return ttl / 3
-        self._covered_until = await status_changes.declare_writer(
+        self._covered_until, self._stragglers = await status_changes.declare_writer(
             self.db, identity=s.identity, ttl_seconds=ttl, after_gap=True
         )
+        if self._stragglers:
+            log.warning(
+                "transactions that logged nothing are still open after the declaration's "
+                "ttl; resyncing now and again when they end",
+                extra={"action": "status_gap_stragglers", "n": len(self._stragglers)},
+            )
         self.resync()
         self._declared.set()
         return ttl / 3

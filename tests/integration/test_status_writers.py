@@ -92,3 +92,24 @@ async def test_a_declaration_after_a_gap_waits_for_the_transactions_that_logged_
     # and from now on, every change is logged
     await sql(db, "UPDATE cronwell_occurrences SET state = 'dead' WHERE job_id = %s", job.id)
     assert await _logged(db, job.id) == ["dead"]
+
+
+async def test_a_transaction_left_open_bounds_the_gap_wait_and_is_reported(
+    db: Database,
+) -> None:
+    """A transaction that logged nothing and stays open (a paused process) holds the
+    declaration only for its wait bound: it returns with that transaction named, and
+    `gap_holders` says when it ended (the writer then resyncs again)."""
+    job = await make_job(db, "stuck", schedule="0 0 1 1 *", concurrencyPolicy="Allow")
+    await _past_occurrences(db, job.id, 1)
+    async with db.transaction() as conn:
+        await conn.execute(
+            "UPDATE cronwell_occurrences SET state = 'cancelled' WHERE job_id = %s", (job.id,)
+        )
+        async with asyncio.timeout(20):
+            _, open_ = await status_changes.declare_writer(
+                db, identity="bounded", ttl_seconds=30, after_gap=True, wait_seconds=0.5
+            )
+        assert len(open_) == 1
+        assert await status_changes.gap_holders(db, open_) == open_
+    assert await status_changes.gap_holders(db, open_) == []
