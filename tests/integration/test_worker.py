@@ -792,6 +792,32 @@ async def test_a_burst_larger_than_the_concurrency_is_claimed_entirely_before_it
         assert done["succeeded"] == 600
 
 
+async def test_a_burst_waiting_for_its_instant_is_rows_not_tasks(db: Database, db_url: str) -> None:
+    """2,000 occurrences claimed ahead of one instant: while they wait, the worker's tasks
+    do not grow with them (each is a row of its instant; one timer starts them at it, a
+    task made as each takes a slot), and all start at the instant, none before it."""
+    n = 2_000
+    await handler_job(db, "rows", "t-noop")
+    async with running_worker(db_url, concurrency=16, claim_batch_size=250, **AHEAD) as w:
+        await asyncio.sleep(0.5)  # its loops running
+        before = len(asyncio.all_tasks())
+        await burst_in(db, "rows", n, BURST_LEAD)
+        await _all_claimed_ahead(db, "rows", n)
+        assert w.worker._waiting == n
+        waiting = len(asyncio.all_tasks())
+        assert waiting < before + 50, f"{waiting - before} more tasks for {n} waiting"
+        await wait_for(lambda: _succeeded(db, "rows", n), timeout=BURST_LEAD + 60, what="all ran")
+        lags = [o.start_lag for o in w.outcomes if o.claimed.name == "rows"]
+    assert len(lags) == n and all(lag is not None and lag >= 0 for lag in lags)
+    (row,) = await sql(
+        db,
+        "SELECT count(*) FILTER (WHERE o.started_at >= o.run_at) AS at_or_after, count(*) AS n"
+        " FROM cronwell_occurrences o JOIN cronwell_jobs j ON j.id = o.job_id"
+        " WHERE j.name = 'rows'",
+    )
+    assert row == {"at_or_after": n, "n": n}
+
+
 async def _claimed_ahead(db: Database, name: str, n: int) -> dict[str, Any] | None:
     row = await _ahead(db, name)
     return row if row["ahead"] >= n or not row["before_t"] else None
