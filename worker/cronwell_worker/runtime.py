@@ -15,9 +15,12 @@ local monotonic timer aligned to the database clock at the claim. What is due wi
 that this worker's share of it (the burst / the pool's live workers, plus 5 %) is
 claimed before its instant at the claim rate it measures, at most `claim_ahead_max_seconds`
 early and `claim_ahead_max` occurrences at once. A claimed-ahead occurrence waiting for its
-instant holds no handler slot: it takes one at its instant (first come, first served, so
-in instant order). The wait is part of the attempt's lease (heartbeats renew it; the
-watchdog fences it). Stopping gives back the ones not started yet, in one statement.
+instant is a row (`_Running`), neither a handler slot nor a task: rows are kept by instant
+(`_Instant`), one timer (`_timer_loop`) queues each instant's rows at it, in claim order,
+and a row gets its task when it takes a slot (first come, first served, so in instant
+order). The wait is part of the attempt's lease (heartbeats renew it; the watchdog, which
+looks at a heap of lease deadlines, fences it). Stopping gives back the ones not started
+yet, in one statement.
 
 Starting at the instant (issue 30). An AtLeastOnce attempt starts at its instant with no
 database round trip in front of it: only if the worker judges its lease held (the
