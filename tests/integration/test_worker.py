@@ -818,6 +818,36 @@ async def test_a_burst_waiting_for_its_instant_is_rows_not_tasks(db: Database, d
     assert row == {"at_or_after": n, "n": n}
 
 
+async def test_claims_waiting_for_their_instant_are_renewed_then_self_fenced_by_the_watchdog(
+    db: Database, db_url: str
+) -> None:
+    """Rows waiting for their instant (no task) are judged by the watchdog: renewed, they
+    wait on across leases; once renewals hang (their rows locked), each is abandoned by the
+    worker's own clock before its instant, never started, and no slot is lost."""
+    n, lease = 50, 3.0
+    await handler_job(db, "fence-rows", "t-clock")
+    opts = AHEAD | {"lease_seconds": lease, "concurrency": 4, "claim_batch_size": 20}
+    async with running_worker(db_url, **opts) as w:
+        await burst_in(db, "fence-rows", n, BURST_LEAD)
+        await _all_claimed_ahead(db, "fence-rows", n)
+        await asyncio.sleep(2 * lease)  # renewed meanwhile: none abandoned
+        assert (w.worker._waiting, w.outcomes) == (n, [])
+        async with await psycopg.AsyncConnection.connect(db_url) as locker:
+            await locker.execute("SELECT id FROM cronwell_occurrences FOR UPDATE")
+            await wait_for(lambda: _count_is(w.outcomes, n), 3 * lease, "self-fencing")
+            assert (await _ahead(db, "fence-rows"))["before_t"]
+            await locker.rollback()
+        assert {(o.result, o.error) for o in w.outcomes} == {("lease_lost", "self_fenced")}
+        assert (w.worker._waiting, len(w.worker.running)) == (0, 0)
+        assert w.worker._free_slots() == 4
+    keys = {o.claimed.key for o in w.outcomes}
+    assert len(keys) == n and not [m for m in marks_of(None, "start") if m["key"] in keys]
+
+
+async def _count_is(items: list[Any], n: int) -> bool:
+    return len(items) >= n
+
+
 async def _claimed_ahead(db: Database, name: str, n: int) -> dict[str, Any] | None:
     row = await _ahead(db, name)
     return row if row["ahead"] >= n or not row["before_t"] else None

@@ -47,6 +47,7 @@ import asyncio
 import contextlib
 import functools
 import heapq
+import itertools
 import logging
 import math
 import random
@@ -224,6 +225,9 @@ START_RECORD_AFTER_SECONDS = 1.0
 """An AtLeastOnce attempt started without a write still running this long after its start
 gets its start recorded (low priority, batched): the dashboard shows it started."""
 
+_Deadlines = tuple[float, int, list[str], list[int]]
+"""Attempts whose lease deadline (monotonic) the watchdog judges next: (the earliest of
+their deadlines, a sequence number, their keys, their fences)."""
 _Queued = tuple[str, int, int, datetime | None, "asyncio.Future[bool]"]
 """A queued fenced write: (key, occurrence id, fence, start instant or None, its future)."""
 _Write = Callable[[Database, list[tuple[int, int]], Sequence[datetime | None]], Awaitable[set[str]]]
@@ -337,9 +341,12 @@ class Worker:
         self._slot_queue: deque[_Running] = deque()  # instant came, waiting for a slot
         self._queued = 0  # rows in the slot queue still waiting (dropped ones linger)
         self._starting = 0  # instant came, not started yet: completions wait for them
-        # (lease deadline, key, fence) of every attempt held: the watchdog's next judgements
-        # (entries of attempts over, or renewed since, are dropped or pushed again lazily).
-        self._deadlines: list[tuple[float, str, int]] = []
+        # The watchdog's next judgements: (lease deadline, seq, keys, fences) of the attempts
+        # held, a group per claim (its rows share a deadline); attempts over are dropped and
+        # those renewed since pushed again, as a group, when their deadline comes.
+        self._deadlines: list[_Deadlines] = []
+        self._last_deadlines: _Deadlines | None = None  # the last claim's, still growing
+        self._seq = itertools.count()
         self._unstarted: list[Claimed] = []  # claimed ahead, stopped before their start
         self._claim_rate = CLAIM_RATE_GUESS  # occurrences per second, measured
         self._coming: _Coming | None = None
@@ -804,7 +811,13 @@ class Worker:
         except (pydantic.ValidationError, ValueError) as e:
             r.spec_error = e
         self.running[c.key] = r
-        heapq.heappush(self._deadlines, (deadline, c.key, c.fence))
+        last = self._last_deadlines
+        if last is not None and last[0] == deadline:
+            last[2].append(c.key)  # of the same claim: judged with it
+            last[3].append(c.fence)
+        else:
+            last = self._last_deadlines = (deadline, next(self._seq), [c.key], [c.fence])
+            heapq.heappush(self._deadlines, last)
         if c.started_at is None:
             r.waiting = True  # claimed ahead: takes a slot at its instant
             self._waiting += 1
@@ -1341,25 +1354,38 @@ class Worker:
 
     async def _watchdog_loop(self) -> None:
         """Self-fencing: abandon attempts whose lease may have run out unrenewed. Each tick
-        looks only at the earliest deadlines (`_deadlines`, a heap), not at every attempt
-        held: a burst claimed ahead is tens of thousands of them."""
+        looks only at the groups whose earliest deadline came (`_deadlines`, a heap), not
+        at every attempt held: a burst claimed ahead is tens of thousands of them."""
         lease = self.settings.lease_seconds
         margin = self_fence_margin(lease)
-        h = self._deadlines
         while True:
             # Tick well inside the margin: a tick longer than the margin could notice an
             # unrenewed lease only after it ran out (lease 1.5 s: margin 0.15 s, tick 0.075 s).
             await asyncio.sleep(min(0.25, margin / 2))
-            now = time.monotonic()
-            while h and h[0][0] - margin <= now:
-                _, key, fence = heapq.heappop(h)
+            self._judge_leases(time.monotonic(), margin)
+
+    def _judge_leases(self, now: float, margin: float) -> None:
+        """Cancel the attempts whose lease is not surely held at `now`, among the groups due
+        for judgement; the others (renewed since) go back as one group, judged again by
+        the earliest of their deadlines."""
+        h = self._deadlines
+        while h and h[0][0] - margin <= now:
+            group = heapq.heappop(h)
+            if group is self._last_deadlines:
+                self._last_deadlines = None  # judged: the next claim starts a new group
+            keys, fences, at = [], [], math.inf
+            for key, fence in zip(group[2], group[3], strict=True):
                 r = self.running.get(key)
                 if r is None or r.claimed.fence != fence or r.completing:
                     continue  # over (or claimed again: its own entry judges it)
                 if self._lease_held(r, now):
-                    heapq.heappush(h, (r.deadline, key, fence))  # renewed since
+                    keys.append(key)
+                    fences.append(fence)
+                    at = min(at, r.deadline)
                     continue
                 self._cancel(r, ABORT_SELF_FENCE, "no heartbeat renewed the lease within its term")
+            if keys:
+                heapq.heappush(h, (at, next(self._seq), keys, fences))
 
     def _cancel(self, r: _Running, why: str, detail: str) -> None:
         """Abort an attempt at once: flag for sync handlers, task cancellation for the rest
