@@ -19,8 +19,8 @@ instant is a row (`_Running`), neither a handler slot nor a task: rows are kept 
 (`_Instant`), one timer (`_timer_loop`) queues each instant's rows at it, in claim order,
 and a row gets its task when it takes a slot (first come, first served, so in instant
 order). The wait is part of the attempt's lease (heartbeats renew it; the watchdog, which
-looks at a heap of lease deadlines, fences it). Stopping gives back the ones not started
-yet, in one statement.
+looks at a heap of lease deadlines, one per claim, fences it). Stopping gives back the
+ones not started yet, in one statement.
 
 Starting at the instant (issue 30). An AtLeastOnce attempt starts at its instant with no
 database round trip in front of it: only if the worker judges its lease held (the
