@@ -33,7 +33,7 @@ from cronwell import dispatch
 from cronwell.errors import DatabaseError
 from cronwell.liveness import Liveness
 from cronwell.metrics import Metrics
-from cronwell.store import attempts, claims, fences, history, prescales
+from cronwell.store import attempts, claims, fences, history, history_partitions, prescales
 from cronwell.store.attempts import Reaped
 from cronwell.store.db import Database
 from cronwell.store.processes import ProcessEntry
@@ -143,7 +143,8 @@ class PruneResult:
     history: int = 0
     """Occurrences beyond their job's history limits."""
     retention: int = 0
-    """Occurrences of deleted and one-shot jobs older than the retention."""
+    """Occurrences older than the retention: whole partitions dropped (their estimated
+    rows), or on an unpartitioned store those of deleted and one-shot jobs, row by row."""
     jobs: int = 0
     """Tombstoned jobs forgotten."""
     other: int = 0
@@ -162,8 +163,10 @@ class Pruner:
         batch_rows: int = 1000,
         batch_jobs: int = 200,
         metrics: Metrics | None = None,
+        partition_seconds: int = history_partitions.DAY,
     ):
         self.db = db
+        self.partition_seconds = partition_seconds
         self.retention_seconds = retention_seconds
         self.batch_rows = batch_rows
         self.batch_jobs = batch_jobs
@@ -182,7 +185,7 @@ class Pruner:
             res.history += row.deleted
             if row.deleted < self.batch_rows:
                 after = row.last_job  # this range is within its limits: next range
-        res.retention = await self._drain(history.retention_prune)
+        res.retention = await self._history_retention()
         res.jobs = await self._drain(history.tombstones_purge)
         res.other = await self._drain(history.status_changes_prune)
         res.other += await self._drain(history.outbox_published_prune)
@@ -202,6 +205,23 @@ class Pruner:
                 },
             )
         return res
+
+    async def _history_retention(self) -> int:
+        """Partitions ahead, then the retention: whole partitions dropped (an unpartitioned
+        store deletes the old runs of deleted and one-shot jobs row by row instead)."""
+        if not (await history_partitions.shape(self.db)).partitioned:
+            return await self._drain(history.retention_prune)
+        created = await history_partitions.ensure_ahead(
+            self.db, partition_seconds=self.partition_seconds
+        )
+        dropped = await history_partitions.drop_expired(
+            self.db, retention_seconds=self.retention_seconds
+        )
+        if self.metrics is not None:
+            self.metrics.history_partitions.labels("created").inc(created)
+            self.metrics.history_partitions.labels("dropped").inc(dropped.partitions)
+            self.metrics.history_partitions.labels("postponed").inc(dropped.postponed)
+        return dropped.rows
 
     async def _drain(self, prune: Callable[..., Awaitable[int]]) -> int:
         """Run one of the retention prunes (`history`'s, `prescales.prune`) until a batch

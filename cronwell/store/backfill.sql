@@ -31,7 +31,7 @@ INSERT INTO cronwell_occurrences (idempotency_key, job_id, pool, scheduled_for, 
 SELECT k, %(job_id)s, %(pool)s, s, now(), 'pending', 'Backfill', 'backfill', %(overlap)s,
        %(delivery)s, %(max_attempts)s, %(timeout_seconds)s
 FROM unnest(%(keys)s::text[], %(scheduled_for)s::timestamptz[]) AS t(k, s)
-ON CONFLICT (idempotency_key) DO NOTHING
+ON CONFLICT DO NOTHING
 RETURNING idempotency_key;
 
 -- name: JobMissedUncount

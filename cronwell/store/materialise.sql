@@ -27,7 +27,7 @@ FROM unnest(%(keys)s::text[], %(job_ids)s::uuid[], %(pools)s::text[],
             %(reasons)s::text[], %(origins)s::text[], %(overlaps)s::text[],
             %(deliveries)s::text[], %(max_attempts)s::int[], %(timeouts)s::int[])
      AS t(k, j, p, s, r, st, rs, o, ov, d, ma, ts)
-ON CONFLICT (idempotency_key) DO NOTHING;
+ON CONFLICT DO NOTHING;
 
 -- name: JobAdvanceBatch
 -- Moves each job's cursor past what was materialised and counts its missed instants.
