@@ -18,7 +18,7 @@ from typing import TypeVar
 import psycopg
 
 from cronwell.errors import DatabaseError
-from cronwell.store.db import Database
+from cronwell.store.db import Conn, Database
 
 log = logging.getLogger(__name__)
 
@@ -88,9 +88,9 @@ class Dropped:
     """Expired partitions kept because they still hold unfinished rows."""
 
 
-async def shape(db: Database) -> Shape:
+async def shape(db: Database, conn: Conn | None = None) -> Shape:
     """The history tables' current shape, from the catalog."""
-    row = await db.row(Shape, "HistoryShape")
+    row = await db.row(Shape, "HistoryShape", conn=conn)
     return row or Shape(None, None)
 
 
@@ -108,30 +108,31 @@ async def _retrying(what: str, step: Callable[[], Awaitable[T]]) -> T:
     )
 
 
-async def build_indexes(db: Database) -> None:
-    """Step 1: the unique indexes with the partition column, built CONCURRENTLY (pool
-    connections are autocommit); an INVALID one left by an interrupted build is rebuilt."""
-    if (await shape(db)).partitioned:
+async def build_indexes(db: Database, conn: Conn) -> None:
+    """Step 1: the unique indexes with the partition column, built CONCURRENTLY (`conn` is in
+    autocommit, as pool connections are); an INVALID one left by an interrupted build is
+    dropped and rebuilt."""
+    if (await shape(db, conn)).partitioned:
         return
-    invalid = {r["name"] for r in await db.fetch("HistoryInvalidIndexes")}
+    invalid = {r["name"] for r in await db.fetch("HistoryInvalidIndexes", conn=conn)}
     for name, drop, build in _STEP1:
         if name in invalid:
             log.info(f"rebuilding the interrupted index {name}", extra={"action": "migrate"})
-            await db.execute(drop)
-        await db.execute(build)
+            await db.execute(drop, conn=conn)
+        await db.execute(build, conn=conn)
 
 
-async def add_checks(db: Database) -> datetime:
+async def add_checks(db: Database, conn: Conn) -> datetime:
     """Step 2: the cutover CHECKs (scheduled_for < C), added NOT VALID then validated (no
     writer waits); returns C. A row past C that slipped in before the CHECK fails the
     validation: the CHECKs are dropped and C recomputed."""
     for _ in range(5):
-        cutover: datetime = await db.scalar("HistoryCutover")
-        state = await db.row(_Checks, "HistoryCheckState")
+        cutover: datetime = await db.scalar("HistoryCutover", conn=conn)
+        state = await db.row(_Checks, "HistoryCheckState", conn=conn)
         if state is None or state.occurrences is None:
 
             async def add(cutover: datetime = cutover) -> None:
-                async with db.transaction() as conn:
+                async with conn.transaction():
                     await db.execute("HistoryLockTimeout", {"timeout": LOCK_TIMEOUT}, conn=conn)
                     await db.execute("HistoryCutoverSet", {"cutover": cutover}, conn=conn)
                     await db.execute("HistoryCheckAdd", conn=conn)
@@ -140,9 +141,9 @@ async def add_checks(db: Database) -> datetime:
             state = _Checks(False, False)
         try:
             if not state.occurrences:
-                await db.execute("HistoryCheckValidateOcc")
+                await db.execute("HistoryCheckValidateOcc", conn=conn)
             if not state.attempts:
-                await db.execute("HistoryCheckValidateAtt")
+                await db.execute("HistoryCheckValidateAtt", conn=conn)
             return cutover
         except psycopg.errors.CheckViolation:
             log.warning(
@@ -151,7 +152,7 @@ async def add_checks(db: Database) -> datetime:
             )
 
             async def drop() -> None:
-                async with db.transaction() as conn:
+                async with conn.transaction():
                     await db.execute("HistoryLockTimeout", {"timeout": LOCK_TIMEOUT}, conn=conn)
                     await db.execute("HistoryCheckDrop", conn=conn)
 
@@ -159,28 +160,40 @@ async def add_checks(db: Database) -> datetime:
     raise DatabaseError("could not validate the history cutover CHECK (rows keep arriving past it)")
 
 
-async def switch(db: Database) -> None:
+async def switch(db: Database, conn: Conn) -> None:
     """Step 3: the one short catalog-only transaction that makes the legacy tables partitions."""
 
     async def step() -> None:
-        async with db.transaction() as conn:
+        async with conn.transaction():
             await db.execute("HistoryLockTimeout", {"timeout": LOCK_TIMEOUT}, conn=conn)
             await db.execute("HistorySwitch", conn=conn)
 
     await _retrying("switching history to partitions", step)
 
 
-async def convert(db: Database, *, partition_seconds: int = DAY) -> bool:
-    """Partition the history online (idempotent, resumable); returns whether it switched now.
-    Then creates the partitions of the coming days."""
+async def convert(
+    db: Database, *, partition_seconds: int = DAY, deadline_seconds: float = 3600.0
+) -> bool:
+    """Partition the history online (idempotent, resumable; concurrent runs wait for each
+    other); returns whether it switched now. Then creates the partitions of the coming days.
+    One connection with a long deadline: an index build on a large table takes minutes."""
     switched = False
     if not (await shape(db)).partitioned:
-        log.info("partitioning history: building indexes", extra={"action": "migrate"})
-        await build_indexes(db)
-        cutover = await add_checks(db)
-        log.info(f"partitioning history: switching at {cutover.isoformat()}")
-        await switch(db)
-        switched = True
+        async with db.connection(deadline_seconds=deadline_seconds) as conn:
+            await db.execute("HistoryConvertLock", conn=conn)
+            try:
+                if not (await shape(db, conn)).partitioned:
+                    log.info("partitioning history: building indexes", extra={"action": "migrate"})
+                    await build_indexes(db, conn)
+                    cutover = await add_checks(db, conn)
+                    log.info(
+                        f"partitioning history: switching at {cutover.isoformat()}",
+                        extra={"action": "migrate"},
+                    )
+                    await switch(db, conn)
+                    switched = True
+            finally:
+                await db.execute("HistoryConvertUnlock", conn=conn)
     await ensure_ahead(db, partition_seconds=partition_seconds)
     return switched
 

@@ -9,6 +9,15 @@ SELECT (SELECT relkind::text FROM pg_class WHERE oid = to_regclass('cronwell_occ
        (SELECT relkind::text FROM pg_class WHERE oid = to_regclass('cronwell_attempts'))
            AS attempts;
 
+-- name: HistoryConvertLock
+-- Serialises concurrent conversions (a `cronwell migrate` and schedulers starting, which
+-- migrate too): held by the session across the steps, which are separate transactions.
+SELECT pg_advisory_lock(7367211650143);
+
+-- name: HistoryConvertUnlock
+-- Releases HistoryConvertLock (the connection goes back to the pool).
+SELECT pg_advisory_unlock(7367211650143);
+
 -- name: HistoryLockTimeout
 -- The strong locks of the conversion and of partition drops wait at most this long, so a
 -- long query on the table makes us retry later instead of queueing every writer behind us.
