@@ -14,6 +14,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from cronwell import maintenance, partitions
+from cronwell.backfill import BackfillError, backfill
 from cronwell.errors import UniqueViolation
 from cronwell.metrics import Metrics
 from cronwell.scheduler import Scheduler
@@ -354,3 +355,29 @@ async def test_online_conversion_with_scheduler_and_workers_running(
         assert ran[0]["before"] > 0 and ran[0]["after"] > 0, ran
         # released: claimed ahead and handed back when the workers stopped.
         assert [o for o in outcomes if o.result not in ("succeeded", "released")] == []
+
+
+async def test_backfill_creates_partitions_and_refuses_past_the_retention(
+    fresh: Database,
+) -> None:
+    await migrate(fresh)
+    await sql(fresh, "DROP TABLE cronwell_attempts_legacy")
+    await sql(fresh, "DROP TABLE cronwell_occurrences_legacy")
+    await make_job(fresh, "daily", schedule="0 12 * * *")
+    lo, hi = _day(-3), _day(-1)
+    res = await backfill(fresh, namespace="default", name="daily", start=lo, end=hi)
+    assert len(res.created) == 2
+    names = {p.name for p in await history_partitions.partitions(fresh)}
+    assert {
+        f"cronwell_occurrences_p{_day(-3):%Y%m%d}",
+        f"cronwell_attempts_p{_day(-2):%Y%m%d}",
+    } <= names
+    with pytest.raises(BackfillError, match="older than the retention"):
+        await backfill(
+            fresh,
+            namespace="default",
+            name="daily",
+            start=_day(-3),
+            end=hi,
+            retention_seconds=86400.0,
+        )
