@@ -10,9 +10,11 @@
   `failedJobsHistoryLimit` for each other final state), and the store-wide retention
   (finished occurrences of deleted and one-shot jobs, tombstoned jobs, drained outbox
   messages, status change rows and the pre-scaler's history older than
-  `retention_seconds`).
+  `retention_seconds`). On a partitioned history (store/history_partitions.py) it also
+  keeps the partitions of the next two days created and drops whole partitions whose
+  instants are all older than the retention, never one still holding an unfinished row.
 
-Every delete is a bounded batch (`DELETE … WHERE id IN (SELECT … LIMIT n)`) in its own
+Every row delete is a bounded batch (`DELETE … WHERE id IN (SELECT … LIMIT n)`) in its own
 short transaction, touching only finished rows, which neither the claim path nor the
 materialiser ever lock: pruning holds no long lock and never waits on the hot path.
 Counters in status are totals kept per job in cronwell_job_counters (migration 0003), so
@@ -207,10 +209,12 @@ class Pruner:
         return res
 
     async def _history_retention(self) -> int:
-        """Partitions ahead, then the retention: whole partitions dropped (an unpartitioned
-        store deletes the old runs of deleted and one-shot jobs row by row instead)."""
+        """The old runs of deleted and one-shot jobs row by row (by finish time: a deleted
+        job's tombstone goes as soon as its history does), then on a partitioned store the
+        coming partitions and the drop of the whole partitions past the retention."""
+        rows = await self._drain(history.retention_prune)
         if not (await history_partitions.shape(self.db)).partitioned:
-            return await self._drain(history.retention_prune)
+            return rows
         created = await history_partitions.ensure_ahead(
             self.db, partition_seconds=self.partition_seconds
         )
@@ -221,7 +225,7 @@ class Pruner:
             self.metrics.history_partitions.labels("created").inc(created)
             self.metrics.history_partitions.labels("dropped").inc(dropped.partitions)
             self.metrics.history_partitions.labels("postponed").inc(dropped.postponed)
-        return dropped.rows
+        return rows + dropped.rows
 
     async def _drain(self, prune: Callable[..., Awaitable[int]]) -> int:
         """Run one of the retention prunes (`history`'s, `prescales.prune`) until a batch
