@@ -180,7 +180,8 @@ async def convert(
     switched = False
     if not (await shape(db)).partitioned:
         async with db.connection(deadline_seconds=deadline_seconds) as conn:
-            await db.execute("HistoryConvertLock", conn=conn)
+            while not await db.scalar("HistoryConvertLock", conn=conn):
+                await asyncio.sleep(0.5)  # another conversion runs: wait for its end
             try:
                 if not (await shape(db, conn)).partitioned:
                     log.info("partitioning history: building indexes", extra={"action": "migrate"})

@@ -11,8 +11,10 @@ SELECT (SELECT relkind::text FROM pg_class WHERE oid = to_regclass('cronwell_occ
 
 -- name: HistoryConvertLock
 -- Serialises concurrent conversions (a `cronwell migrate` and schedulers starting, which
--- migrate too): held by the session across the steps, which are separate transactions.
-SELECT pg_advisory_lock(7367211650143);
+-- migrate too): held by the session across the steps, which are separate transactions. A
+-- try, polled: a session waiting in pg_advisory_lock keeps a transaction open, which the
+-- holder's CREATE INDEX CONCURRENTLY would wait for (a deadlock).
+SELECT pg_try_advisory_lock(7367211650143);
 
 -- name: HistoryConvertUnlock
 -- Releases HistoryConvertLock (the connection goes back to the pool).
