@@ -9,6 +9,7 @@ numbered schema version."""
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -180,8 +181,7 @@ async def convert(
     switched = False
     if not (await shape(db)).partitioned:
         async with db.connection(deadline_seconds=deadline_seconds) as conn:
-            while not await db.scalar("HistoryConvertLock", conn=conn):
-                await asyncio.sleep(0.5)  # another conversion runs: wait for its end
+            await _convert_lock(db, conn)
             try:
                 if not (await shape(db, conn)).partitioned:
                     log.info("partitioning history: building indexes", extra={"action": "migrate"})
@@ -197,6 +197,14 @@ async def convert(
                 await db.execute("HistoryConvertUnlock", conn=conn)
     await ensure_ahead(db, partition_seconds=partition_seconds)
     return switched
+
+
+async def _convert_lock(db: Database, conn: Conn) -> None:
+    """Take the conversion's session lock, polling while another conversion holds it."""
+    for _ in itertools.count():
+        if await db.scalar("HistoryConvertLock", conn=conn):
+            return
+        await asyncio.sleep(0.5)
 
 
 async def partitions(db: Database) -> list[Partition]:
