@@ -167,6 +167,20 @@ BEGIN
         END IF;
         EXECUTE format('ALTER TABLE %I ALTER COLUMN id SET DEFAULT nextval(%L)', t,
                        t || '_id_seq');
+        -- Privileges granted on the legacy table (a reporting role, say) carry over; a role
+        -- that inserts needs the sequence too (an identity needed nothing more).
+        FOR r IN
+            SELECT a.privilege_type AS priv,
+                   CASE WHEN a.grantee = 0 THEN 'PUBLIC'
+                        ELSE quote_ident(pg_get_userbyid(a.grantee)) END AS who
+            FROM pg_class c, aclexplode(c.relacl) a
+            WHERE c.oid = (t || '_legacy')::regclass AND a.grantee <> c.relowner
+        LOOP
+            EXECUTE format('GRANT %s ON %I TO %s', r.priv, t, r.who);
+            IF r.priv = 'INSERT' THEN
+                EXECUTE format('GRANT USAGE ON SEQUENCE %I TO %s', t || '_id_seq', r.who);
+            END IF;
+        END LOOP;
     END LOOP;
 
     -- Occurrences: the old single-column keys give way to the step-1 indexes, which become

@@ -122,8 +122,23 @@ async def test_legacy_rows_keep_invariant_after_switch(legacy: Database) -> None
     occ = await _occurrence(legacy, job.id, at, key=key)
     await _success(legacy, occ, key, None)  # written before 0015: no instant
     before = await sql(legacy, "SELECT max(id) AS id FROM cronwell_occurrences")
+    triggers = await _triggers(legacy)
+    assert len(triggers) == 5, triggers
+    reader = f"reader_{uuid.uuid4().hex[:8]}"
+    await sql(legacy, f"CREATE ROLE {reader}")
+    await sql(legacy, f"GRANT SELECT, INSERT ON cronwell_attempts TO {reader}")
     await migrate(legacy)
     assert await _relkinds(legacy) == {"cronwell_occurrences": "p", "cronwell_attempts": "p"}
+    # The statement triggers (status, counters, attempts' cleanup) moved to the parents.
+    assert await _triggers(legacy) == triggers
+    grants = await sql(
+        legacy,
+        "SELECT has_table_privilege(%s, 'cronwell_attempts', 'INSERT') AS ins, "
+        "has_sequence_privilege(%s, 'cronwell_attempts_id_seq', 'USAGE') AS seq",
+        reader,
+        reader,
+    )
+    assert grants == [{"ins": True, "seq": True}]
     # A second success for that key, without an instant or with it, is refused.
     with pytest.raises(UniqueViolation):
         await _success(legacy, occ, key, None)
@@ -134,6 +149,17 @@ async def test_legacy_rows_keep_invariant_after_switch(legacy: Database) -> None
     assert new > before[0]["id"]
     rows = await sql(legacy, "SELECT count(*) AS n FROM cronwell_attempts")
     assert rows[0]["n"] == 1
+
+
+async def _triggers(db: Database) -> list[tuple[str, str]]:
+    """(table, trigger) of the history tables' own triggers."""
+    rows = await sql(
+        db,
+        "SELECT c.relname, t.tgname FROM pg_trigger t JOIN pg_class c ON c.oid = t.tgrelid "
+        "WHERE c.relname IN ('cronwell_occurrences', 'cronwell_attempts') "
+        "AND NOT t.tgisinternal ORDER BY 1, 2",
+    )
+    return [(r["relname"], r["tgname"]) for r in rows]
 
 
 async def test_migrate_twice_is_a_noop(fresh: Database) -> None:
