@@ -407,3 +407,32 @@ async def test_backfill_creates_partitions_and_refuses_past_the_retention(
             end=hi,
             retention_seconds=86400.0,
         )
+
+
+@pytest.mark.parametrize("partitioned", [True, False])
+async def test_a_trigger_id_sent_twice_creates_one_occurrence(
+    empty_db_url: str, partitioned: bool
+) -> None:
+    """The key's unique index no longer dedupes a trigger (its instant is now(), so the
+    second one's (key, instant) differs): the lookup under a lock does, on both shapes,
+    sent one after the other or at once."""
+    from cronwell import jobs
+
+    async with Database(empty_db_url, max_size=20) as db:
+        await migrate(db, partition_history=partitioned)
+        await make_job(db, "trig", schedule="@yearly")
+        first = await jobs.trigger_job(db, namespace="default", name="trig", trigger_id="t1")
+        await asyncio.sleep(0.01)  # a later now(): another (key, instant) pair
+        again = await jobs.trigger_job(db, namespace="default", name="trig", trigger_id="t1")
+        assert first[1] and again == (first[0], False)
+        at_once = await asyncio.gather(
+            *(
+                jobs.trigger_job(db, namespace="default", name="trig", trigger_id="t2")
+                for _ in range(8)
+            )
+        )
+        assert sorted(c for _, c in at_once) == [False] * 7 + [True]
+        rows = await sql(
+            db, "SELECT count(*) AS n FROM cronwell_occurrences WHERE origin = 'trigger'"
+        )
+        assert rows[0]["n"] == 2
