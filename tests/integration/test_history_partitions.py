@@ -436,3 +436,70 @@ async def test_a_trigger_id_sent_twice_creates_one_occurrence(
             db, "SELECT count(*) AS n FROM cronwell_occurrences WHERE origin = 'trigger'"
         )
         assert rows[0]["n"] == 2
+
+
+async def test_every_attempt_row_carries_its_occurrences_instant(fresh: Database) -> None:
+    """A success, a failure and a lease reaped: each attempt row has its occurrence's
+    instant, so it lives in the attempts partition of its day (not the DEFAULT one, for
+    rows without one) and goes with the day's occurrences. Writes are bounded by it."""
+    from cronwell import dispatch
+    from cronwell.store import attempts as attempts_store
+    from cronwell.store import claims
+
+    from .worker_helpers import handler_job, trigger
+
+    await migrate(fresh)
+
+    async def claim(name: str) -> dispatch.Claimed:
+        await handler_job(fresh, name, "t-wait-event", retry={"maxAttempts": 3})
+        key = await trigger(fresh, name)
+        (row,) = await sql(
+            fresh, "SELECT id FROM cronwell_occurrences WHERE idempotency_key = %s", key
+        )
+        (s,) = await claims.start(fresh, [row["id"]], worker_id="w", lease_seconds=60)
+        return dispatch.claimed_from_row(s)
+
+    ok, bad, lost = await claim("ok"), await claim("bad"), await claim("lost")
+    held = await claim("held")
+    at = (ok.scheduled_for, ok.scheduled_for)
+    assert await dispatch.succeed(fresh, [(ok.id, ok.fence)], within=at) == {ok.key}
+    assert (
+        await dispatch.fail(
+            fresh,
+            key=bad.key,
+            fence=bad.fence,
+            next_state="pending",
+            reason="Error",
+            error="boom",
+            delay_seconds=0,
+            within=(bad.scheduled_for, bad.scheduled_for),
+        )
+        == "pending"
+    )
+    await sql(
+        fresh,
+        "UPDATE cronwell_occurrences SET lease_expires_at = now() - interval '1 second',"
+        " started_at = coalesce(started_at, now()) WHERE idempotency_key = %s",
+        lost.key,
+    )
+    reaped = await attempts_store.reap_leases(fresh, limit=10)
+    assert [r.idempotency_key for r in reaped] == [lost.key]
+    rows = await sql(
+        fresh,
+        "SELECT a.idempotency_key, a.outcome, a.scheduled_for = o.scheduled_for AS same"
+        " FROM cronwell_attempts a JOIN cronwell_occurrences o ON o.id = a.occurrence_id"
+        " ORDER BY a.id",
+    )
+    assert [(r["idempotency_key"], r["outcome"], r["same"]) for r in rows] == [
+        (ok.key, "succeeded", True),
+        (bad.key, "failed", True),
+        (lost.key, "lease_expired", True),
+    ]
+    # A batch bounded by another instant matches nothing: the bounds are applied.
+    running = [(held.key, held.fence)]
+    for day, alive in ((timedelta(days=-1), set()), (timedelta(0), {held.key})):
+        at = held.scheduled_for + day
+        got = await dispatch.heartbeat(
+            fresh, worker_id="w", running=running, lease_seconds=60, within=(at, at)
+        )
+        assert got == alive, day
