@@ -16,7 +16,7 @@ from cronwell.scheduler import Scheduler
 from cronwell.store.db import Database
 from tests.helpers.store import fail_dead
 
-from .helpers import make_job, occurrences, scheduler, set_cursor
+from .helpers import make_job, occurrences, scheduler, set_cursor, sql
 from .worker_helpers import FAR_FUTURE, due_in, state_is, trigger
 
 
@@ -107,6 +107,25 @@ async def test_replace_cancels_the_active_one(db: Database) -> None:
     assert await dispatch.succeed(db, [(claimed[0].id, claimed[0].fence)]) == set()
     states = {o["idempotency_key"]: o["state"] for o in await occurrences(db, "ov")}
     assert states[claimed[0].key] == "cancelled" and states[newer[0].key] == "running"
+
+
+async def test_replace_cancels_an_active_one_of_an_earlier_day(db: Database) -> None:
+    """The claim's overlap decisions are bounded by instants (to prune a partitioned
+    history): by the active rows' too, which a Replace cancels, however old."""
+    s = await _due(db, "Replace", seconds_back=1)
+    claimed = (await _claim(db))[0]
+    await sql(
+        db,
+        "UPDATE cronwell_occurrences SET scheduled_for = scheduled_for - interval '1 day'"
+        " WHERE idempotency_key = %s",
+        claimed.key,
+    )
+    await asyncio.sleep(1.1)  # a newer occurrence comes due
+    await s.materialise_until_idle()
+    newer = await _claim(db)
+    assert len(newer) == 1 and newer[0].key != claimed.key
+    states = {o["idempotency_key"]: o["state"] for o in await occurrences(db, "ov")}
+    assert states[claimed.key] == "cancelled" and states[newer[0].key] == "running"
 
 
 AT = datetime(2026, 1, 1)
