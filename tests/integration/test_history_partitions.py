@@ -498,8 +498,8 @@ async def test_every_attempt_row_carries_its_occurrences_instant(fresh: Database
     # A batch bounded by another instant matches nothing: the bounds are applied.
     running = [(held.key, held.fence)]
     for day, alive in ((timedelta(days=-1), set()), (timedelta(0), {held.key})):
-        at = held.scheduled_for + day
+        instant = held.scheduled_for + day
         got = await dispatch.heartbeat(
-            fresh, worker_id="w", running=running, lease_seconds=60, within=(at, at)
+            fresh, worker_id="w", running=running, lease_seconds=60, within=(instant, instant)
         )
         assert got == alive, day
