@@ -38,11 +38,12 @@ WITH done AS (
     SET state = 'succeeded', finished_at = now(), lease_expires_at = NULL
     FROM unnest(%(k)s::text[], %(f)s::bigint[]) AS t(k, f)
     WHERE o.idempotency_key = t.k AND o.fence = t.f AND o.state = 'running'
-    RETURNING o.id, o.idempotency_key, o.attempt, o.fence, o.worker_id, o.started_at,
-              o.finished_at)
-INSERT INTO cronwell_attempts (occurrence_id, idempotency_key, attempt, fence, worker_id,
-                               outcome, started_at, finished_at)
-SELECT id, idempotency_key, attempt, fence, worker_id, 'succeeded', started_at, finished_at
+    RETURNING o.id, o.idempotency_key, o.scheduled_for, o.attempt, o.fence, o.worker_id,
+              o.started_at, o.finished_at)
+INSERT INTO cronwell_attempts (occurrence_id, idempotency_key, scheduled_for, attempt, fence,
+                               worker_id, outcome, started_at, finished_at)
+SELECT id, idempotency_key, scheduled_for, attempt, fence, worker_id, 'succeeded', started_at,
+       finished_at
 FROM done
 """
 

@@ -54,9 +54,10 @@ async def grow(db: Database, spec: dict[str, Any], size: int, history: int) -> f
             (history,),
         )
         await conn.execute(
-            "INSERT INTO cronwell_attempts (occurrence_id, idempotency_key, attempt, fence,"
-            " worker_id, outcome, started_at, finished_at) SELECT id, idempotency_key, 1,"
-            " fence, 'w', 'succeeded', started_at, finished_at FROM cronwell_occurrences"
+            "INSERT INTO cronwell_attempts (occurrence_id, idempotency_key, scheduled_for,"
+            " attempt, fence, worker_id, outcome, started_at, finished_at)"
+            " SELECT id, idempotency_key, scheduled_for, 1, fence, 'w', 'succeeded',"
+            " started_at, finished_at FROM cronwell_occurrences"
         )
         await conn.execute(
             "INSERT INTO cronwell_occurrences (idempotency_key, job_id, pool, scheduled_for,"

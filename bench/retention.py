@@ -110,9 +110,9 @@ async def _seed_day(
             {"day": day, "ago": days - day, "n": oneshots, "spec": json.dumps(oneshot_spec)},
         )
         await conn.execute(
-            "INSERT INTO cronwell_attempts (occurrence_id, idempotency_key, attempt, fence,"
-            " worker_id, outcome, error, started_at, finished_at)"
-            " SELECT id, idempotency_key, 1, fence, 'w',"
+            "INSERT INTO cronwell_attempts (occurrence_id, idempotency_key, scheduled_for,"
+            " attempt, fence, worker_id, outcome, error, started_at, finished_at)"
+            " SELECT id, idempotency_key, scheduled_for, 1, fence, 'w',"
             " CASE WHEN state = 'dead' THEN 'failed' ELSE 'succeeded' END,"
             " CASE WHEN state = 'dead' THEN 'boom' END, started_at, finished_at"
             " FROM cronwell_occurrences o WHERE o.idempotency_key LIKE %s"

@@ -131,11 +131,12 @@ FROM cronwell_jobs j, LATERAL (SELECT substr(j.name, 5)::int AS n) x,
                  WHEN s.state IN ('skipped', 'missed', 'pending') THEN 0
                  WHEN k %% 20 = 5 THEN 2 ELSE 1 END AS attempt) r
 WHERE x.n BETWEEN %(lo)s::int AND %(hi)s::int
-RETURNING id, idempotency_key, state, attempt, fence, worker_id, started_at, finished_at
+RETURNING id, idempotency_key, scheduled_for, state, attempt, fence, worker_id, started_at,
+          finished_at
 )
-INSERT INTO cronwell_attempts (occurrence_id, idempotency_key, attempt, fence, worker_id,
-                               outcome, error, started_at, finished_at)
-SELECT o.id, o.idempotency_key, g, o.fence, o.worker_id,
+INSERT INTO cronwell_attempts (occurrence_id, idempotency_key, scheduled_for, attempt, fence,
+                               worker_id, outcome, error, started_at, finished_at)
+SELECT o.id, o.idempotency_key, o.scheduled_for, g, o.fence, o.worker_id,
        CASE WHEN g < o.attempt OR o.state = 'dead' THEN 'failed'
             WHEN o.state = 'cancelled' THEN 'cancelled' ELSE 'succeeded' END,
        CASE WHEN g < o.attempt OR o.state = 'dead' THEN 'ConnectionError: connection refused' END,

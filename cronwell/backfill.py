@@ -20,13 +20,13 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from cronwell import dispatch, schedule
 from cronwell.errors import CronwellError, JobNotFound
 from cronwell.models import ConcurrencyPolicy, ScheduledJobSpec
 from cronwell.store import backfill as store_backfill
-from cronwell.store import clock
+from cronwell.store import clock, history_partitions
 from cronwell.store.db import Database
 
 DEFAULT_MAX_INSTANTS = 10_000
@@ -100,6 +100,7 @@ async def backfill(
     max_instants: int = DEFAULT_MAX_INSTANTS,
     dry_run: bool = False,
     expect: int | None = None,
+    retention_seconds: float | None = None,
 ) -> BackfillResult:
     """Backfill [start, end] (aware datetimes) of one live job; see the module docstring.
     With `expect`, refuse (BackfillCountChanged, nothing written) unless exactly that many
@@ -139,6 +140,7 @@ async def backfill(
         result.instants = window_instants(sched, start, end, max_instants)
         if not result.instants:
             return result
+        await _within_retention(db, result.instants, now, retention_seconds, dry_run=dry_run)
         keys = [schedule.occurrence_key(job.id, t) for t in result.instants]
         existing = await store_backfill.existing_states(db, keys=keys, conn=conn)
         if expect is not None:
@@ -177,3 +179,31 @@ async def backfill(
         reopened = set(result.reopened)
         result.present = Counter(s for k, s in existing.items() if k not in reopened)
     return result
+
+
+async def _within_retention(
+    db: Database,
+    instants: list[datetime],
+    now: datetime,
+    retention_seconds: float | None,
+    *,
+    dry_run: bool,
+) -> None:
+    """Refuse instants older than the store-wide retention (their partition is dropped, or
+    would be at once); create the partitions the others need (an insert outside every
+    partition fails). Runs its DDL on connections of its own."""
+    if retention_seconds is None:
+        from cronwell.settings import SchedulerSettings
+
+        retention_seconds = SchedulerSettings().retention_seconds
+    oldest = now - timedelta(seconds=retention_seconds)
+    first, last = min(instants), max(instants)
+    if first < oldest:
+        raise BackfillError(
+            f"the instant {schedule.format_instant(first)} is older than the retention "
+            f"({retention_seconds:g}s; history before {schedule.format_instant(oldest)} is "
+            "dropped by whole partitions): narrow the window (--from) to the retention, or "
+            "raise CRONWELL_RETENTION_SECONDS"
+        )
+    if not dry_run:
+        await history_partitions.ensure_partitions(db, first, last + timedelta(seconds=1))

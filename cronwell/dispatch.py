@@ -221,15 +221,25 @@ async def claim(
         run, settle = decide_overlap(due[:due_limit], active)
         # The due ones left over still make their serialised jobs busy for plan_ahead.
         run += plan_ahead([c for c in cands if not c.due], due, active)
+        # The bounds of the candidates' instants (and of the active rows a Replace may
+        # cancel): the writes by id prune a partitioned history to their partitions.
+        within = _within([c.scheduled_for for c in cands])
         if settle:
-            await claims.settle(db, settle, conn=conn)
+            if active:
+                within = _within([*within, *(a.scheduled_for for a in active)])
+            await claims.settle(db, settle, within=within, conn=conn)
         if not run:
             return []
         started = await claims.start(
-            db, run, worker_id=worker_id, lease_seconds=lease_seconds, conn=conn
+            db, run, worker_id=worker_id, lease_seconds=lease_seconds, within=within, conn=conn
         )
         received = time.monotonic()
         return await attach_specs(db, conn, started, known_specs, received)
+
+
+def _within(instants: Sequence[datetime]) -> attempts.Within:
+    """The earliest and latest of some instants (not empty): a batch write's bounds."""
+    return min(instants), max(instants)
 
 
 async def attach_specs(
@@ -327,16 +337,20 @@ async def replay_dead(
 
 
 async def succeed(
-    db: Database, done: list[tuple[int, int]], starts: Sequence[datetime | None] | None = None
+    db: Database,
+    done: list[tuple[int, int]],
+    starts: Sequence[datetime | None] | None = None,
+    *,
+    within: attempts.Within = attempts.ALL_TIME,
 ) -> set[str]:
     """Fenced completion of a batch of (occurrence id, fence); returns the keys that
     completed. A key missing from the result had a stale fence: it completes nothing
     (invariant 3). `starts`: each attempt's start instant (database clock) when its start
-    was not written yet (None: written)."""
+    was not written yet (None: written). `within`: the bounds of their instants."""
     if not done:
         return set()
     async with db.transaction() as conn:
-        return await succeed_in(db, conn, done, starts)
+        return await succeed_in(db, conn, done, starts, within=within)
 
 
 async def succeed_in(
@@ -344,11 +358,13 @@ async def succeed_in(
     conn: Conn,
     done: list[tuple[int, int]],
     starts: Sequence[datetime | None] | None = None,
+    *,
+    within: attempts.Within = attempts.ALL_TIME,
 ) -> set[str]:
     """Fenced completion inside the caller's transaction (the worker's batch, or a
     handler's `ctx.transaction()`), promoting the next waiting occurrence of each buffered
     job in the same transaction: every completion path goes through here."""
-    rows = await attempts.succeed(db, done, starts, conn=conn)
+    rows = await attempts.succeed(db, done, starts, within=within, conn=conn)
     await promote_waiting(db, conn, [r.job_id for r in rows if r.overlap in BUFFERED])
     return {r.idempotency_key for r in rows}
 
@@ -364,9 +380,11 @@ async def fail(
     delay_seconds: float,
     outcome: str = "failed",
     started: datetime | None = None,
+    within: attempts.Within = attempts.ALL_TIME,
 ) -> str | None:
     """Fenced failure: `next_state` pending (retry after the delay) or dead. Returns the new
-    state, or None if the fence was stale. `started`: the start instant if not written."""
+    state, or None if the fence was stale. `started`: the start instant if not written;
+    `within`: bounds of its instant (the occurrence's scheduled_for, twice)."""
     async with db.transaction() as conn:
         row = await attempts.fail(
             db,
@@ -378,6 +396,7 @@ async def fail(
             delay_seconds=delay_seconds,
             outcome=outcome,
             started=started,
+            within=within,
             conn=conn,
         )
         if row is None:
@@ -388,12 +407,20 @@ async def fail(
 
 
 async def heartbeat(
-    db: Database, *, worker_id: str, running: list[tuple[str, int]], lease_seconds: float
+    db: Database,
+    *,
+    worker_id: str,
+    running: list[tuple[str, int]],
+    lease_seconds: float,
+    within: attempts.Within = attempts.ALL_TIME,
 ) -> set[str]:
-    """Extend all running leases in one statement; returns the keys still held."""
+    """Extend all running leases in one statement (their instants `within` these bounds);
+    returns the keys still held."""
     if not running:
         return set()
-    return await attempts.heartbeat(db, running, worker_id=worker_id, lease_seconds=lease_seconds)
+    return await attempts.heartbeat(
+        db, running, worker_id=worker_id, lease_seconds=lease_seconds, within=within
+    )
 
 
 async def reassert(
@@ -408,18 +435,28 @@ async def reassert(
 
 
 async def record_starts(
-    db: Database, started: list[tuple[int, int]], starts: Sequence[datetime | None] | None = None
+    db: Database,
+    started: list[tuple[int, int]],
+    starts: Sequence[datetime | None] | None = None,
+    *,
+    within: attempts.Within = attempts.ALL_TIME,
 ) -> set[str]:
     """Record the actual start of attempts claimed ahead (id, fence), at `starts` (None:
     now, before the handler runs); returns the keys still held (one missing lost its lease:
     it must not start)."""
     if not started:
         return set()
-    return await attempts.record_starts(db, started, starts)
+    return await attempts.record_starts(db, started, starts, within=within)
 
 
-async def release(db: Database, claimed: list[tuple[str, int]]) -> set[str]:
-    """Give back claimed-but-unstarted occurrences (graceful shutdown)."""
+async def release(
+    db: Database,
+    claimed: list[tuple[str, int]],
+    *,
+    within: attempts.Within = attempts.ALL_TIME,
+) -> set[str]:
+    """Give back claimed-but-unstarted occurrences (graceful shutdown; their instants
+    `within` these bounds)."""
     if not claimed:
         return set()
-    return await attempts.release(db, claimed)
+    return await attempts.release(db, claimed, within=within)

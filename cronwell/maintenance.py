@@ -10,9 +10,11 @@
   `failedJobsHistoryLimit` for each other final state), and the store-wide retention
   (finished occurrences of deleted and one-shot jobs, tombstoned jobs, drained outbox
   messages, status change rows and the pre-scaler's history older than
-  `retention_seconds`).
+  `retention_seconds`). On a partitioned history (store/history_partitions.py) it also
+  keeps the partitions of the next two days created and drops whole partitions whose
+  instants are all older than the retention, never one still holding an unfinished row.
 
-Every delete is a bounded batch (`DELETE … WHERE id IN (SELECT … LIMIT n)`) in its own
+Every row delete is a bounded batch (`DELETE … WHERE id IN (SELECT … LIMIT n)`) in its own
 short transaction, touching only finished rows, which neither the claim path nor the
 materialiser ever lock: pruning holds no long lock and never waits on the hot path.
 Counters in status are totals kept per job in cronwell_job_counters (migration 0003), so
@@ -33,7 +35,7 @@ from cronwell import dispatch
 from cronwell.errors import DatabaseError
 from cronwell.liveness import Liveness
 from cronwell.metrics import Metrics
-from cronwell.store import attempts, claims, fences, history, prescales
+from cronwell.store import attempts, claims, fences, history, history_partitions, prescales
 from cronwell.store.attempts import Reaped
 from cronwell.store.db import Database
 from cronwell.store.processes import ProcessEntry
@@ -143,7 +145,8 @@ class PruneResult:
     history: int = 0
     """Occurrences beyond their job's history limits."""
     retention: int = 0
-    """Occurrences of deleted and one-shot jobs older than the retention."""
+    """Occurrences older than the retention: whole partitions dropped (their estimated
+    rows), or on an unpartitioned store those of deleted and one-shot jobs, row by row."""
     jobs: int = 0
     """Tombstoned jobs forgotten."""
     other: int = 0
@@ -162,8 +165,10 @@ class Pruner:
         batch_rows: int = 1000,
         batch_jobs: int = 200,
         metrics: Metrics | None = None,
+        partition_seconds: int = history_partitions.DAY,
     ):
         self.db = db
+        self.partition_seconds = partition_seconds
         self.retention_seconds = retention_seconds
         self.batch_rows = batch_rows
         self.batch_jobs = batch_jobs
@@ -182,7 +187,7 @@ class Pruner:
             res.history += row.deleted
             if row.deleted < self.batch_rows:
                 after = row.last_job  # this range is within its limits: next range
-        res.retention = await self._drain(history.retention_prune)
+        res.retention = await self._history_retention()
         res.jobs = await self._drain(history.tombstones_purge)
         res.other = await self._drain(history.status_changes_prune)
         res.other += await self._drain(history.outbox_published_prune)
@@ -202,6 +207,25 @@ class Pruner:
                 },
             )
         return res
+
+    async def _history_retention(self) -> int:
+        """The old runs of deleted and one-shot jobs row by row (by finish time: a deleted
+        job's tombstone goes as soon as its history does), then on a partitioned store the
+        coming partitions and the drop of the whole partitions past the retention."""
+        rows = await self._drain(history.retention_prune)
+        if not (await history_partitions.shape(self.db)).partitioned:
+            return rows
+        created = await history_partitions.ensure_ahead(
+            self.db, partition_seconds=self.partition_seconds
+        )
+        dropped = await history_partitions.drop_expired(
+            self.db, retention_seconds=self.retention_seconds
+        )
+        if self.metrics is not None:
+            self.metrics.history_partitions.labels("created").inc(created)
+            self.metrics.history_partitions.labels("dropped").inc(dropped.partitions)
+            self.metrics.history_partitions.labels("postponed").inc(dropped.postponed)
+        return rows + dropped.rows
 
     async def _drain(self, prune: Callable[..., Awaitable[int]]) -> int:
         """Run one of the retention prunes (`history`'s, `prescales.prune`) until a batch

@@ -64,6 +64,13 @@ class Metrics:
             ["reason"],
             registry=r,
         )
+        self.history_partitions = Counter(
+            "cronwell_history_partitions",
+            "History partitions created ahead, dropped past the retention, or kept past it "
+            "because they still hold unfinished rows (postponed).",
+            ["action"],
+            registry=r,
+        )
         self.queue_depth = Gauge(
             "cronwell_due_not_started",
             "Due occurrences not yet started, per pool: the leading indicator of an SLA miss.",

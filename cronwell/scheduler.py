@@ -30,7 +30,7 @@ from cronwell.metrics import Metrics
 from cronwell.models import MisfirePolicy, ScheduledJobSpec
 from cronwell.plan import plan_job
 from cronwell.settings import SchedulerSettings
-from cronwell.store import gauges, leases, materialise, processes
+from cronwell.store import gauges, history_partitions, leases, materialise, processes
 from cronwell.store.db import Database
 from cronwell.store.migrate import check_schema
 from cronwell.supervise import Supervisor, repeat, wait_event
@@ -103,6 +103,7 @@ class Scheduler:
             retention_seconds=settings.retention_seconds,
             batch_rows=settings.prune_batch_rows,
             metrics=self.metrics,
+            partition_seconds=settings.history_partition_seconds,
         )
         self.reaper = maintenance.Reaper(
             db,
@@ -349,6 +350,7 @@ class Scheduler:
             },
         )
         await announce_durability(self.db)
+        await self._history_partitions_ahead()
         tasks = Supervisor(f"scheduler {self.holder}")
         tasks.spawn(self._lease_loop(), "leases")
         tasks.spawn(self._work_loop(), "materialise")
@@ -363,6 +365,18 @@ class Scheduler:
 
     def stop(self) -> None:
         self._stop.set()
+
+    async def _history_partitions_ahead(self) -> None:
+        """Create the coming days' history partitions once at start (the pruner keeps them
+        ahead afterwards), so a day never lacks its partition; a failure is only a warning."""
+        try:
+            n = await history_partitions.ensure_ahead(
+                self.db, partition_seconds=self.settings.history_partition_seconds
+            )
+        except DatabaseError as e:
+            log.warning(f"could not create the coming history partitions: {e}")
+            return
+        self.metrics.history_partitions.labels("created").inc(n)
 
     async def _lease_loop(self) -> None:
         interval = self.settings.partition_lease_seconds / 3

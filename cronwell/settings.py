@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import platformdirs
-from pydantic import Field
+from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from cronwell.egress import EgressPolicy, split_list
@@ -104,9 +104,26 @@ class SchedulerSettings(_Settings):
     retention_seconds: float = Field(
         7 * 86400.0,
         gt=0,
-        description="Store-wide retention: finished runs of deleted and one-shot jobs (and "
-        "drained bookkeeping) older than this are deleted; a week covers incident reviews.",
+        description="Store-wide retention: all run history (whole partitions, by nominal "
+        "instant; dead runs included: replay them within it) and drained bookkeeping older "
+        "than this is dropped; a week covers incident reviews. On an unpartitioned store only "
+        "finished runs of deleted and one-shot jobs.",
     )
+    history_partition_seconds: int = Field(
+        86400,
+        ge=3600,
+        le=86400,
+        description="Width of new history partitions (one per day; an hour at high rates); "
+        "must divide a day. Partitions are created two days ahead.",
+    )
+
+    @field_validator("history_partition_seconds")
+    @classmethod
+    def _divides_a_day(cls, v: int) -> int:
+        if 86400 % v:
+            raise ValueError(f"{v} does not divide a day (86400 s): use e.g. 3600, 21600, 86400")
+        return v
+
     prune_interval_seconds: float = Field(
         60.0,
         gt=0,

@@ -1,16 +1,24 @@
 """Running attempts, fenced per (idempotency key, fence) pair, or (id, fence) on the hot path
 (starts and completions: the worker holds the ids from its claim): heartbeats, starts,
 completions, failures, releases, and the reaping of expired leases. Each ending writes its
-cronwell_attempts row."""
+cronwell_attempts row, which carries its occurrence's instant. Every write is bounded by
+`within`, the earliest and latest instant of its rows, so a partitioned history is pruned
+to their partitions (ALL_TIME: unknown, prunes nothing)."""
 
 from __future__ import annotations
 
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 
 from cronwell.store.db import Conn, Database
+
+Within = tuple[datetime, datetime]
+"""The earliest and latest instant (scheduled_for) of a write's rows."""
+
+ALL_TIME: Within = (datetime.min.replace(tzinfo=UTC), datetime.max.replace(tzinfo=UTC))
+"""Bounds of a write whose rows' instants are unknown: pruning nothing."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,26 +64,43 @@ class Reaped:
     run_at: datetime
 
 
-def _keys(held: Sequence[tuple[str, int]]) -> dict[str, list[str] | list[int]]:
-    return {"keys": [k for k, _ in held], "fences": [f for _, f in held]}
+def _keys(held: Sequence[tuple[str, int]], within: Within) -> dict[str, object]:
+    return {
+        "keys": [k for k, _ in held],
+        "fences": [f for _, f in held],
+        "lo": within[0],
+        "hi": within[1],
+    }
 
 
 def _ids(
-    held: Sequence[tuple[int, int]], starts: Sequence[datetime | None] | None = None
-) -> dict[str, list[int] | list[datetime | None]]:
-    """The (id, fence) pairs as two arrays, and each one's start instant (None: none)."""
+    held: Sequence[tuple[int, int]], starts: Sequence[datetime | None] | None, within: Within
+) -> dict[str, object]:
+    """The (id, fence) pairs as two arrays, each one's start instant (None: none), and the
+    bounds of their instants."""
     at: list[datetime | None] = list(starts) if starts is not None else [None] * len(held)
-    return {"ids": [i for i, _ in held], "fences": [f for _, f in held], "starts": at}
+    return {
+        "ids": [i for i, _ in held],
+        "fences": [f for _, f in held],
+        "starts": at,
+        "lo": within[0],
+        "hi": within[1],
+    }
 
 
 async def heartbeat(
-    db: Database, running: Sequence[tuple[str, int]], *, worker_id: str, lease_seconds: float
+    db: Database,
+    running: Sequence[tuple[str, int]],
+    *,
+    worker_id: str,
+    lease_seconds: float,
+    within: Within = ALL_TIME,
 ) -> set[str]:
     """Extend the leases of (key, fence) held by `worker_id`; returns the keys still held."""
     rows = await db.rows(
         Keyed,
         "OccurrenceHeartbeat",
-        {**_keys(running), "lease": lease_seconds, "worker_id": worker_id},
+        {**_keys(running, within), "lease": lease_seconds, "worker_id": worker_id},
     )
     return {r.idempotency_key for r in rows}
 
@@ -108,10 +133,12 @@ async def record_starts(
     db: Database,
     started: Sequence[tuple[int, int]],
     starts: Sequence[datetime | None] | None = None,
+    *,
+    within: Within = ALL_TIME,
 ) -> set[str]:
     """Record the actual start of (id, fence) claimed ahead, at `starts` (None: now); returns
     the keys still held (one missing lost its lease and must not start)."""
-    rows = await db.rows(Keyed, "OccurrenceStartBatch", _ids(started, starts))
+    rows = await db.rows(Keyed, "OccurrenceStartBatch", _ids(started, starts, within))
     return {r.idempotency_key for r in rows}
 
 
@@ -120,11 +147,12 @@ async def succeed(
     done: Sequence[tuple[int, int]],
     starts: Sequence[datetime | None] | None = None,
     *,
+    within: Within = ALL_TIME,
     conn: Conn | None = None,
 ) -> list[Succeeded]:
     """Complete (id, fence) pairs whose fence is current, recording each one's start from
     `starts` if not recorded yet; a stale one completes nothing."""
-    return await db.rows(Succeeded, "OccurrenceSucceedBatch", _ids(done, starts), conn)
+    return await db.rows(Succeeded, "OccurrenceSucceedBatch", _ids(done, starts, within), conn)
 
 
 async def fail(
@@ -138,6 +166,7 @@ async def fail(
     delay_seconds: float,
     outcome: str,
     started: datetime | None = None,
+    within: Within = ALL_TIME,
     conn: Conn | None = None,
 ) -> Failed | None:
     """Fail one attempt: pending after `delay_seconds`, or dead; None if the fence is stale.
@@ -154,14 +183,18 @@ async def fail(
             "delay": delay_seconds,
             "outcome": outcome,
             "started": started,
+            "lo": within[0],
+            "hi": within[1],
         },
         conn,
     )
 
 
-async def release(db: Database, claimed: Sequence[tuple[str, int]]) -> set[str]:
+async def release(
+    db: Database, claimed: Sequence[tuple[str, int]], *, within: Within = ALL_TIME
+) -> set[str]:
     """Give back claimed-but-unstarted (key, fence): pending again, attempt not consumed."""
-    rows = await db.rows(Keyed, "OccurrenceRelease", _keys(claimed))
+    rows = await db.rows(Keyed, "OccurrenceRelease", _keys(claimed, within))
     return {r.idempotency_key for r in rows}
 
 

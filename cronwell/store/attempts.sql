@@ -16,6 +16,15 @@
 -- whole key list (189 ms for one batch of 341 starts; completions and heartbeats alike).
 -- tests/integration/test_batch_plans.py checks the plan under such statistics.
 --
+-- Every write by id or key also bounds the instant, `scheduled_for BETWEEN %(lo)s AND
+-- %(hi)s` (the batch's earliest and latest instant, which the worker holds from its
+-- claims): on a partitioned history (docs/architecture.md, "History partitions") an id or
+-- a key alone probes the index of every partition, the bounds prune to the partitions of
+-- the batch's instants (one, for a batch of one instant). Unpartitioned, it is one more
+-- filter on rows already found by id. A caller that knows no instants passes the widest
+-- bounds (attempts.ALL_TIME): a write right after a re-assertion, whose row may have been
+-- materialised again (a trigger's instant is its insertion time).
+--
 -- The start and the completion, on the hot path (one each per occurrence), skip the key
 -- lookup: the worker holds each occurrence's id from its claim. Their rows are read by
 -- primary key (`id = ANY (ids)`, an index condition whatever the statistics) and joined to
@@ -29,11 +38,13 @@ WITH held AS MATERIALIZED (
     SELECT array_agg(x.id) AS ids, array_agg(t.f) AS fences
     FROM unnest(%(keys)s::text[], %(fences)s::bigint[]) AS t(k, f)
     CROSS JOIN LATERAL (SELECT id FROM cronwell_occurrences
-                        WHERE idempotency_key = t.k LIMIT 1) x)
+                        WHERE idempotency_key = t.k
+                          AND scheduled_for BETWEEN %(lo)s AND %(hi)s LIMIT 1) x)
 UPDATE cronwell_occurrences o
 SET lease_expires_at = now() + make_interval(secs => %(lease)s)
 FROM held h
-WHERE o.id = ANY (h.ids) AND o.fence = h.fences[array_position(h.ids, o.id)]
+WHERE o.id = ANY (h.ids) AND o.scheduled_for BETWEEN %(lo)s AND %(hi)s
+  AND o.fence = h.fences[array_position(h.ids, o.id)]
   AND coalesce(o.state = 'running', false)
   AND o.worker_id = %(worker_id)s
 RETURNING o.idempotency_key;
@@ -48,6 +59,8 @@ RETURNING o.idempotency_key;
 -- finished, or holding a fence not below the worker's: that is a lease lost, as ever.
 -- Returns each row's id: the lost commits may have been its materialisation too, and the
 -- worker's fenced writes by id then go to the row materialised again under the same key.
+-- Found by key alone (every partition: a rare path), not bounded by the instant the worker
+-- holds: a trigger materialised again has a later instant (its insertion time).
 WITH held AS MATERIALIZED (
     SELECT array_agg(x.id) AS ids, array_agg(t.f) AS fences, array_agg(t.a) AS attempts,
            array_agg(t.s) AS started
@@ -77,7 +90,8 @@ RETURNING o.idempotency_key, o.id;
 UPDATE cronwell_occurrences o SET started_at = coalesce(t.started, now())
 FROM unnest(%(ids)s::bigint[], %(fences)s::bigint[], %(starts)s::timestamptz[])
      AS t(id, fence, started)
-WHERE o.id = ANY (%(ids)s::bigint[]) AND o.id = t.id AND o.fence = t.fence
+WHERE o.id = ANY (%(ids)s::bigint[]) AND o.scheduled_for BETWEEN %(lo)s AND %(hi)s
+  AND o.id = t.id AND o.fence = t.fence
   AND coalesce(o.state = 'running', false)
   AND o.started_at IS NULL
 RETURNING o.idempotency_key;
@@ -93,14 +107,16 @@ WITH done AS (
         reason = NULL, started_at = coalesce(o.started_at, t.started)
     FROM unnest(%(ids)s::bigint[], %(fences)s::bigint[], %(starts)s::timestamptz[])
          AS t(id, fence, started)
-    WHERE o.id = ANY (%(ids)s::bigint[]) AND o.id = t.id AND o.fence = t.fence
+    WHERE o.id = ANY (%(ids)s::bigint[]) AND o.scheduled_for BETWEEN %(lo)s AND %(hi)s
+      AND o.id = t.id AND o.fence = t.fence
       AND coalesce(o.state = 'running', false)
-    RETURNING o.id, o.idempotency_key, o.job_id, o.attempt, o.fence, o.worker_id,
+    RETURNING o.id, o.idempotency_key, o.scheduled_for, o.job_id, o.attempt, o.fence, o.worker_id,
               o.started_at, o.finished_at, o.overlap),
 att AS (
-    INSERT INTO cronwell_attempts (occurrence_id, idempotency_key, attempt, fence, worker_id,
-                                   outcome, started_at, finished_at)
-    SELECT id, idempotency_key, attempt, fence, worker_id, 'succeeded', started_at, finished_at
+    INSERT INTO cronwell_attempts (occurrence_id, idempotency_key, scheduled_for, attempt, fence,
+                                   worker_id, outcome, started_at, finished_at)
+    SELECT id, idempotency_key, scheduled_for, attempt, fence, worker_id, 'succeeded', started_at,
+           finished_at
     FROM done),
 -- A success resets its job's failures. One scan of the small partial index
 -- cronwell_jobs_failing (0007) with the batch's job ids as one array, not a lookup per job
@@ -120,13 +136,15 @@ WITH failed AS (
         started_at = coalesce(o.started_at, %(started)s::timestamptz),
         run_at = now() + make_interval(secs => %(delay)s), lease_expires_at = NULL,
         finished_at = CASE WHEN %(next_state)s = 'dead' THEN now() END
-    WHERE o.idempotency_key = %(key)s AND o.fence = %(fence)s AND o.state = 'running'
-    RETURNING o.id, o.idempotency_key, o.job_id, o.attempt, o.fence, o.worker_id,
+    WHERE o.idempotency_key = %(key)s AND o.scheduled_for BETWEEN %(lo)s AND %(hi)s
+      AND o.fence = %(fence)s AND o.state = 'running'
+    RETURNING o.id, o.idempotency_key, o.scheduled_for, o.job_id, o.attempt, o.fence, o.worker_id,
               o.started_at, o.overlap, o.state),
 att AS (
-    INSERT INTO cronwell_attempts (occurrence_id, idempotency_key, attempt, fence, worker_id,
-                                   outcome, error, started_at)
-    SELECT id, idempotency_key, attempt, fence, worker_id, %(outcome)s, %(error)s, started_at
+    INSERT INTO cronwell_attempts (occurrence_id, idempotency_key, scheduled_for, attempt, fence,
+                                   worker_id, outcome, error, started_at)
+    SELECT id, idempotency_key, scheduled_for, attempt, fence, worker_id, %(outcome)s, %(error)s,
+           started_at
     FROM failed),
 jobs AS (
     UPDATE cronwell_jobs j
@@ -147,12 +165,14 @@ WITH held AS MATERIALIZED (
     SELECT array_agg(x.id) AS ids, array_agg(t.f) AS fences
     FROM unnest(%(keys)s::text[], %(fences)s::bigint[]) AS t(k, f)
     CROSS JOIN LATERAL (SELECT id FROM cronwell_occurrences
-                        WHERE idempotency_key = t.k LIMIT 1) x)
+                        WHERE idempotency_key = t.k
+                          AND scheduled_for BETWEEN %(lo)s AND %(hi)s LIMIT 1) x)
 UPDATE cronwell_occurrences o
 SET state = 'pending', attempt = o.attempt - 1, worker_id = NULL, lease_expires_at = NULL,
     run_at = greatest(o.run_at, now()), started_at = NULL, claimed_at = NULL
 FROM held h
-WHERE o.id = ANY (h.ids) AND o.fence = h.fences[array_position(h.ids, o.id)]
+WHERE o.id = ANY (h.ids) AND o.scheduled_for BETWEEN %(lo)s AND %(hi)s
+  AND o.fence = h.fences[array_position(h.ids, o.id)]
   AND coalesce(o.state = 'running', false)
 RETURNING o.idempotency_key;
 
@@ -171,7 +191,7 @@ RETURNING o.idempotency_key;
 -- was at or after the lease's expiry never started. AtMostOnce attempts and `job` targets
 -- start only once started_at is written, so for them started_at NULL means never started.
 WITH expired AS (
-    SELECT o.id, o.delivery <> 'AtMostOnce' AND x.job AS adopt,
+    SELECT o.id, o.scheduled_for, o.delivery <> 'AtMostOnce' AND x.job AS adopt,
            o.started_at IS NOT NULL
            OR (o.delivery <> 'AtMostOnce' AND NOT x.job AND o.run_at < o.lease_expires_at)
            AS ran
@@ -201,14 +221,14 @@ reaped AS (
                                || ', which never started it (lease expired)'
                           ELSE 'lease expired on worker ' || coalesce(o.worker_id, '?') END,
         run_at = greatest(o.run_at, now()), lease_expires_at = NULL, claimed_at = NULL
-    FROM expired e WHERE o.id = e.id
-    RETURNING o.id, o.idempotency_key, o.job_id, o.attempt, o.fence, o.worker_id,
+    FROM expired e WHERE o.id = e.id AND o.scheduled_for = e.scheduled_for
+    RETURNING o.id, o.idempotency_key, o.scheduled_for, o.job_id, o.attempt, o.fence, o.worker_id,
               o.started_at, o.state, o.reason, o.pool, o.overlap, o.run_at, e.ran),
 att AS (
-    INSERT INTO cronwell_attempts (occurrence_id, idempotency_key, attempt, fence, worker_id,
-                                   outcome, error, started_at)
-    SELECT id, idempotency_key, attempt, fence, worker_id, 'lease_expired', 'lease expired',
-           started_at
+    INSERT INTO cronwell_attempts (occurrence_id, idempotency_key, scheduled_for, attempt, fence,
+                                   worker_id, outcome, error, started_at)
+    SELECT id, idempotency_key, scheduled_for, attempt, fence, worker_id, 'lease_expired',
+           'lease expired', started_at
     FROM reaped WHERE ran),
 -- A death by lease expiry is a death like any other: it counts toward suspendAfterFailures.
 jobs AS (

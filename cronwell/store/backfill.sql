@@ -25,13 +25,14 @@ RETURNING idempotency_key;
 
 -- name: BackfillInsert
 -- Backfilled instants under their real keys; an instant that already has an occurrence
--- (run, running, pending, skipped, dead, missed) is left alone by the unique key.
+-- (run, running, pending, skipped, dead, missed) is left alone by the unique key (no conflict
+-- target, so it works on both history shapes; see OccurrenceInsertBatch).
 INSERT INTO cronwell_occurrences (idempotency_key, job_id, pool, scheduled_for, run_at, state,
     reason, origin, overlap, delivery, max_attempts, timeout_seconds)
 SELECT k, %(job_id)s, %(pool)s, s, now(), 'pending', 'Backfill', 'backfill', %(overlap)s,
        %(delivery)s, %(max_attempts)s, %(timeout_seconds)s
 FROM unnest(%(keys)s::text[], %(scheduled_for)s::timestamptz[]) AS t(k, s)
-ON CONFLICT (idempotency_key) DO NOTHING
+ON CONFLICT DO NOTHING
 RETURNING idempotency_key;
 
 -- name: JobMissedUncount

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from cronwell.store.attempts import ALL_TIME, Within
 from cronwell.store.db import Conn, Database
 
 
@@ -38,6 +39,7 @@ class Active:
     job_id: uuid.UUID
     state: str  # running | pending (retry backoff) | waiting
     idempotency_key: str
+    scheduled_for: datetime
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,15 +135,22 @@ async def active(
 
 
 async def settle(
-    db: Database, decisions: Sequence[tuple[int, str, str]], *, conn: Conn | None = None
+    db: Database,
+    decisions: Sequence[tuple[int, str, str]],
+    *,
+    within: Within,
+    conn: Conn | None = None,
 ) -> None:
-    """Apply overlap decisions, (occurrence id, new state, reason) each."""
+    """Apply overlap decisions, (occurrence id, new state, reason) each, to rows whose
+    instants are `within` these bounds."""
     await db.execute(
         "OccurrenceSettleBatch",
         {
             "ids": [d[0] for d in decisions],
             "states": [d[1] for d in decisions],
             "reasons": [d[2] for d in decisions],
+            "lo": within[0],
+            "hi": within[1],
         },
         conn,
     )
@@ -153,14 +162,22 @@ async def start(
     *,
     worker_id: str,
     lease_seconds: float,
+    within: Within = ALL_TIME,
     conn: Conn | None = None,
 ) -> list[Started]:
-    """Claim these occurrences for `worker_id`: a new fence each, attempt + 1, a lease;
-    those already due start now, the others when the worker records their start."""
+    """Claim these occurrences (their instants `within` these bounds) for `worker_id`: a new
+    fence each, attempt + 1, a lease; those already due start now, the others when the
+    worker records their start."""
     return await db.rows(
         Started,
         "OccurrenceClaimBatch",
-        {"ids": ids, "worker_id": worker_id, "lease": lease_seconds},
+        {
+            "ids": ids,
+            "worker_id": worker_id,
+            "lease": lease_seconds,
+            "lo": within[0],
+            "hi": within[1],
+        },
         conn,
     )
 

@@ -32,18 +32,21 @@ SELECT count(*) AS locked
 FROM (SELECT id FROM cronwell_jobs WHERE id = ANY(%(ids)s::uuid[]) ORDER BY id FOR UPDATE) l;
 
 -- name: JobActiveOccurrences
--- Running, retrying and waiting occurrences of the given jobs (read after JobLockBatch).
-SELECT id, job_id, state, idempotency_key FROM cronwell_occurrences
+-- Running, retrying and waiting occurrences of the given jobs (read after JobLockBatch),
+-- with their instants (the bounds of OccurrenceSettleBatch, which may cancel them).
+SELECT id, job_id, state, idempotency_key, scheduled_for FROM cronwell_occurrences
 WHERE job_id = ANY(%(ids)s::uuid[])
   AND (state IN ('running', 'waiting') OR (state = 'pending' AND attempt > 0));
 
 -- name: OccurrenceSettleBatch
 -- Overlap decisions for claimed candidates: skipped, waiting or cancelled (Replace).
+-- Bounded by the earliest and latest instant of the rows decided, to prune a partitioned
+-- history to their partitions (see attempts.sql).
 UPDATE cronwell_occurrences o
 SET state = t.state, reason = t.reason, lease_expires_at = NULL,
     finished_at = CASE WHEN t.state = 'waiting' THEN NULL ELSE now() END
 FROM unnest(%(ids)s::bigint[], %(states)s::text[], %(reasons)s::text[]) AS t(id, state, reason)
-WHERE o.id = t.id;
+WHERE o.id = t.id AND o.scheduled_for BETWEEN %(lo)s AND %(hi)s;
 
 -- name: OccurrenceClaimBatch
 -- Claims the chosen occurrences: lease, a new fence token each (the epoch, read once per
@@ -53,7 +56,8 @@ WHERE o.id = t.id;
 -- statement: the worker aligns its local timer to it. Returns the
 -- job's spec hash, not its spec (workers cache parsed specs by hash, JobSpecBatch fetches
 -- unknown ones); the job is read by primary key per row (LIMIT 1 keeps the planner from a
--- hash join that scanned every job for each batch).
+-- hash join that scanned every job for each batch). Bounded by the candidates' earliest
+-- and latest instant, to prune a partitioned history (see attempts.sql).
 WITH epoch AS MATERIALIZED (SELECT cronwell_fence_base() AS base),
 started AS (
     UPDATE cronwell_occurrences o
@@ -62,7 +66,7 @@ started AS (
         worker_id = %(worker_id)s, claimed_at = now(), reason = NULL,
         started_at = CASE WHEN o.run_at <= now() THEN now() END,
         lease_expires_at = now() + make_interval(secs => %(lease)s)
-    WHERE o.id = ANY(%(ids)s::bigint[])
+    WHERE o.id = ANY(%(ids)s::bigint[]) AND o.scheduled_for BETWEEN %(lo)s AND %(hi)s
     RETURNING o.id, o.idempotency_key, o.job_id, o.scheduled_for, o.run_at, o.started_at,
               o.attempt, o.fence, o.delivery, o.max_attempts, o.timeout_seconds, o.origin,
               o.claimed_at, clock_timestamp() AS db_now)
@@ -78,12 +82,13 @@ SELECT id, spec_hash, spec FROM cronwell_jobs WHERE id = ANY(%(ids)s::uuid[]);
 
 -- name: WaitingPromote
 -- After an active occurrence of a buffered job ends: the oldest waiting one becomes
--- pending (run after JobLockBatch in the same transaction).
+-- pending (run after JobLockBatch in the same transaction). Joined on (id, instant): one
+-- partition probed per row on a partitioned history.
 UPDATE cronwell_occurrences o SET state = 'pending', run_at = now(), reason = NULL
-FROM (SELECT DISTINCT ON (job_id) id FROM cronwell_occurrences
+FROM (SELECT DISTINCT ON (job_id) id, scheduled_for FROM cronwell_occurrences
       WHERE job_id = ANY(%(ids)s::uuid[]) AND state = 'waiting'
       ORDER BY job_id, scheduled_for) w
-WHERE o.id = w.id
+WHERE o.id = w.id AND o.scheduled_for = w.scheduled_for
 RETURNING o.pool, o.run_at;
 
 -- name: WaitingStranded

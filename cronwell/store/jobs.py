@@ -257,20 +257,24 @@ async def insert_trigger(
     timeout_seconds: int,
     conn: Conn | None = None,
 ) -> bool:
-    """A manual trigger's occurrence, due now; False when `key` already has one."""
-    created = await db.scalar(
-        "OccurrenceTriggerInsert",
-        {
-            "key": key,
-            "job_id": job_id,
-            "pool": pool,
-            "overlap": overlap,
-            "delivery": delivery,
-            "max_attempts": max_attempts,
-            "timeout_seconds": timeout_seconds,
-        },
-        conn,
-    )
+    """A manual trigger's occurrence, due now; False when `key` already has one (the lookup
+    under a lock on the key: no unique index on the key alone in a partitioned history)."""
+    params = {
+        "key": key,
+        "job_id": job_id,
+        "pool": pool,
+        "overlap": overlap,
+        "delivery": delivery,
+        "max_attempts": max_attempts,
+        "timeout_seconds": timeout_seconds,
+    }
+    if conn is None:
+        async with db.transaction() as c:
+            await db.fetch("OccurrenceTriggerLock", {"key": key}, c)
+            created = await db.scalar("OccurrenceTriggerInsert", params, c)
+    else:
+        await db.fetch("OccurrenceTriggerLock", {"key": key}, conn)
+        created = await db.scalar("OccurrenceTriggerInsert", params, conn)
     return created is not None
 
 

@@ -100,13 +100,26 @@ WHERE deleted_at IS NULL AND suspended AND suspended_reason = %(reason)s
   AND (%(namespace)s::text IS NULL OR namespace = %(namespace)s)
 RETURNING namespace, name;
 
+-- name: OccurrenceTriggerLock
+-- Serialises the triggers of one key (one trigger id sent twice at once), for the lookup in
+-- OccurrenceTriggerInsert: a partitioned history has no unique index on the key alone (its
+-- unique key is (key, instant), and a trigger's instant is now()). A statement of its own:
+-- under READ COMMITTED the insert's snapshot must be taken after the lock is granted, to
+-- see the row of the trigger that held it.
+SELECT pg_advisory_xact_lock(7368, hashtext(%(key)s));
+
 -- name: OccurrenceTriggerInsert
--- A manual trigger: runs now, idempotent per trigger id (the key carries it).
+-- A manual trigger: runs now, idempotent per trigger id (the key carries it) for as long as
+-- the history keeps its occurrence: inserted only if no occurrence has the key (looked up
+-- in every partition: a trigger is rare), after OccurrenceTriggerLock in one transaction.
+-- ON CONFLICT without a target: the same statement on both shapes (see "History
+-- partitions" in docs/architecture.md).
 INSERT INTO cronwell_occurrences (idempotency_key, job_id, pool, scheduled_for, run_at, state,
     origin, overlap, delivery, max_attempts, timeout_seconds)
-VALUES (%(key)s, %(job_id)s, %(pool)s, now(), now(), 'pending', 'trigger', %(overlap)s,
-        %(delivery)s, %(max_attempts)s, %(timeout_seconds)s)
-ON CONFLICT (idempotency_key) DO NOTHING
+SELECT %(key)s, %(job_id)s, %(pool)s, now(), now(), 'pending', 'trigger', %(overlap)s,
+       %(delivery)s, %(max_attempts)s, %(timeout_seconds)s
+WHERE NOT EXISTS (SELECT FROM cronwell_occurrences WHERE idempotency_key = %(key)s)
+ON CONFLICT DO NOTHING
 RETURNING id;
 
 -- name: JobLiveIdsList

@@ -18,7 +18,9 @@ LIMIT %(limit)s
 FOR UPDATE OF j SKIP LOCKED;
 
 -- name: OccurrenceInsertBatch
--- Materialises occurrences; the unique key makes any re-materialisation a no-op.
+-- Materialises occurrences; the unique key makes any re-materialisation a no-op (no conflict
+-- target: the key is (idempotency_key) on an unpartitioned store and (idempotency_key,
+-- scheduled_for) on a partitioned one, the same thing as the key embeds the instant).
 INSERT INTO cronwell_occurrences (idempotency_key, job_id, pool, scheduled_for, run_at, state,
     reason, origin, overlap, delivery, max_attempts, timeout_seconds, finished_at)
 SELECT k, j, p, s, r, st, rs, o, ov, d, ma, ts, CASE WHEN st = 'missed' THEN now() END
@@ -27,7 +29,7 @@ FROM unnest(%(keys)s::text[], %(job_ids)s::uuid[], %(pools)s::text[],
             %(reasons)s::text[], %(origins)s::text[], %(overlaps)s::text[],
             %(deliveries)s::text[], %(max_attempts)s::int[], %(timeouts)s::int[])
      AS t(k, j, p, s, r, st, rs, o, ov, d, ma, ts)
-ON CONFLICT (idempotency_key) DO NOTHING;
+ON CONFLICT DO NOTHING;
 
 -- name: JobAdvanceBatch
 -- Moves each job's cursor past what was materialised and counts its missed instants.

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from importlib import resources
 
 from cronwell.errors import SchemaMissing, SchemaTooNew
-from cronwell.store import fences
+from cronwell.store import fences, history_partitions
 from cronwell.store import partitions as store_partitions
 from cronwell.store.db import Conn, Database
 
@@ -35,10 +35,19 @@ DEFAULT_PARTITIONS = 16
 share the load; `cronwell partitions set N` changes it online."""
 
 
-async def migrate(db: Database, *, partitions: int | None = None) -> list[int]:
+async def migrate(
+    db: Database,
+    *,
+    partitions: int | None = None,
+    partition_history: bool = True,
+    history_partition_seconds: int = history_partitions.DAY,
+) -> list[int]:
     """Apply the missing migrations in one transaction; return the versions applied.
     A new store gets `partitions` as its partition count (else DEFAULT_PARTITIONS); a store
-    that has one keeps it (the caller compares, see cronwell.partitions)."""
+    that has one keeps it (the caller compares, see cronwell.partitions).
+    Then, unless `partition_history` is False (benchmarks build the legacy shape with it),
+    the history tables are partitioned by instant online (cronwell.store.history_partitions:
+    short steps of their own, resumable, not part of the numbered migrations)."""
     applied: list[int] = []
     # Migrations may rewrite large tables: a deadline of their own, not a call's.
     async with db.transaction(deadline_seconds=MIGRATION_DEADLINE_SECONDS) as conn:
@@ -64,6 +73,8 @@ async def migrate(db: Database, *, partitions: int | None = None) -> list[int]:
         await store_partitions.ensure_leases(
             db, partitions=stored if stored is not None else p, conn=conn
         )
+    if partition_history:
+        await history_partitions.convert(db, partition_seconds=history_partition_seconds)
     await fences.identify(db)
     return applied
 

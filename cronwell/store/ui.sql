@@ -302,13 +302,21 @@ ORDER BY p.pool;
 -- name: UiTableSizes
 -- The store's tables (cronwell_*) with their size on disk, indexes and TOAST included
 -- (pg_total_relation_size), and the planner's row estimate (NULL before the first ANALYZE):
--- catalogue reads, whatever the tables hold.
-SELECT c.relname AS name, pg_total_relation_size(c.oid) AS bytes,
-       nullif(c.reltuples, -1)::bigint AS rows_estimate
+-- catalogue reads, whatever the tables hold. A partitioned table (the history, issue 31)
+-- is one row, the sums over its partitions (the parent itself holds nothing); its
+-- partitions are not listed apart.
+SELECT c.relname AS name, coalesce(t.bytes, pg_total_relation_size(c.oid)) AS bytes,
+       coalesce(t.rows_estimate, nullif(c.reltuples, -1)::bigint) AS rows_estimate
 FROM pg_class c
-WHERE c.relkind IN ('r', 'p') AND c.relnamespace = current_schema()::regnamespace
+CROSS JOIN LATERAL (
+    SELECT sum(pg_total_relation_size(p.relid))::bigint AS bytes,
+           sum(nullif(r.reltuples, -1))::bigint AS rows_estimate
+    FROM pg_partition_tree(c.oid) p JOIN pg_class r ON r.oid = p.relid
+    WHERE p.isleaf AND c.relkind = 'p') t
+WHERE c.relkind IN ('r', 'p') AND NOT c.relispartition
+  AND c.relnamespace = current_schema()::regnamespace
   AND starts_with(c.relname::text, 'cronwell_')
-ORDER BY pg_total_relation_size(c.oid) DESC, c.relname;
+ORDER BY 2 DESC, c.relname;
 
 -- name: UiOldestFinished
 -- The oldest finished occurrence the store still keeps (what history limits and retention

@@ -5,19 +5,22 @@ from the ids the worker holds. In a burst the statistics are taken while every r
 pending; a join with unnest() planned from them scanned the running rows and matched each
 one against the whole key list (189 ms for one batch of 341 starts). A plan-shape check,
 not a timing one: the generic plan (psycopg prepares a statement after five executions)
-under stale statistics."""
+under stale statistics. On a partitioned history, bounded by the batch's instant, each
+touches the one partition of that instant among several days'."""
 
 from __future__ import annotations
 
 import re
+from datetime import UTC, datetime, timedelta
 
 import pytest
 
+from cronwell.store import history_partitions
 from cronwell.store._queries import q
 from cronwell.store.db import Database
 
 TYPES = {"keys": "text[]", "ids": "bigint[]", "fences": "bigint[]", "lease": "float8",
-         "starts": "timestamptz[]",
+         "starts": "timestamptz[]", "lo": "timestamptz", "hi": "timestamptz",
          "worker_id": "text"}  # fmt: skip
 BY_KEY = ["OccurrenceHeartbeat", "OccurrenceRelease"]
 BY_ID = ["OccurrenceStartBatch", "OccurrenceSucceedBatch"]
@@ -35,9 +38,19 @@ def prepared(sql: str) -> tuple[str, list[str]]:
     return re.sub(r"%\((\w+)\)s", sub, sql), names
 
 
+DAY = timedelta(days=1)
+AT = datetime.now(UTC).replace(hour=12, minute=0, second=0, microsecond=0) + 4 * DAY
+"""The batch's instant: in a day partition of its own, days from the others."""
+PARTITION = history_partitions.partition_name(
+    "cronwell_occurrences", AT - timedelta(hours=12), AT + timedelta(hours=12)
+)
+
+
 async def plan_under_stale_statistics(db: Database, name: str) -> str:
     """The generic plan of the named query over 5,000 occurrences analysed while all were
-    pending, 1,000 of them running since."""
+    pending, 1,000 of them running since, their instant AT (the bounds the batch sends),
+    with the partitions of the days around it."""
+    await history_partitions.ensure_partitions(db, AT - 3 * DAY, AT + 3 * DAY)
     async with db.connection() as conn:
         await conn.execute(
             "INSERT INTO cronwell_jobs (id, namespace, name, spec, spec_hash, pool, partition)"
@@ -47,8 +60,9 @@ async def plan_under_stale_statistics(db: Database, name: str) -> str:
         await conn.execute(
             "INSERT INTO cronwell_occurrences (idempotency_key, job_id, pool, scheduled_for,"
             " run_at, state, overlap, delivery, max_attempts, timeout_seconds)"
-            " SELECT id::text, id, 'default', now(), now(), 'pending', 'Skip', 'AtLeastOnce',"
-            " 1, 60 FROM cronwell_jobs WHERE namespace = 'plans'"
+            " SELECT id::text, id, 'default', %s, now(), 'pending', 'Skip', 'AtLeastOnce',"
+            " 1, 60 FROM cronwell_jobs WHERE namespace = 'plans'",
+            (AT,),
         )
         await conn.execute("ANALYZE cronwell_occurrences")  # every row pending
         await conn.execute(
@@ -60,7 +74,10 @@ async def plan_under_stale_statistics(db: Database, name: str) -> str:
         body, params = prepared(q(name))
         await conn.execute("SET plan_cache_mode = force_generic_plan")
         await conn.execute(f"PREPARE batch({', '.join(TYPES[p] for p in params)}) AS {body}")
-        args = ", ".join("NULL" for _ in params)
+        # The bounds: the rows' instant, as the worker sends them for a batch of one
+        # instant; the rest NULL (the plan is generic).
+        at = f"'{AT.isoformat()}'::timestamptz"
+        args = ", ".join(at if p in ("lo", "hi") else "NULL" for p in params)
         cur = await conn.execute(f"EXPLAIN EXECUTE batch({args})")
         plan = "\n".join(str(next(iter(r.values()))) for r in await cur.fetchall())
         await conn.execute("DEALLOCATE batch")
@@ -73,8 +90,11 @@ async def test_batch_statement_reads_rows_by_key_and_id_under_stale_statistics(
     db: Database, name: str
 ) -> None:
     plan = await plan_under_stale_statistics(db, name)
-    assert "Index Scan using cronwell_occurrences_key" in plan, plan
-    assert "Index Scan using cronwell_occurrences_pkey on cronwell_occurrences o" in plan, plan
+    # The key index (its name on a partition is truncated): the key, bounded by the instant.
+    assert re.search(rf"Index Scan using \S+ on {PARTITION} cronwell_occurrences_1", plan), plan
+    assert "Index Cond: ((idempotency_key = t.k) AND (scheduled_for >= $3)" in plan, plan
+    assert f"Index Scan using {PARTITION}_pkey on {PARTITION} o" in plan, plan
+    assert touched(plan) == {PARTITION}, plan
 
 
 @pytest.mark.parametrize("name", BY_ID)
@@ -83,6 +103,12 @@ async def test_start_and_completion_read_rows_by_id_alone_under_stale_statistics
 ) -> None:
     """No key lookup: the worker holds the ids; each row by primary key, nothing scanned."""
     plan = await plan_under_stale_statistics(db, name)
-    assert "Index Scan using cronwell_occurrences_pkey on cronwell_occurrences o" in plan, plan
-    assert "cronwell_occurrences_key" not in plan, plan
+    assert f"Index Scan using {PARTITION}_pkey on {PARTITION} o" in plan, plan
+    assert "_key_scheduled_for_key" not in plan and "_legacy_key" not in plan, plan
     assert "Seq Scan on cronwell_occurrences" not in plan, plan
+    assert touched(plan) == {PARTITION}, plan
+
+
+def touched(plan: str) -> set[str]:
+    """The occurrence partitions the plan reads (the parent's Update line aside)."""
+    return set(re.findall(r"(?:Scan|Scan using \S+) on (cronwell_occurrences_\w+)", plan))

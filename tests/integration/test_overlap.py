@@ -16,7 +16,7 @@ from cronwell.scheduler import Scheduler
 from cronwell.store.db import Database
 from tests.helpers.store import fail_dead
 
-from .helpers import make_job, occurrences, scheduler, set_cursor
+from .helpers import make_job, occurrences, scheduler, set_cursor, sql
 from .worker_helpers import FAR_FUTURE, due_in, state_is, trigger
 
 
@@ -109,6 +109,29 @@ async def test_replace_cancels_the_active_one(db: Database) -> None:
     assert states[claimed[0].key] == "cancelled" and states[newer[0].key] == "running"
 
 
+async def test_replace_cancels_an_active_one_of_an_earlier_day(db: Database) -> None:
+    """The claim's overlap decisions are bounded by instants (to prune a partitioned
+    history): by the active rows' too, which a Replace cancels, however old."""
+    s = await _due(db, "Replace", seconds_back=1)
+    claimed = (await _claim(db))[0]
+    await sql(
+        db,
+        "UPDATE cronwell_occurrences SET scheduled_for = scheduled_for - interval '1 day'"
+        " WHERE idempotency_key = %s",
+        claimed.key,
+    )
+    await asyncio.sleep(1.1)  # a newer occurrence comes due
+    await s.materialise_until_idle()
+    newer = await _claim(db)
+    assert len(newer) == 1 and newer[0].key != claimed.key
+    states = {o["idempotency_key"]: o["state"] for o in await occurrences(db, "ov")}
+    assert states[claimed.key] == "cancelled" and states[newer[0].key] == "running"
+
+
+AT = datetime(2026, 1, 1)
+"""An active occurrence's instant (the claim's settle bounds include it)."""
+
+
 def _cand(i: int, job: uuid.UUID, policy: str, attempt: int = 0, due: bool = True) -> Candidate:
     at = datetime(2026, 1, 1, 0, 0, i)
     return Candidate(i, job, policy, attempt, at, at, due)
@@ -130,7 +153,7 @@ def test_decide_overlap_with_an_active_occurrence(
 ) -> None:
     job = uuid.uuid4()
     run, settle = decide_overlap(
-        [_cand(1, job, policy), _cand(2, job, policy)], [Active(99, job, active_state, "k")]
+        [_cand(1, job, policy), _cand(2, job, policy)], [Active(99, job, active_state, "k", AT)]
     )
     assert (run, [s[1] for s in settle if s[0] != 99]) == expected
 
@@ -145,9 +168,9 @@ def test_decide_overlap_runs_a_lone_candidate_of_an_idle_job_whatever_its_policy
     listed as active, changes nothing; one of its own job does."""
     job, other = uuid.uuid4(), uuid.uuid4()
     cand = _cand(1, job, policy, attempt)
-    idle = [Active(9, other, "running", "k9"), Active(1, job, "pending", "k1")]
+    idle = [Active(9, other, "running", "k9", AT), Active(1, job, "pending", "k1", AT)]
     assert decide_overlap([cand], idle) == ([1], [])
-    run, settle = decide_overlap([cand], [Active(8, job, "running", "k8")])
+    run, settle = decide_overlap([cand], [Active(8, job, "running", "k8", AT)])
     assert 1 not in run or policy == "Replace"
     assert settle
 
@@ -163,7 +186,7 @@ def test_decide_overlap_retry_resumes_before_newer() -> None:
 def test_decide_overlap_jobs_are_independent() -> None:
     a, b = uuid.uuid4(), uuid.uuid4()
     run, _ = decide_overlap(
-        [_cand(1, a, "Skip"), _cand(2, b, "Skip")], [Active(9, a, "running", "k")]
+        [_cand(1, a, "Skip"), _cand(2, b, "Skip")], [Active(9, a, "running", "k", AT)]
     )
     assert run == [2]
 
@@ -179,7 +202,7 @@ def test_plan_ahead_claims_a_serialised_job_only_when_nothing_of_it_is_active_or
         _cand(6, allow, "Allow", due=False),
     ]
     due = [_cand(7, due_job, "BufferAll")]
-    assert plan_ahead(ahead, due, [Active(9, busy, "running", "k")]) == [1, 5, 6]
+    assert plan_ahead(ahead, due, [Active(9, busy, "running", "k", AT)]) == [1, 5, 6]
 
 
 def test_plan_ahead_never_claims_a_newer_occurrence_before_a_pending_retry() -> None:
@@ -191,7 +214,7 @@ def test_plan_ahead_never_claims_a_newer_occurrence_before_a_pending_retry() -> 
     b = _cand(1, job, "Skip", due=False)  # fresh, due first
     a = _cand(2, job, "Skip", attempt=1, due=False)  # the earlier occurrence's retry
     a = dataclasses.replace(a, scheduled_for=datetime(2026, 1, 1))  # nominally before B
-    assert plan_ahead([b, a], [], [Active(2, job, "pending", "a")]) == [2]
+    assert plan_ahead([b, a], [], [Active(2, job, "pending", "a", AT)]) == [2]
 
 
 async def _claim_ahead(db: Database) -> list[dispatch.Claimed]:

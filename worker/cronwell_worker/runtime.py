@@ -53,9 +53,10 @@ import math
 import random
 import time
 from collections import OrderedDict, deque
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from operator import itemgetter
 from typing import Any
 
 import httpx
@@ -81,6 +82,7 @@ from cronwell.secretbox import SecretBox, SecretsKeyError
 from cronwell.settings import EgressSettings, SecretsSettings, WorkerSettings
 from cronwell.store import claims, job_secrets, notify, processes
 from cronwell.store import policies as store_policies
+from cronwell.store.attempts import ALL_TIME
 from cronwell.store.db import Database
 from cronwell.supervise import RETRY_MAX_SECONDS, Backoff, Supervisor, wait_event
 from cronwell_worker import egress, targets
@@ -228,9 +230,12 @@ gets its start recorded (low priority, batched): the dashboard shows it started.
 _Deadlines = tuple[float, int, list[str], list[int]]
 """Attempts whose lease deadline (monotonic) the watchdog judges next: (the earliest of
 their deadlines, a sequence number, their keys, their fences)."""
-_Queued = tuple[str, int, int, datetime | None, "asyncio.Future[bool]"]
-"""A queued fenced write: (key, occurrence id, fence, start instant or None, its future)."""
-_Write = Callable[[Database, list[tuple[int, int]], Sequence[datetime | None]], Awaitable[set[str]]]
+_Queued = tuple[str, int, int, datetime, datetime | None, "asyncio.Future[bool]"]
+"""A queued fenced write: (key, occurrence id, fence, its instant (scheduled_for), start
+instant or None, its future)."""
+_Write = Callable[..., Awaitable[set[str]]]
+"""A fenced batch write: (db, [(id, fence)], [start or None], within=(lo, hi) instants)."""
+_INSTANT = itemgetter(3)
 
 
 def self_fence_margin(lease_seconds: float) -> float:
@@ -275,11 +280,12 @@ class _Running:
     """Started without a write: its start on the database clock, written with its ending."""
 
     @property
-    def held(self) -> tuple[str, int, int]:
-        """(key, row id, fence) for its fenced writes: the id is the context's, which a
-        re-assertion moves when a failover lost the row and it was materialised again."""
+    def held(self) -> tuple[str, int, int, datetime]:
+        """(key, row id, fence, instant) for its fenced writes: the id is the context's, which
+        a re-assertion moves when a failover lost the row and it was materialised again."""
         oid = self.ctx.occurrence_id
-        return self.claimed.key, self.claimed.id if oid is None else oid, self.claimed.fence
+        c = self.claimed
+        return c.key, c.id if oid is None else oid, c.fence, c.scheduled_for
 
 
 @dataclass(slots=True)
@@ -767,7 +773,14 @@ class Worker:
         if not claimed:
             return
         try:
-            released = await dispatch.release(self.db, [(c.key, c.fence) for c in claimed])
+            released = await dispatch.release(
+                self.db,
+                [(c.key, c.fence) for c in claimed],
+                within=(
+                    min(c.scheduled_for for c in claimed),
+                    max(c.scheduled_for for c in claimed),
+                ),
+            )
         except DatabaseError as e:
             log.error(
                 "could not release claimed occurrences; their leases will expire and be reaped",
@@ -1116,9 +1129,9 @@ class Worker:
             started=started,
         )
         try:
-            new = await record()
+            new = await record(within=(c.scheduled_for, c.scheduled_for))
             if new is None and await self._reassert([(c.key, c.fence)]):
-                new = await record()
+                new = await record()  # unbounded: its row may have been materialised again
         except DatabaseError as db_error:
             log.error(
                 "could not record failure; the lease will expire and be reaped",
@@ -1238,7 +1251,10 @@ class Worker:
         for _ in range(30):
             try:
                 ok = await write(
-                    self.db, [(i, f) for _, i, f, _, _ in batch], [s for _, _, _, s, _ in batch]
+                    self.db,
+                    [(i, f) for _, i, f, _, _, _ in batch],
+                    [s for _, _, _, _, s, _ in batch],
+                    within=(min(map(_INSTANT, batch)), max(map(_INSTANT, batch))),
                 )
                 self.live.progressed(what)
                 break
@@ -1254,18 +1270,22 @@ class Worker:
             # Given up: these attempts' leases lapse and they run again, fenced. The writer
             # waits no more; a next batch that cannot get through stalls it again.
             self.live.progressed(what)
-        missing = [(k, f, s) for k, _, f, s, _ in batch if k not in ok]
+        missing = [(k, f, s) for k, _, f, _, s, _ in batch if k not in ok]
         if missing:
             with contextlib.suppress(*EXPECTED_ERRORS):
                 back = await self._reassert([(k, f) for k, f, _ in missing])
                 if back:
                     # By the id the store has now: the lost commits may have included the
-                    # occurrence's materialisation (materialised again, under another id).
+                    # occurrence's materialisation (materialised again, under another id,
+                    # and a trigger under another instant: unbounded).
                     again = [(back[k], f, s) for k, f, s in missing if k in back]
                     ok |= await write(
-                        self.db, [(i, f) for i, f, _ in again], [s for *_, s in again]
+                        self.db,
+                        [(i, f) for i, f, _ in again],
+                        [s for *_, s in again],
+                        within=ALL_TIME,
                     )
-        for k, _, _, _, fut in batch:
+        for k, _, _, _, _, fut in batch:
             if not fut.done():
                 fut.set_result(k in ok)
 
@@ -1290,6 +1310,7 @@ class Worker:
         if not held:
             self.live.progressed("heartbeat")
             return
+        instants = [r.claimed.scheduled_for for r in self.running.values()]
         stalled = self.live.stalled(among=RECORDING_WRITERS)
         if stalled:
             # A writer that cannot get through would only keep leases of attempts it cannot
@@ -1303,7 +1324,11 @@ class Worker:
         self.live.waiting("heartbeat")
         try:
             alive = await dispatch.heartbeat(
-                self.db, worker_id=self.id, running=held, lease_seconds=lease
+                self.db,
+                worker_id=self.id,
+                running=held,
+                lease_seconds=lease,
+                within=(min(instants), max(instants)),
             )
         except EXPECTED_ERRORS as e:
             # The watchdog self-fences the attempts if renewals keep failing.
