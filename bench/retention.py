@@ -58,6 +58,7 @@ from bench.common import (
     timed_due_scan,
 )
 from cronwell import jobs
+from cronwell.errors import DatabaseError
 from cronwell.maintenance import Pruner
 from cronwell.models import ScheduledJobSpec
 from cronwell.store import Database, attempts, migrate, status_changes
@@ -188,14 +189,19 @@ async def _seed_jobs(db: Database, spec: dict[str, Any], n_jobs: int) -> None:
             " 'default', i %% 16, now() - interval '1 second' FROM generate_series(1, %s) i",
             (json.dumps(spec), n_jobs),
         )
-        # 500 occurrences due now (never finished, never pruned): what the claim measures.
-        await conn.execute(
-            "INSERT INTO cronwell_occurrences (idempotency_key, job_id, pool, scheduled_for,"
-            " run_at, state, overlap, delivery, max_attempts, timeout_seconds)"
-            " SELECT j.id || ':now', j.id, 'default', now(), now(), 'pending', 'Skip',"
-            " 'AtLeastOnce', 3, 3600 FROM (SELECT id FROM cronwell_jobs LIMIT 500) j"
-        )
+        await _pending(conn)
         await _hold(conn)
+
+
+async def _pending(conn: Any) -> None:
+    """500 occurrences due now (never finished, never pruned): what the claim measures."""
+    await conn.execute(
+        "INSERT INTO cronwell_occurrences (idempotency_key, job_id, pool, scheduled_for,"
+        " run_at, state, overlap, delivery, max_attempts, timeout_seconds)"
+        " SELECT j.id || ':now', j.id, 'default', now(), now(), 'pending', 'Skip',"
+        " 'AtLeastOnce', 3, 3600 FROM (SELECT id FROM cronwell_jobs WHERE namespace = 'bench'"
+        " AND deleted_at IS NULL ORDER BY id LIMIT 500) j"
+    )
 
 
 async def _hold(conn: Any) -> None:
@@ -330,12 +336,11 @@ async def _vacuum(db: Database) -> None:
 
 async def _park(db: Database, parked: bool) -> None:
     """Out of a burst's way (True) and back: the pending occurrences the claim measures
-    (another pool), the recurring jobs' next runs, the partition leases."""
+    (deleted: the burst waits until none is pending), the recurring jobs' next runs, the
+    partition leases."""
     async with db.connection() as conn:
         if parked:
-            await conn.execute(
-                "UPDATE cronwell_occurrences SET pool = 'parked' WHERE state = 'pending'"
-            )
+            await conn.execute("DELETE FROM cronwell_occurrences WHERE state = 'pending'")
             await conn.execute("UPDATE cronwell_jobs SET next_run_at = NULL")
             await conn.execute("UPDATE cronwell_partitions SET holder = NULL, expires_at = NULL")
             return
@@ -351,7 +356,7 @@ async def _park(db: Database, parked: bool) -> None:
         await conn.execute(
             "DELETE FROM cronwell_jobs WHERE namespace = 'bench' AND name LIKE 'j%%'"
         )
-        await conn.execute("UPDATE cronwell_occurrences SET pool = 'default' WHERE pool = 'parked'")
+        await _pending(conn)
         await conn.execute(
             "UPDATE cronwell_jobs SET next_run_at = now() - interval '1 second'"
             " WHERE namespace = 'bench'"
@@ -552,9 +557,11 @@ async def retention(
             figs = await _shape(
                 server_url, shape, days=days, per_day=per_day, n_jobs=n_jobs, reps=reps, **opts
             )
-        except BenchError as e:
+        except (BenchError, DatabaseError) as e:
+            # One shape failing (the code cannot build it; a pass that failed, e.g. a
+            # deadlock with the claims beside it) leaves the other's figures.
             print(f"{shape}: {e}", flush=True)
-            out[shape] = {"error": str(e)}
+            out[shape] = {"error": f"{type(e).__name__}: {e}"}
             continue
         out[shape] = figs | {"summary": _summary(figs)}
     before, after = (out[s].get("summary", {}) for s in SHAPES)
