@@ -18,7 +18,8 @@ while seeding: the bench measures the store, not the operator's change log); the
 days are UTC days ending with today, so they fall in the day partitions. Each day also
 creates and deletes `per_day / 100` one-shot jobs with one run each. Each day past the
 retention, a retention pass at that day's clock (its end), timed, with the claim measured
-beside it (`while_pruning`). Then, timed through the store's functions (cronwell/store/) in
+beside it (`while_pruning`), then the same pass again with nothing to remove (`idle_pass_s`:
+its fixed cost). Then, timed through the store's functions (cronwell/store/) in
 rolled-back transactions (median of `reps`):
 
 - due_scan:     materialise.claim_due, one partition, LIMIT 500 (the scheduler's scan)
@@ -468,6 +469,9 @@ async def _history(
             # The hot path while the pass runs (beside it, as in production).
             row["while_pruning"] = await _measure(db, job_ids, reps)
             row |= await prune
+            # The same pass again, nothing left to remove: its fixed cost (the history
+            # limits' sweep reads every job's runs), apart from the removal's.
+            row["idle_pass_s"] = (await _retention_pass(db, shape, clock))["pass_s"]
         await _vacuum(db)
         row |= await _sizes(db)
         row |= await _measure(db, job_ids, reps)
@@ -486,6 +490,7 @@ async def _history(
 COMPARED = (
     ("seed s/day (mean)", "seed_s_mean"),
     ("pass s/day (mean, alone)", "pass_s_mean"),
+    ("idle pass s (nothing to do)", "idle_pass_s_mean"),
     ("pass s (last, in burst)", "pass_s_last"),
     ("rows removed/pass (last)", "removed_last"),
     ("MB occ + att, 10 days", "size_mb"),
@@ -506,6 +511,9 @@ def _summary(figs: dict[str, Any]) -> dict[str, Any]:
     return {
         "seed_s_mean": round(statistics.mean(d["seed_s"] for d in days), 1),
         "pass_s_mean": round(statistics.mean(d["pass_s"] for d in alone), 2) if alone else None,
+        "idle_pass_s_mean": (
+            round(statistics.mean(d["idle_pass_s"] for d in alone), 2) if alone else None
+        ),
         "pass_s_last": last.get("pass_s"),
         "removed_last": last.get("removed"),
         "size_mb": last["size_mb"],
