@@ -359,6 +359,12 @@ async def main() -> None:
     )
     ap.add_argument("--retention-jobs", type=int, default=1000, help="retention: recurring jobs")
     ap.add_argument(
+        "--retention-burst",
+        type=int,
+        default=10_000,
+        help="retention: the no-op burst run with and without the last retention pass at T",
+    )
+    ap.add_argument(
         "--retention-full",
         action="store_true",
         help="retention: 30 days of 1,000,000 occurrences over 10,000 jobs (about an hour)",
@@ -418,7 +424,11 @@ async def main() -> None:
         if "growth" in only:
             growth.check(growth_sizes)
         if "retention" in only:
-            retention.check(retention_jobs)
+            retention.check(
+                retention_jobs,
+                1_000_000 if full else args.retention_per_day,
+                30 if full else args.retention_days,
+            )
         if "prescale" in only:
             prescale.check(args.prescale_max_workers)
         if "sustained" in only:
@@ -631,26 +641,17 @@ async def main() -> None:
                 )
                 prescale.report(figs)
             if "retention" in only:
-
-                def doc(spec: dict[str, Any]) -> dict[str, Any]:
-                    return jobs.spec_document(ScheduledJobSpec.model_validate(spec))
-
                 await section(
                     "retention",
                     retention.retention(
-                        db,
-                        # 10 dead runs kept: the limit is reached within the simulated days
-                        doc(
-                            {
-                                "schedule": "* * * * *",
-                                "failedJobsHistoryLimit": 10,
-                                "target": {"log": {}},
-                            }
-                        ),
-                        doc({"runAt": "2020-01-01T00:00:00Z", "target": {"log": {}}}),
+                        url,
                         days=30 if full else args.retention_days,
                         per_day=1_000_000 if full else args.retention_per_day,
                         n_jobs=retention_jobs,
+                        burst=args.retention_burst,
+                        workers=args.workers,
+                        concurrency=args.concurrency,
+                        lead=args.lead,
                     ),
                 )
             if "forecast" in only:

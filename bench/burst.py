@@ -17,6 +17,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -75,14 +76,17 @@ async def materialise(db: Database, n: int) -> dict[str, Any]:
     }
 
 
-async def prepare_burst(db: Database, n: int, lead: float, handler: str = "noop") -> None:
+async def prepare_burst(
+    db: Database, n: int, lead: float, handler: str = "noop", *, truncate: bool = True
+) -> None:
     """n occurrences due at T = now + lead, materialised by one scheduler (not measured);
-    `handler`: a key of HANDLERS."""
+    `handler`: a key of HANDLERS; `truncate`: False keeps the store's history."""
     await seed(
         db,
         n,
         f"date_trunc('second', now()) + interval '{int(lead)} seconds'",
         {"handler": {"name": HANDLERS[handler]}},
+        truncate=truncate,
     )
     s = Scheduler(db, SchedulerSettings(partitions=16, horizon_seconds=lead + 5))
     await partitions.ensure_leases(db, partitions=16)
@@ -100,6 +104,12 @@ def rss_mb(pid: int) -> float:
         return float(psutil.Process(pid).memory_info().rss) / 2**20
     except psutil.Error:
         return 0.0
+
+
+async def _at(t_mono: float, run: Callable[[], Awaitable[dict[str, Any]]]) -> dict[str, Any]:
+    """`run` started at the monotonic instant `t_mono` (the burst's T)."""
+    await asyncio.sleep(max(0.0, t_mono - time.monotonic()))
+    return await run()
 
 
 async def registered(db: Database, pids: list[int], deadline: float) -> None:
@@ -126,14 +136,19 @@ async def burst(
     handler: str = "noop",
     claim_ahead: float | None = None,
     statements: bool = False,
+    history: bool = False,
+    at_t: Callable[[], Awaitable[dict[str, Any]]] | None = None,
 ) -> dict[str, Any]:
     """Materialise n occurrences due at T = now + lead, then let worker processes run them
     with `handler` (a key of HANDLERS) and `claim_ahead` seconds of least claim-ahead window
     (None: the worker's default settings, a window that follows the burst; 0: claimed only
     once due, the behaviour before claim ahead).
     With `profile`, py-spy samples every worker process (raw collapsed stacks there);
-    with `profile` or `statements`, pg_stat_statements counts from the same instant."""
-    await prepare_burst(db, n, lead, handler)
+    with `profile` or `statements`, pg_stat_statements counts from the same instant.
+    `history`: the store keeps its (finished, never claimed) history; the figures read only
+    the occurrences claimed by a worker. `at_t`: started at T beside the burst (a retention
+    pass), its result under `at_t` (awaited after the burst if it lasts longer)."""
+    await prepare_burst(db, n, lead, handler, truncate=not history)
     starts_dir = Path(tempfile.mkdtemp(prefix="cronwell-bench-starts-"))
     env = worker_env(url) | {"CRONWELL_BENCH_STARTS": str(starts_dir)}
     if claim_ahead is not None:
@@ -149,10 +164,12 @@ async def burst(
         for _ in range(workers)
     ]
     spies: list[subprocess.Popen[bytes]] = []
+    beside: asyncio.Task[dict[str, Any]] | None = None
     try:
         (nd, *_) = await claims.coming(db, pool="default", horizon_seconds=lead + 60, rows=1)
         assert nd.run_at is not None, "the burst's occurrences are not pending"
         due_in = (nd.run_at - nd.db_now).total_seconds()
+        t_mono = time.monotonic() + due_in
         if due_in < 1:
             print(f"warning: materialisation left only {due_in:.2f}s before T", file=sys.stderr)
         # CPU is counted (and py-spy samples, and pg_stat_statements counts) from when every
@@ -187,6 +204,8 @@ async def burst(
                 )
                 for i, p in enumerate(procs)
             ]
+        if at_t is not None:
+            beside = asyncio.create_task(_at(t_mono, at_t))
         deadline = time.monotonic() + due_in + 300
         rss = 0.0
         while time.monotonic() < deadline:
@@ -206,7 +225,10 @@ async def burst(
                 (nd.run_at, [p.pid for p in procs]),
             )
             ready = (await cur.fetchone() or {"s": None})["s"]
+        concurrent = await beside if beside is not None else None
     finally:
+        if beside is not None and not beside.done():
+            beside.cancel()
         for p in procs:
             p.terminate()
         for p in procs:
@@ -216,17 +238,20 @@ async def burst(
                 spy.wait(30)
             except subprocess.TimeoutExpired:
                 spy.terminate()
+    # Seeded history is never claimed (claimed_at NULL) and has worker 'w'.
+    mine = " AND claimed_at IS NOT NULL" if history else ""
     async with db.connection() as conn:
-        lags, done_after = await succeeded_lags(conn)
+        lags, done_after = await succeeded_lags(conn, mine)
         cur = await conn.execute(
             "SELECT count(*) AS n FROM cronwell_attempts WHERE outcome = 'succeeded'"
+            + (" AND worker_id <> 'w'" if history else "")
         )
         successes = (await cur.fetchone() or {"n": 0})["n"]
         # Claimed before its instant (its last claim): how much of the burst the claim
         # ahead moved before T.
         cur = await conn.execute(
             "SELECT coalesce(avg((claimed_at < run_at)::int), 0)::float8 AS share"
-            " FROM cronwell_occurrences"
+            " FROM cronwell_occurrences WHERE true" + mine
         )
         ahead_share = (await cur.fetchone() or {"share": 0.0})["share"]
     if done_after is None:
@@ -260,4 +285,4 @@ async def burst(
         "per_second": round(len(lags) / max(done_after, 1e-3)),
         "_lags": lags,
         "_handler_lags": at_handler,
-    }
+    } | ({"at_t": concurrent} if at_t is not None else {})

@@ -126,18 +126,26 @@ class BenchError(Exception):
 
 
 async def seed(
-    db: Database, n: int, due_sql: str, target: dict[str, Any], schedule: str = "0 0 1 1 *"
+    db: Database,
+    n: int,
+    due_sql: str,
+    target: dict[str, Any],
+    schedule: str = "0 0 1 1 *",
+    *,
+    truncate: bool = True,
 ) -> None:
-    """n jobs whose next_run_at is the same instant (bulk SQL: seeding is not measured)."""
+    """n jobs whose next_run_at is the same instant (bulk SQL: seeding is not measured);
+    `truncate`: empty the store first (False: beside its history, `retention`)."""
     spec = jobs.spec_document(
         ScheduledJobSpec.model_validate(
             {"schedule": schedule, "target": target, "concurrencyPolicy": "Skip"}
         )
     )
     async with db.connection() as conn:
-        await conn.execute(
-            "TRUNCATE cronwell_attempts, cronwell_occurrences, cronwell_jobs CASCADE"
-        )
+        if truncate:
+            await conn.execute(
+                "TRUNCATE cronwell_attempts, cronwell_occurrences, cronwell_jobs CASCADE"
+            )
         await conn.execute(
             "INSERT INTO cronwell_jobs (id, namespace, name, spec, spec_hash, pool, partition,"
             " next_run_at) SELECT gen_random_uuid(), 'bench', 'j' || i, %s::jsonb, 'h',"
@@ -219,13 +227,14 @@ def stop_all(procs: Sequence[subprocess.Popen[Any]], timeout: float = 30) -> Non
             p.kill()
 
 
-async def succeeded_lags(conn: Any) -> tuple[list[float], float | None]:
-    """Start lags (seconds, database clock) of the succeeded occurrences, and when the
-    last of them finished relative to its instant (None: none succeeded)."""
+async def succeeded_lags(conn: Any, where: str = "") -> tuple[list[float], float | None]:
+    """Start lags (seconds, database clock) of the succeeded occurrences (`where`: more
+    conditions, " AND ..."), and when the last of them finished relative to its instant
+    (None: none succeeded)."""
     cur = await conn.execute(
         "SELECT extract(epoch FROM started_at - scheduled_for)::float8 AS lag,"
         " extract(epoch FROM finished_at - scheduled_for)::float8 AS done_after"
-        " FROM cronwell_occurrences WHERE state = 'succeeded'"
+        " FROM cronwell_occurrences WHERE state = 'succeeded'" + where
     )
     rows = await cur.fetchall()
     done = max((float(r["done_after"]) for r in rows), default=None)
