@@ -34,16 +34,23 @@ LOCK_TIMEOUT = "2s"
 LOCK_RETRIES = 30
 """A strong lock waits at most LOCK_TIMEOUT, then we back off and try again (a long query on
 the table must not queue every writer behind our lock request)."""
+DROP_LOCK_TIMEOUT = "100ms"
+"""A partition drop takes ACCESS EXCLUSIVE on the parent: every claim and completion queues
+behind its request while it waits, so it waits briefly and tries again later (the retention
+bench saw a 10k burst's p99 go from 0.21 to 0.72 s with a 2 s wait at the burst's instant)."""
 
-_STEP1 = (
-    ("cronwell_occurrences_id_instant", "HistoryIndexDropOccId", "HistoryIndexBuildOccId"),
-    ("cronwell_occurrences_key_instant", "HistoryIndexDropOccKey", "HistoryIndexBuildOccKey"),
-    (
-        "cronwell_attempts_one_success_instant",
-        "HistoryIndexDropAttSuccess",
-        "HistoryIndexBuildAttSuccess",
-    ),
-)
+_STEP1_BUILD = {
+    "cronwell_occurrences_id_instant": "HistoryIndexBuildOccId",
+    "cronwell_occurrences_key_instant": "HistoryIndexBuildOccKey",
+    "cronwell_attempts_one_success_instant": "HistoryIndexBuildAttSuccess",
+}
+"""Step 1's indexes (by name) and the query that builds each."""
+_STEP1_DROP = {
+    "cronwell_occurrences_id_instant": "HistoryIndexDropOccId",
+    "cronwell_occurrences_key_instant": "HistoryIndexDropOccKey",
+    "cronwell_attempts_one_success_instant": "HistoryIndexDropAttSuccess",
+}
+"""The query that drops each of step 1's indexes left INVALID by an interrupted build."""
 
 T = TypeVar("T")
 
@@ -95,7 +102,7 @@ async def shape(db: Database, conn: Conn | None = None) -> Shape:
     return row or Shape(None, None)
 
 
-async def _retrying(what: str, step: Callable[[], Awaitable[T]]) -> T:
+async def _retrying(what: str, step: Callable[[], Awaitable[T]], timeout: str = LOCK_TIMEOUT) -> T:
     """Run `step` (a transaction that sets the lock timeout) until it gets its lock."""
     for n in range(LOCK_RETRIES):
         try:
@@ -104,7 +111,7 @@ async def _retrying(what: str, step: Callable[[], Awaitable[T]]) -> T:
             log.info(f"{what}: lock busy, retrying", extra={"action": "history_lock_retry"})
             await asyncio.sleep(min(0.2 * 2**n, 5.0))
     raise DatabaseError(
-        f"{what}: could not take the table lock within {LOCK_TIMEOUT} in {LOCK_RETRIES} tries "
+        f"{what}: could not take the table lock within {timeout} in {LOCK_RETRIES} tries "
         "(a long transaction holds it); run `cronwell migrate` again later"
     )
 
@@ -116,10 +123,10 @@ async def build_indexes(db: Database, conn: Conn) -> None:
     if (await shape(db, conn)).partitioned:
         return
     invalid = {r["name"] for r in await db.fetch("HistoryInvalidIndexes", conn=conn)}
-    for name, drop, build in _STEP1:
+    for name, build in _STEP1_BUILD.items():
         if name in invalid:
             log.info(f"rebuilding the interrupted index {name}", extra={"action": "migrate"})
-            await db.execute(drop, conn=conn)
+            await db.execute(_STEP1_DROP[name], conn=conn)
         await db.execute(build, conn=conn)
 
 
@@ -285,9 +292,11 @@ async def ensure_ahead(db: Database, *, partition_seconds: int = DAY) -> int:
 
 
 async def drop_expired(db: Database, *, retention_seconds: float) -> Dropped:
-    """Drop every occurrences partition whose upper bound is older than now - retention, with
-    its attempts partition of the same range first (the legacy ones: the DEFAULT attempts);
-    one that still holds an unfinished row is kept, with a warning naming the count."""
+    """Drop every occurrences partition whose upper bound is older than now - retention, then
+    its attempts partition of the same range (the legacy ones: the DEFAULT attempts), each in
+    its own transaction (one parent lock at a time, in the writers' order: no deadlock with a
+    completion); one that still holds an unfinished row is kept, with a warning naming the
+    count. An attempts partition left by an interrupted pass goes on the next one."""
     res = Dropped()
     cutoff = datetime.now(UTC) - timedelta(seconds=retention_seconds)
     parts = await partitions(db)
@@ -303,29 +312,40 @@ async def drop_expired(db: Database, *, retention_seconds: float) -> Dropped:
                 extra={"action": "history_partition_postponed", "unfinished": unfinished},
             )
             continue
-        twins = [
-            a.name
-            for a in parts
-            if a.parent == ATTEMPTS
-            and ((a.lo, a.hi) == (p.lo, p.hi) or (p.lo is None and (a.lo, a.hi) == (None, None)))
-        ]
-
-        async def drop(names: list[str] = [*twins, p.name]) -> None:  # noqa: B006
-            async with db.transaction() as conn:
-                await db.execute("HistoryLockTimeout", {"timeout": LOCK_TIMEOUT}, conn=conn)
-                for name in names:
-                    await db.execute(
-                        "HistoryPartitionArgs",
-                        {"parent": "", "name": name, "lo": "-infinity", "hi": "-infinity"},
-                        conn=conn,
-                    )
-                    await db.execute("HistoryPartitionDrop", conn=conn)
-
-        await _retrying(f"dropping the history partition {p.name}", drop)
+        await _drop(db, p.name)
         res.partitions += 1
         res.rows += p.rows
         log.info(
             f"history partition {p.name} dropped (about {p.rows} occurrences)",
             extra={"action": "history_partition_drop", "partition": p.name, "rows": p.rows},
         )
+    # Attempts partitions whose occurrences partition is gone (dropped above or by an earlier
+    # pass interrupted between the two drops); the DEFAULT once no MINVALUE partition is left.
+    left = {(p.lo, p.hi) for p in await partitions(db) if p.parent == OCCURRENCES}
+    legacy_left = any(lo is None for lo, _ in left)
+    for a in parts:
+        if a.parent != ATTEMPTS:
+            continue
+        if a.hi is None and a.lo is None:
+            orphan = not legacy_left
+        else:
+            orphan = a.hi is not None and a.hi <= cutoff and (a.lo, a.hi) not in left
+        if orphan:
+            await _drop(db, a.name)
     return res
+
+
+async def _drop(db: Database, name: str) -> None:
+    """Drops one partition in its own transaction, waiting at most DROP_LOCK_TIMEOUT a try."""
+
+    async def drop() -> None:
+        async with db.transaction() as conn:
+            await db.execute("HistoryLockTimeout", {"timeout": DROP_LOCK_TIMEOUT}, conn=conn)
+            await db.execute(
+                "HistoryPartitionArgs",
+                {"parent": "", "name": name, "lo": "-infinity", "hi": "-infinity"},
+                conn=conn,
+            )
+            await db.execute("HistoryPartitionDrop", conn=conn)
+
+    await _retrying(f"dropping the history partition {name}", drop, DROP_LOCK_TIMEOUT)

@@ -25,6 +25,8 @@ from tests.helpers.wait import wait_for
 from .helpers import db_now, make_job, sql
 from .worker_helpers import running_worker
 
+DAY_SECONDS = 86400.0
+
 
 @pytest.fixture
 async def fresh(empty_db_url: str) -> AsyncIterator[Database]:
@@ -280,6 +282,25 @@ async def test_legacy_partitions_go_once_past_the_retention(fresh: Database) -> 
     assert "cronwell_occurrences_legacy" not in names
     assert "cronwell_attempts_legacy" not in names
     assert f"cronwell_occurrences_p{_day(2):%Y%m%d}" in names
+
+
+async def test_an_attempts_partition_left_by_an_interrupted_drop_goes_next_pass(
+    fresh: Database,
+) -> None:
+    """The two drops of a range are separate transactions (occurrences first, the writers'
+    lock order): one interrupted between them leaves the attempts partition, which the next
+    pass drops; a live range's stays."""
+    await migrate(fresh)
+    # As if the retention had dropped the legacy partitions long ago.
+    await sql(fresh, "DROP TABLE cronwell_attempts_legacy")
+    await sql(fresh, "DROP TABLE cronwell_occurrences_legacy")
+    lo, hi = _day(-30), _day(-29)
+    assert await history_partitions.ensure_partitions(fresh, lo, hi) == 1
+    await sql(fresh, f"DROP TABLE cronwell_occurrences_p{lo:%Y%m%d}")  # the pass stopped here
+    await history_partitions.drop_expired(fresh, retention_seconds=DAY_SECONDS)
+    names = {p.name for p in await history_partitions.partitions(fresh)}
+    assert f"cronwell_attempts_p{lo:%Y%m%d}" not in names
+    assert f"cronwell_attempts_p{_day(2):%Y%m%d}" in names
 
 
 async def test_ensure_partitions_fills_a_range_ahead(fresh: Database) -> None:
