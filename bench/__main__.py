@@ -652,6 +652,7 @@ async def main() -> None:
                         workers=args.workers,
                         concurrency=args.concurrency,
                         lead=args.lead,
+                        run_burst=burst.burst,
                     ),
                 )
             if "forecast" in only:

@@ -38,18 +38,16 @@ pass, is the reference for its p99 start lag at the handler.
 from __future__ import annotations
 
 import asyncio
-import importlib
-import inspect
 import json
 import statistics
 import time
 import uuid
+from collections.abc import Awaitable, Callable
 from datetime import datetime, timedelta
 from typing import Any
 
 import psycopg
 
-from bench import burst as burst_mod
 from bench.common import (
     SETUP_DEADLINE_SECONDS,
     BenchError,
@@ -62,7 +60,7 @@ from cronwell import jobs
 from cronwell.errors import DatabaseError
 from cronwell.maintenance import Pruner
 from cronwell.models import ScheduledJobSpec
-from cronwell.store import Database, attempts, migrate, status_changes
+from cronwell.store import Database, attempts, history_partitions, migrate, status_changes
 
 HOLDER = "bench-retention"
 DAY = 86400
@@ -112,18 +110,8 @@ def _spec(doc: dict[str, Any]) -> dict[str, Any]:
 
 
 async def _migrate(db: Database, shape: str) -> None:
-    """Migrate a new store into `shape`. Issue 31's migrate takes partition_history;
-    without it (before branch p31-part) only the unpartitioned shape can be built."""
-    run: Any = migrate
-    if "partition_history" in inspect.signature(migrate).parameters:
-        await run(db, partition_history=shape == "after")
-    elif shape == "after":
-        raise BenchError(
-            "retention: this cronwell cannot partition history (migrate has no"
-            " partition_history, issue 31): 'after' skipped"
-        )
-    else:
-        await run(db)
+    """Migrate a new store into `shape` (before: history unpartitioned)."""
+    await migrate(db, partition_history=shape == "after")
     if (shape == "after") != await _partitioned(db):
         raise BenchError(f"retention: the '{shape}' store has the wrong history shape")
 
@@ -153,8 +141,7 @@ async def _day_partitions(db: Database, first: datetime, end: datetime) -> None:
             if (await n.fetchone() or {"e": True})["e"]:
                 raise BenchError(f"retention: the legacy partition {r['name']} is not empty")
             await conn.execute(f"DROP TABLE {r['name']}")
-    parts: Any = importlib.import_module("cronwell.store.history_partitions")
-    await parts.ensure_partitions(db, first, end)
+    await history_partitions.ensure_partitions(db, first, end)
 
 
 async def _retention_pass(db: Database, shape: str, now: datetime) -> dict[str, Any]:
@@ -377,7 +364,7 @@ async def _burst(
 
     await _park(db, True)
     try:
-        figs = await burst_mod.burst(
+        figs = await opts["run_burst"](
             db,
             url,
             opts["burst"],
@@ -546,6 +533,7 @@ async def retention(
     workers: int,
     concurrency: int,
     lead: float,
+    run_burst: Callable[..., Awaitable[dict[str, Any]]],
     reps: int = 5,
 ) -> dict[str, Any]:
     """Both shapes, one after the other; a shape the code cannot build is reported, not
@@ -559,7 +547,13 @@ async def retention(
         "burst": burst,
         "workers": workers,
     }
-    opts = {"burst": burst, "workers": workers, "concurrency": concurrency, "lead": lead}
+    opts = {
+        "burst": burst,
+        "workers": workers,
+        "concurrency": concurrency,
+        "lead": lead,
+        "run_burst": run_burst,  # bench.burst.burst, passed in: sections share only common
+    }
     for shape in SHAPES:
         try:
             figs = await _shape(
