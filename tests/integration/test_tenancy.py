@@ -15,7 +15,6 @@ from tests.helpers.wait import wait_for
 from .helpers import make_job
 from .worker_helpers import (
     FAR_FUTURE,
-    due_in,
     http_server,
     running_worker,
     state_is,
@@ -73,28 +72,6 @@ async def test_a_workerpool_policy_refuses_other_namespaces_and_handlers(
         key = await trigger(db, "log")  # a log target in an allowed namespace runs
         await wait_for(lambda: state_is(db, key, "succeeded"), 60)
         assert _denied(w, "PoolNotAllowed") == 1 and _denied(w, "HandlerNotAllowed") == 1
-
-
-async def test_a_claimed_ahead_occurrence_reads_its_refusal_before_its_instant(
-    db: Database, db_url: str
-) -> None:
-    """Claimed ahead, an occurrence waits as a row; the pool policy is read for it while it
-    waits (not at its instant), and the refusal it read ends it at its instant."""
-    await _pool_policy(db, "default", "payments")
-    await make_job(db, "early-log", schedule=FAR_FUTURE)
-    key = await trigger(db, "early-log")
-    await due_in(db, key, 3.0)
-    async with running_worker(db_url, claim_ahead_seconds=10.0) as w:
-
-        async def admitted() -> Any:
-            r = w.worker.running.get(key)
-            return r is not None and r.task is None and r.admitted is not None and r
-
-        r = await wait_for(admitted, 10, "its admission read while it waits")
-        assert "may not use pool 'default'" in str(r.admitted)
-        o = await wait_for(lambda: state_is(db, key, "dead"), 30)
-        assert (o["reason"], o["attempt"]) == ("PoolNotAllowed", 1)
-        assert o["started_at"] is not None
 
 
 async def test_a_static_pool_policy_from_the_workers_settings(db: Database, db_url: str) -> None:

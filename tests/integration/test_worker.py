@@ -792,62 +792,6 @@ async def test_a_burst_larger_than_the_concurrency_is_claimed_entirely_before_it
         assert done["succeeded"] == 600
 
 
-async def test_a_burst_waiting_for_its_instant_is_rows_not_tasks(db: Database, db_url: str) -> None:
-    """2,000 occurrences claimed ahead of one instant: while they wait, the worker's tasks
-    do not grow with them (each is a row of its instant; one timer starts them at it, a
-    task made as each takes a slot), and all start at the instant, none before it."""
-    n = 2_000
-    await handler_job(db, "rows", "t-noop")
-    async with running_worker(db_url, concurrency=16, claim_batch_size=250, **AHEAD) as w:
-        await asyncio.sleep(0.5)  # its loops running
-        before = len(asyncio.all_tasks())
-        await burst_in(db, "rows", n, BURST_LEAD)
-        await _all_claimed_ahead(db, "rows", n)
-        assert w.worker._waiting == n
-        waiting = len(asyncio.all_tasks())
-        assert waiting < before + 50, f"{waiting - before} more tasks for {n} waiting"
-        await wait_for(lambda: _succeeded(db, "rows", n), timeout=BURST_LEAD + 60, what="all ran")
-        lags = [o.start_lag for o in w.outcomes if o.claimed.name == "rows"]
-    assert len(lags) == n and all(lag is not None and lag >= 0 for lag in lags)
-    (row,) = await sql(
-        db,
-        "SELECT count(*) FILTER (WHERE o.started_at >= o.run_at) AS at_or_after, count(*) AS n"
-        " FROM cronwell_occurrences o JOIN cronwell_jobs j ON j.id = o.job_id"
-        " WHERE j.name = 'rows'",
-    )
-    assert row == {"at_or_after": n, "n": n}
-
-
-async def test_claims_waiting_for_their_instant_are_renewed_then_self_fenced_by_the_watchdog(
-    db: Database, db_url: str
-) -> None:
-    """Rows waiting for their instant (no task) are judged by the watchdog: renewed, they
-    wait on across leases; once renewals hang (their rows locked), each is abandoned by the
-    worker's own clock before its instant, never started, and no slot is lost."""
-    n, lease = 50, 3.0
-    await handler_job(db, "fence-rows", "t-clock")
-    opts = AHEAD | {"lease_seconds": lease, "concurrency": 4, "claim_batch_size": 20}
-    async with running_worker(db_url, **opts) as w:
-        await burst_in(db, "fence-rows", n, BURST_LEAD)
-        await _all_claimed_ahead(db, "fence-rows", n)
-        await asyncio.sleep(2 * lease)  # renewed meanwhile: none abandoned
-        assert (w.worker._waiting, w.outcomes) == (n, [])
-        async with await psycopg.AsyncConnection.connect(db_url) as locker:
-            await locker.execute("SELECT id FROM cronwell_occurrences FOR UPDATE")
-            await wait_for(lambda: _count_is(w.outcomes, n), 3 * lease, "self-fencing")
-            assert (await _ahead(db, "fence-rows"))["before_t"]
-            await locker.rollback()
-        assert {(o.result, o.error) for o in w.outcomes} == {("lease_lost", "self_fenced")}
-        assert (w.worker._waiting, len(w.worker.running)) == (0, 0)
-        assert w.worker._free_slots() == 4
-    keys = {o.claimed.key for o in w.outcomes}
-    assert len(keys) == n and not [m for m in marks_of(None, "start") if m["key"] in keys]
-
-
-async def _count_is(items: list[Any], n: int) -> bool:
-    return len(items) >= n
-
-
 async def _claimed_ahead(db: Database, name: str, n: int) -> dict[str, Any] | None:
     row = await _ahead(db, name)
     return row if row["ahead"] >= n or not row["before_t"] else None
@@ -1032,22 +976,14 @@ async def test_an_at_least_once_attempt_whose_lease_is_not_surely_held_does_not_
             wdb, pool="default", worker_id=w.id, limit=5, lease_seconds=60, ahead_seconds=10
         )
         w._start(c, time.monotonic())  # as if its last renewal was sent a lease ago
-        # Only the timer that starts it at its instant runs (no watchdog: the judgement at
-        # the start decides); it waits as a row, its task made at the instant.
-        timer = asyncio.create_task(w._timer_loop())
-        try:
-            await wait_for(lambda: _holds(w, key, False), 10, "its attempt to be over")
-        finally:
-            timer.cancel()
+        task = w.running[key].task
+        assert task is not None
+        await asyncio.wait_for(task, 10)
     assert [o.result for o in outcomes] == ["released"]
     assert not marks_of(None, "start", key)
     o = await _occ(db, key)
     assert (o["state"], o["attempt"], o["started_at"]) == ("pending", 0, None)
     assert await attempts(db, key) == []
-
-
-async def _holds(w: Any, key: str, held: bool) -> bool:
-    return (key in w.running) == held
 
 
 async def test_the_reaper_counts_an_unwritten_at_least_once_start_as_run_if_its_instant_came_first(

@@ -15,12 +15,9 @@ local monotonic timer aligned to the database clock at the claim. What is due wi
 that this worker's share of it (the burst / the pool's live workers, plus 5 %) is
 claimed before its instant at the claim rate it measures, at most `claim_ahead_max_seconds`
 early and `claim_ahead_max` occurrences at once. A claimed-ahead occurrence waiting for its
-instant is a row (`_Running`), neither a handler slot nor a task: rows are kept by instant
-(`_Instant`), one timer (`_timer_loop`) queues each instant's rows at it, in claim order,
-and a row gets its task when it takes a slot (first come, first served, so in instant
-order). The wait is part of the attempt's lease (heartbeats renew it; the watchdog, which
-looks at a heap of lease deadlines, one per claim, fences it). Stopping gives back the
-ones not started yet, in one statement.
+instant holds no handler slot: it takes one at its instant (first come, first served, so
+in instant order). The wait is part of the attempt's lease (heartbeats renew it; the
+watchdog fences it). Stopping gives back the ones not started yet, in one statement.
 
 Starting at the instant (issue 30). An AtLeastOnce attempt starts at its instant with no
 database round trip in front of it: only if the worker judges its lease held (the
@@ -220,16 +217,10 @@ START_GUARD_SECONDS = 0.05
 """Completion writes wait while an attempt is due to start within this (or is starting)."""
 HOLD_RECHECK_SECONDS = 0.01
 """While completions are held, how often the writer looks again (a start write wakes it)."""
-ADMIT_YIELD_EVERY = 32
-"""The admission reads of claimed-ahead attempts pause the event loop once per this many
-(cached policies are read without a pause: a 50k burst must not hold up claims and starts)."""
 START_RECORD_AFTER_SECONDS = 1.0
 """An AtLeastOnce attempt started without a write still running this long after its start
 gets its start recorded (low priority, batched): the dashboard shows it started."""
 
-_Deadlines = tuple[float, int, list[str], list[int]]
-"""Attempts whose lease deadline (monotonic) the watchdog judges next: (the earliest of
-their deadlines, a sequence number, their keys, their fences)."""
 _Queued = tuple[str, int, int, datetime, datetime | None, "asyncio.Future[bool]"]
 """A queued fenced write: (key, occurrence id, fence, its instant (scheduled_for), start
 instant or None, its future)."""
@@ -243,11 +234,8 @@ def self_fence_margin(lease_seconds: float) -> float:
     return min(1.0, lease_seconds * 0.1)
 
 
-@dataclass(slots=True)
+@dataclass
 class _Running:
-    """One attempt this worker holds. Claimed ahead, it is only this row until its instant
-    (no task: a 50k burst waiting was 25-50k sleeping tasks per worker)."""
-
     claimed: Claimed
     ctx: Context
     deadline: float
@@ -269,13 +257,10 @@ class _Running:
     """It holds a handler slot (from its start until its target is over); a claimed-ahead
     attempt waiting for its instant holds none."""
     waiting: bool = False
-    """Claimed ahead and not holding a slot yet (counted in Worker._waiting and _held):
-    in its instant's group until the instant, then queued for a slot."""
-    queued: bool = False
-    """Its instant came; waiting in Worker._slot_queue for a slot (counted in _queued)."""
+    """Claimed ahead and not holding a slot yet (counted in Worker._waiting and _held)."""
     starting: bool = False
-    """Claimed ahead, its instant came, not started yet (counted in Worker._starting):
-    completion writes wait for it."""
+    """Claimed ahead and not started yet (in Worker._upcoming): completion writes wait for
+    it near its instant, and while it waits for a slot after it."""
     start_db: datetime | None = None
     """Started without a write: its start on the database clock, written with its ending."""
 
@@ -286,19 +271,6 @@ class _Running:
         oid = self.ctx.occurrence_id
         c = self.claimed
         return c.key, c.id if oid is None else oid, c.fence, c.scheduled_for
-
-
-@dataclass(slots=True)
-class _Instant:
-    """The attempts claimed ahead for one instant (run_at), waiting for it: one timer
-    (Worker._timer_loop) starts them all, in claim order."""
-
-    due: float
-    """The instant on the monotonic clock: the latest of its rows' `due_monotonic` (each
-    never early; claims of one instant align it a little differently)."""
-    rows: list[_Running] = field(default_factory=list)
-    live: int = 0
-    """Rows still waiting in it (a row dropped before the instant stays in `rows`)."""
 
 
 class Worker:
@@ -338,21 +310,7 @@ class Worker:
         self.running: dict[str, _Running] = {}
         self._handlers = 0  # handler slots taken: attempts whose target has not returned yet
         self._waiting = 0  # claimed ahead, waiting for their instant or a slot (no slot)
-        # Claimed ahead, waiting for their instant: by instant, and the instants in order.
-        self._instants: dict[datetime, _Instant] = {}
-        self._instant_order: list[datetime] = []  # a heap
-        self._timer_wake = asyncio.Event()  # an earlier instant to wait for
-        self._to_admit: deque[_Running] = deque()  # admission read before the instant
-        self._admit_wake = asyncio.Event()
-        self._slot_queue: deque[_Running] = deque()  # instant came, waiting for a slot
-        self._queued = 0  # rows in the slot queue still waiting (dropped ones linger)
-        self._starting = 0  # instant came, not started yet: completions wait for them
-        # The watchdog's next judgements: (lease deadline, seq, keys, fences) of the attempts
-        # held, a group per claim (its rows share a deadline); attempts over are dropped and
-        # those renewed since pushed again, as a group, when their deadline comes.
-        self._deadlines: list[_Deadlines] = []
-        self._last_deadlines: _Deadlines | None = None  # the last claim's, still growing
-        self._seq = itertools.count()
+        self._slot_queue: deque[asyncio.Future[None]] = deque()  # due, waiting for a slot
         self._unstarted: list[Claimed] = []  # claimed ahead, stopped before their start
         self._claim_rate = CLAIM_RATE_GUESS  # occurrences per second, measured
         self._coming: _Coming | None = None
@@ -368,6 +326,9 @@ class Worker:
         self._starts: list[_Queued] = []  # starts a target waits on (AtMostOnce, job)
         self._late: list[_Queued] = []  # starts of long handlers started without a write
         self._held_since: float | None = None  # completions held since (starts first)
+        # Attempts claimed ahead, by instant (entries no longer waiting are dropped lazily).
+        self._upcoming: list[tuple[float, int, _Running]] = []
+        self._seq = itertools.count()
         # Started without a write, in start order: (monotonic start, attempt).
         self._unrecorded: deque[tuple[float, _Running]] = deque()
         self._flush_now = asyncio.Event()
@@ -388,8 +349,6 @@ class Worker:
             self._listen,
             self._heartbeat_loop,
             self._watchdog_loop,
-            self._timer_loop,
-            self._admit_loop,
             self._complete_loop,
             self._late_start_loop,
             self._registry_loop,
@@ -632,7 +591,9 @@ class Worker:
         claimed ahead and waiting for their instant count against neither."""
         s = self.settings
         started = len(self.running) - self._waiting
-        return min(s.concurrency - self._handlers - self._queued, 2 * s.concurrency - started)
+        return min(
+            s.concurrency - self._handlers - len(self._slot_queue), 2 * s.concurrency - started
+        )
 
     def _handler_done(self, r: _Running) -> None:
         """The attempt's target is over (returned, raised or was cancelled): what is left,
@@ -650,123 +611,42 @@ class Worker:
         self._wake.set()
 
     def _hand_slot(self) -> None:
-        """Free slots go to the claimed-ahead attempts whose instant came, first come first
-        served (so in instant order, then claim order): each starts its task as it takes
-        one. One waiting holds no slot and has no task."""
-        q = self._slot_queue
-        while q and self._handlers < self.settings.concurrency:
-            r = q.popleft()
-            if not r.queued:
-                continue  # dropped while it waited (lease lost, stopping)
+        """A slot is free: the first claimed-ahead attempt waiting for one takes it."""
+        while self._slot_queue and self._handlers < self.settings.concurrency:
+            fut = self._slot_queue.popleft()
+            if not fut.done():
+                self._handlers += 1
+                fut.set_result(None)
+
+    async def _take_slot(self, r: _Running) -> None:
+        """A claimed-ahead attempt whose instant came takes a handler slot, or waits for one
+        behind those whose instants came before (first come, first served)."""
+        if self._handlers < self.settings.concurrency and not self._slot_queue:
             self._handlers += 1
-            self._unhold(r)
-            r.slot = True
-            self._spawn(r)
+        else:
+            fut = asyncio.get_running_loop().create_future()
+            self._slot_queue.append(fut)
+            try:
+                await fut
+            except asyncio.CancelledError:
+                if fut.done() and not fut.cancelled():
+                    self._unhold(r)
+                    r.slot = True  # handed over as it was cancelled: _forget gives it back
+                raise
+        self._unhold(r)
+        r.slot = True
 
     def _unhold(self, r: _Running) -> None:
         """The attempt no longer waits as claimed ahead (it took a slot, or is over)."""
-        if not r.waiting:
-            return
-        r.waiting = False
-        self._waiting -= 1
-        t = r.claimed.run_at
-        n = self._held.get(t, 0) - 1
-        if n > 0:
-            self._held[t] = n
-        else:
-            self._held.pop(t, None)
-        if r.queued:
-            r.queued = False
-            self._queued -= 1
-        else:
-            # Still in its instant's group: the one not fired yet for run_at.
-            g = self._instants.get(t)
-            if g is not None:
-                g.live -= 1
-
-    def _not_starting(self, r: _Running) -> None:
-        if r.starting:
-            r.starting = False
-            self._starting -= 1
-
-    # -- the instants claimed-ahead attempts wait for ----------------------------------
-
-    def _wait_for_instant(self, r: _Running) -> None:
-        """A claimed-ahead attempt waits for its instant as a row of that instant's group
-        (no task, no slot); its admission is read meanwhile (_admit_loop)."""
-        c = r.claimed
-        g = self._instants.get(c.run_at)
-        if g is None:
-            g = self._instants[c.run_at] = _Instant(c.due_monotonic)
-            heapq.heappush(self._instant_order, c.run_at)
-            if self._instant_order[0] == c.run_at:
-                self._timer_wake.set()  # the earliest now: the timer waits for it
-        elif c.due_monotonic > g.due:
-            g.due = c.due_monotonic  # later: the timer, waking at the old one, waits again
-        g.rows.append(r)
-        g.live += 1
-        if r.spec is not None:
-            self._to_admit.append(r)
-            self._admit_wake.set()
-
-    def _next_instant(self) -> _Instant | None:
-        """The earliest instant something still waits for (empty groups are dropped)."""
-        order = self._instant_order
-        while order:
-            g = self._instants[order[0]]
-            if g.live > 0:
-                return g
-            del self._instants[heapq.heappop(order)]
-        return None
-
-    async def _timer_loop(self) -> None:
-        """One timer for every instant claimed-ahead attempts wait for, earliest first: at
-        an instant (on the monotonic clock aligned to the database clock at the claim),
-        its attempts go to the slot queue in claim order and take the free slots."""
-        while True:
-            self._timer_wake.clear()
-            g = self._next_instant()
-            if g is None:
-                await self._timer_wake.wait()
-                continue
-            # Until the instant, never before it: the event loop may wake a timer a little
-            # early (seen: 56 us), and the start, with no write in front of it, is the
-            # handler's. An earlier instant added meanwhile wakes it.
-            wait = g.due - time.monotonic()
-            if wait > 0:
-                await wait_event(self._timer_wake, wait)
-                continue
-            del self._instants[heapq.heappop(self._instant_order)]
-            for r in g.rows:
-                if r.waiting and not r.queued:
-                    r.queued = r.starting = True
-                    self._queued += 1
-                    self._starting += 1
-                    self._slot_queue.append(r)
-            self._hand_slot()
-
-    async def _admit_loop(self) -> None:
-        """Read what each claimed-ahead attempt reads first (the pool and egress policies,
-        its Secret values) before its instant, not at it; in claim order. One whose
-        instant comes first reads it at its start."""
-        n = 0
-        while True:
-            self._admit_wake.clear()
-            while self._to_admit:
-                r = self._to_admit.popleft()
-                if r.spec is None or r.queued or not r.waiting:
-                    continue  # its instant came, or it is over
-                if time.monotonic() >= r.claimed.due_monotonic:
-                    continue
-                try:
-                    r.admitted = await self._admit(r.claimed, r.spec)
-                except Exception as e:  # raised at the start, as if read then
-                    r.admitted = e
-                n += 1
-                if n % ADMIT_YIELD_EVERY == 0:
-                    # Cached policies read without a pause: let the claims and timers in.
-                    await asyncio.sleep(0)
-            await self._admit_wake.wait()
+        if r.waiting:
+            r.waiting = False
+            self._waiting -= 1
+            t = r.claimed.run_at
+            n = self._held.get(t, 0) - 1
+            if n > 0:
+                self._held[t] = n
+            else:
+                self._held.pop(t, None)
 
     async def _release(self, claimed: list[Claimed]) -> None:
         """Give claimed-but-unstarted occurrences back: pending now, attempt not consumed."""
@@ -824,26 +704,14 @@ class Worker:
         except (pydantic.ValidationError, ValueError) as e:
             r.spec_error = e
         self.running[c.key] = r
-        last = self._last_deadlines
-        if last is not None and last[0] == deadline:
-            last[2].append(c.key)  # of the same claim: judged with it
-            last[3].append(c.fence)
-        else:
-            last = self._last_deadlines = (deadline, next(self._seq), [c.key], [c.fence])
-            heapq.heappush(self._deadlines, last)
         if c.started_at is None:
             r.waiting = True  # claimed ahead: takes a slot at its instant
             self._waiting += 1
             self._held[c.run_at] = self._held.get(c.run_at, 0) + 1
-            self._wait_for_instant(r)
         else:
             r.slot = True
             self._handlers += 1
-            self._spawn(r)
-
-    def _spawn(self, r: _Running) -> None:
-        """The attempt's task: it holds a slot and starts now."""
-        r.task = asyncio.create_task(self._execute(r), name=f"attempt {r.claimed.key}")
+        r.task = asyncio.create_task(self._execute(r), name=f"attempt {c.key}")
         # A task cancelled before its first step never runs _execute's `finally`: without
         # this its slot and entry would leak, and a worker whose slots all leaked claims
         # nothing again (seen when a claim that waited for a connection arrived with its
@@ -913,11 +781,6 @@ class Worker:
 
     def _forget(self, r: _Running) -> None:
         """The attempt is over: free its slot and entry (idempotent)."""
-        if r.starting:
-            # Its task was cancelled before its first step: _begin never ran.
-            self._not_starting(r)
-            if r.abort in (ABORT_SHUTDOWN, ABORT_RELEASE):
-                self._unstarted.append(r.claimed)
         self._handler_done(r)
         # The same key may have been claimed again meanwhile (a new attempt under a new
         # fence after this one lost its lease): remove only this attempt.
@@ -926,19 +789,22 @@ class Worker:
         self._wake.set()
 
     async def _begin(self, r: _Running) -> bool:
-        """Start the attempt (claimed ahead: its instant came and it took a slot; see the
-        module's docstring); False when it must not run (lease lost or not surely held, or
-        the worker stops: then it is given back unstarted). An attempt claimed when due
-        started at its claim."""
+        """Wait for the attempt's instant (claimed ahead) and start it (see the module's
+        docstring); False when it must not run (lease lost or not surely held, or the worker
+        stops: then it is given back unstarted). An attempt claimed when due started at its
+        claim."""
         c = r.claimed
         ahead = c.started_at is None
         durable = ahead and self._durable_start(r)
         try:
-            # AtMostOnce and `job`: the target runs only once its start is durable, so
-            # started_at NULL means it never ran (the reaper gives it back unconsumed).
-            if durable and not await self._record_start(r):
-                self._report(Outcome(c, "lease_lost", error="start not recorded"))
-                return False
+            if ahead:
+                await self._wait_for_instant(r)
+                await self._take_slot(r)
+                # AtMostOnce and `job`: the target runs only once its start is durable, so
+                # started_at NULL means it never ran (the reaper gives it back unconsumed).
+                if durable and not await self._record_start(r):
+                    self._report(Outcome(c, "lease_lost", error="start not recorded"))
+                    return False
         except asyncio.CancelledError:
             if r.abort in (ABORT_SHUTDOWN, ABORT_RELEASE):
                 self._unstarted.append(c)  # given back in one statement when the worker stops
@@ -946,7 +812,7 @@ class Worker:
                 self._report(Outcome(c, "lease_lost", error=r.abort))
             return False
         finally:
-            self._not_starting(r)
+            r.starting = False
         now = time.monotonic()
         if ahead and not durable and not self._lease_held(r, now):
             # No write before the start: the worker's own judgement of its lease decides.
@@ -963,6 +829,23 @@ class Worker:
         if c.attempt == 1:
             self._m.start_lag.observe(r.start_lag)
         return True
+
+    async def _wait_for_instant(self, r: _Running) -> None:
+        """Read what the attempt needs first, then sleep until its instant (meanwhile it
+        counts among the starts that completion writes wait for)."""
+        c = r.claimed
+        if r.spec is not None:
+            # What the attempt reads first is read before its instant, not at it.
+            try:
+                r.admitted = await self._admit(c, r.spec)
+            except Exception as e:  # raised at the start, as if read then
+                r.admitted = e
+        r.starting = True
+        heapq.heappush(self._upcoming, (c.due_monotonic, next(self._seq), r))
+        # Until the instant, never before it: the event loop may wake a timer a little early
+        # (seen: 56 us), and the start, with no write in front of it, is the handler's.
+        while (wait := c.due_monotonic - time.monotonic()) > 0:  # noqa: ASYNC110 - a timer
+            await asyncio.sleep(wait)
 
     @staticmethod
     def _durable_start(r: _Running) -> bool:
@@ -1232,10 +1115,10 @@ class Worker:
             self._held_since = now
         if now - self._held_since >= self.settings.completion_hold_seconds:
             return False
-        if self._starting:
-            return True
-        g = self._next_instant()
-        return g is not None and g.due <= now + START_GUARD_SECONDS
+        up = self._upcoming
+        while up and not up[0][2].starting:
+            heapq.heappop(up)
+        return bool(up) and up[0][0] <= now + START_GUARD_SECONDS
 
     async def _write(self, batch: list[_Queued], write: _Write, what: str) -> None:
         """One fenced batch write by (id, fence), retried through database errors; each
@@ -1378,48 +1261,24 @@ class Worker:
         return back
 
     async def _watchdog_loop(self) -> None:
-        """Self-fencing: abandon attempts whose lease may have run out unrenewed. Each tick
-        looks only at the groups whose earliest deadline came (`_deadlines`, a heap), not
-        at every attempt held: a burst claimed ahead is tens of thousands of them."""
+        """Self-fencing: abandon attempts whose lease may have run out unrenewed."""
         lease = self.settings.lease_seconds
         margin = self_fence_margin(lease)
         while True:
             # Tick well inside the margin: a tick longer than the margin could notice an
             # unrenewed lease only after it ran out (lease 1.5 s: margin 0.15 s, tick 0.075 s).
             await asyncio.sleep(min(0.25, margin / 2))
-            self._judge_leases(time.monotonic(), margin)
-
-    def _judge_leases(self, now: float, margin: float) -> None:
-        """Cancel the attempts whose lease is not surely held at `now`, among the groups due
-        for judgement; the others (renewed since) go back as one group, judged again by
-        the earliest of their deadlines."""
-        h = self._deadlines
-        while h and h[0][0] - margin <= now:
-            group = heapq.heappop(h)
-            if group is self._last_deadlines:
-                self._last_deadlines = None  # judged: the next claim starts a new group
-            keys, fences, at = [], [], math.inf
-            for key, fence in zip(group[2], group[3], strict=True):
-                r = self.running.get(key)
-                if r is None or r.claimed.fence != fence or r.completing:
-                    continue  # over (or claimed again: its own entry judges it)
-                if self._lease_held(r, now):
-                    keys.append(key)
-                    fences.append(fence)
-                    at = min(at, r.deadline)
-                    continue
-                self._cancel(r, ABORT_SELF_FENCE, "no heartbeat renewed the lease within its term")
-            if keys:
-                heapq.heappush(h, (at, next(self._seq), keys, fences))
+            now = time.monotonic()
+            for r in list(self.running.values()):
+                if not r.completing and not self._lease_held(r, now):
+                    self._cancel(
+                        r, ABORT_SELF_FENCE, "no heartbeat renewed the lease within its term"
+                    )
 
     def _cancel(self, r: _Running, why: str, detail: str) -> None:
         """Abort an attempt at once: flag for sync handlers, task cancellation for the rest
-        (a sync handler's thread also gets LeaseLost raised inside it). One waiting for its
-        instant or a slot has no task: it is dropped here (given back when the worker stops
-        if stopping, else reported as its lease lost)."""
-        if r.abort is not None or r.completing:
-            return
-        if (r.task is None and not r.waiting) or (r.task is not None and r.task.done()):
+        (a sync handler's thread also gets LeaseLost raised inside it)."""
+        if r.task is None or r.task.done() or r.abort is not None or r.completing:
             return
         log.warning(
             "cancelling attempt"
@@ -1435,15 +1294,7 @@ class Worker:
         )
         r.abort = why
         r.ctx.cancel()
-        if r.task is not None:
-            r.task.cancel()
-            return
-        self._not_starting(r)
-        if why in (ABORT_SHUTDOWN, ABORT_RELEASE):
-            self._unstarted.append(r.claimed)  # given back in one statement when stopping
-        else:
-            self._report(Outcome(r.claimed, "lease_lost", error=why))
-        self._forget(r)
+        r.task.cancel()
 
     # -- registry ---------------------------------------------------------------------
 
