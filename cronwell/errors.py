@@ -32,6 +32,11 @@ class DatabaseUnavailable(DatabaseError):
     """The database is unreachable (wrong URL, server down, network cut)."""
 
 
+class LockTimeout(DatabaseUnavailable):
+    """A lock was not granted within the statement's `lock_timeout` (a strong lock that
+    must not queue the hot path behind it): the caller backs off and tries again."""
+
+
 class SchemaTooNew(DatabaseError):
     """The database schema was migrated by a newer cronwell than this one."""
 

@@ -26,7 +26,7 @@ from psycopg.conninfo import conninfo_to_dict
 from psycopg.rows import AsyncRowFactory, BaseRowFactory, DictRow, RowMaker, class_row, dict_row
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
-from cronwell.errors import DatabaseError, DatabaseUnavailable, UniqueViolation
+from cronwell.errors import DatabaseError, DatabaseUnavailable, LockTimeout, UniqueViolation
 from cronwell.store._queries import q
 
 if TYPE_CHECKING:
@@ -328,6 +328,8 @@ def _translate(e: psycopg.Error) -> DatabaseError | None:
         )
     if isinstance(e, PoolTimeout):
         return DatabaseUnavailable(f"no database connection available: {e}")
+    if isinstance(e, psycopg.errors.LockNotAvailable):
+        return LockTimeout(f"lock not granted in time: {e.diag.message_primary or e}")
     if isinstance(e, psycopg.OperationalError):
         return DatabaseUnavailable(f"database connection failed: {e}")
     return None

@@ -303,6 +303,27 @@ async def test_an_attempts_partition_left_by_an_interrupted_drop_goes_next_pass(
     assert f"cronwell_attempts_p{_day(2):%Y%m%d}" in names
 
 
+async def test_a_drop_that_meets_a_held_lock_waits_and_retries(fresh: Database) -> None:
+    """A drop whose lock is not granted in time (lock_timeout) backs off and tries again
+    instead of failing the pass: the lock timeout was reported as a lost connection and
+    never retried."""
+    await migrate(fresh)
+    await sql(fresh, "DROP TABLE cronwell_attempts_legacy")
+    await sql(fresh, "DROP TABLE cronwell_occurrences_legacy")
+    lo, hi = _day(-30), _day(-29)
+    assert await history_partitions.ensure_partitions(fresh, lo, hi) == 1
+    name = f"cronwell_occurrences_p{lo:%Y%m%d}"
+    async with fresh.transaction() as conn:
+        await conn.execute(f"LOCK TABLE {name} IN ACCESS SHARE MODE")  # a long reader
+        drop = asyncio.create_task(
+            history_partitions.drop_expired(fresh, retention_seconds=DAY_SECONDS)
+        )
+        await asyncio.sleep(1.0)  # held across the drop's first tries (100 ms waits)
+    res = await asyncio.wait_for(drop, 60)
+    assert res.partitions == 1
+    assert name not in {p.name for p in await history_partitions.partitions(fresh)}
+
+
 async def test_ensure_partitions_fills_a_range_ahead(fresh: Database) -> None:
     await migrate(fresh)
     n = await history_partitions.ensure_partitions(fresh, _day(3), _day(5))
