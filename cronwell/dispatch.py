@@ -223,10 +223,10 @@ async def claim(
         run += plan_ahead([c for c in cands if not c.due], due, active)
         # The bounds of the candidates' instants (and of the active rows a Replace may
         # cancel): the writes by id prune a partitioned history to their partitions.
-        within = _within([c.scheduled_for for c in cands])
+        within = bounds([c.scheduled_for for c in cands])
         if settle:
             if active:
-                within = _within([*within, *(a.scheduled_for for a in active)])
+                within = bounds([*within, *(a.scheduled_for for a in active)])
             await claims.settle(db, settle, within=within, conn=conn)
         if not run:
             return []
@@ -237,8 +237,9 @@ async def claim(
         return await attach_specs(db, conn, started, known_specs, received)
 
 
-def _within(instants: Sequence[datetime]) -> attempts.Within:
-    """The earliest and latest of some instants (not empty): a batch write's bounds."""
+def bounds(instants: Sequence[datetime]) -> attempts.Within:
+    """The earliest and latest of some instants (not empty): a batch write's bounds (the
+    claim's, and the worker's writes)."""
     return min(instants), max(instants)
 
 

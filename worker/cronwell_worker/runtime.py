@@ -53,7 +53,6 @@ from collections import OrderedDict, deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from operator import itemgetter
 from typing import Any
 
 import httpx
@@ -226,7 +225,6 @@ _Queued = tuple[str, int, int, datetime, datetime | None, "asyncio.Future[bool]"
 instant or None, its future)."""
 _Write = Callable[..., Awaitable[set[str]]]
 """A fenced batch write: (db, [(id, fence)], [start or None], within=(lo, hi) instants)."""
-_INSTANT = itemgetter(3)
 
 
 def self_fence_margin(lease_seconds: float) -> float:
@@ -656,10 +654,7 @@ class Worker:
             released = await dispatch.release(
                 self.db,
                 [(c.key, c.fence) for c in claimed],
-                within=(
-                    min(c.scheduled_for for c in claimed),
-                    max(c.scheduled_for for c in claimed),
-                ),
+                within=dispatch.bounds([c.scheduled_for for c in claimed]),
             )
         except DatabaseError as e:
             log.error(
@@ -1131,14 +1126,13 @@ class Worker:
         batch.sort(key=lambda q: q[1])
         backoff = Backoff(first_seconds=0.1, max_seconds=RETRY_MAX_SECONDS)
         self.live.waiting(what)
+        # Built once, not again on each retry.
+        done = [(i, f) for _, i, f, _, _, _ in batch]
+        starts = [s for _, _, _, _, s, _ in batch]
+        within = dispatch.bounds([q[3] for q in batch])
         for _ in range(30):
             try:
-                ok = await write(
-                    self.db,
-                    [(i, f) for _, i, f, _, _, _ in batch],
-                    [s for _, _, _, _, s, _ in batch],
-                    within=(min(map(_INSTANT, batch)), max(map(_INSTANT, batch))),
-                )
+                ok = await write(self.db, done, starts, within=within)
                 self.live.progressed(what)
                 break
             except EXPECTED_ERRORS as e:
@@ -1211,7 +1205,7 @@ class Worker:
                 worker_id=self.id,
                 running=held,
                 lease_seconds=lease,
-                within=(min(instants), max(instants)),
+                within=dispatch.bounds(instants),
             )
         except EXPECTED_ERRORS as e:
             # The watchdog self-fences the attempts if renewals keep failing.
