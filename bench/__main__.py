@@ -55,7 +55,7 @@ from bench.common import (
 )
 from cronwell import jobs
 from cronwell.models import ScheduledJobSpec
-from cronwell.store import Database, migrate
+from cronwell.store import Database, history_partitions, migrate
 
 SECTIONS = (
     "materialise",
@@ -433,6 +433,10 @@ async def main() -> None:
             prescale.check(args.prescale_max_workers)
         if "sustained" in only:
             sustained.check(args.sustained_seconds, args.sustained_warmup)
+        if "soak" in only and len(only) > 1:
+            raise BenchError(
+                "the soak runs alone (its store has partitions of minutes): --only soak"
+            )
         if "soak" in only:
             soak.check(
                 args.soak_minutes,
@@ -495,7 +499,12 @@ async def main() -> None:
     peer_n = args.peer_jobs or args.jobs
     try:
         async with Database(url, max_size=4, deadline_seconds=SETUP_DEADLINE_SECONDS) as db:
-            await migrate(db)
+            await migrate(
+                db,
+                history_partition_seconds=soak.partition_seconds(args.soak_minutes)
+                if "soak" in only
+                else history_partitions.DAY,
+            )
             results["machine"] = await machine_facts(db, sys.argv)
             results["machine"]["args"] = {k: str(v) for k, v in vars(args).items()}
             if "materialise" in only:

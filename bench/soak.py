@@ -10,8 +10,9 @@ worker` processes run, for `--soak-minutes`:
 - a burst of `--soak-burst` occurrences every `--soak-burst-every` seconds (burst jobs
   whose next_run_at the bench sets to the burst's instant, as a cron would);
 - history limits and retention shortened by the compression (HISTORY_LIMIT; retention a
-  sixth of the run), so pruning happens within the run; the pruner runs every 60 s, as
-  in production.
+  sixth of the run, history partitions half as wide: `partition_seconds`), so pruning and
+  partition drops happen within the run; the pruner runs every 60 s, as in production. The
+  store is created with that partition width (`python -m bench --only soak` runs alone).
 
 Every SAMPLE_SECONDS it samples RSS (USS for PostgreSQL processes, whose RSS counts the
 shared buffers they touch) and connections of every process, size, dead tuples,
@@ -187,19 +188,68 @@ async def burst_lag(db: Database, at: float) -> dict[str, Any]:
     }
 
 
-async def table_stats(db: Database) -> dict[str, dict[str, int]]:
-    """Size, index size, live and dead tuples, autovacuum runs and rows inserted and
-    deleted of every cronwell table (pg_stat_user_tables)."""
-    async with db.connection() as conn:
-        cur = await conn.execute(
-            "SELECT relname, pg_total_relation_size(relid) AS bytes,"
-            " pg_indexes_size(relid) AS index_bytes, n_live_tup AS live, n_dead_tup AS dead,"
-            " autovacuum_count AS autovacuum, autoanalyze_count AS autoanalyze,"
-            " n_tup_ins AS ins, n_tup_del AS del"
-            " FROM pg_stat_user_tables WHERE relname LIKE 'cronwell%%'"
-        )
-        rows = await cur.fetchall()
-    return {r.pop("relname"): {k: int(v) for k, v in r.items()} for r in rows}
+COUNTERS = ("autovacuum", "autoanalyze", "ins", "del")
+"""Cumulative per-table counters: a dropped partition's are kept in its parent's totals."""
+
+
+def partition_seconds(minutes: float) -> int:
+    """History partition width for a soak of `minutes`: the widest that divides a day and
+    fits twice in its retention (a sixth of the run), at least a minute, so partitions are
+    dropped within the run as a day's are in production."""
+    retention = 60 * minutes / 6
+    return max(
+        w for w in range(60, 86401, 60) if 86400 % w == 0 and (w <= retention / 2 or w == 60)
+    )
+
+
+class Tables:
+    """Statistics of every cronwell table, partitions summed into their parent; a partition
+    that was dropped since the last sample keeps its counters in its parent's totals, its
+    rows counted as deleted (`dropped` counts them apart)."""
+
+    def __init__(self) -> None:
+        self._last: dict[str, tuple[str, dict[str, int]]] = {}
+        self._gone: dict[str, dict[str, int]] = {}
+
+    async def read(self, db: Database) -> dict[str, dict[str, int]]:
+        async with db.connection() as conn:
+            cur = await conn.execute(
+                "SELECT s.relname AS name, coalesce(p.relname, s.relname) AS parent,"
+                " pg_total_relation_size(s.relid) AS bytes,"
+                " pg_indexes_size(s.relid) AS index_bytes, n_live_tup AS live,"
+                " n_dead_tup AS dead, autovacuum_count AS autovacuum,"
+                " autoanalyze_count AS autoanalyze, n_tup_ins AS ins, n_tup_del AS del"
+                " FROM pg_stat_user_tables s LEFT JOIN pg_inherits i ON i.inhrelid = s.relid"
+                " LEFT JOIN pg_class p ON p.oid = i.inhparent"
+                " WHERE s.relname LIKE 'cronwell%%'"
+            )
+            rows = await cur.fetchall()
+        return self.fold({r["name"]: (r["parent"], r) for r in rows})
+
+    def fold(self, now: dict[str, tuple[str, dict[str, Any]]]) -> dict[str, dict[str, int]]:
+        """Sum partitions into parents (pure: the unit test feeds it rows)."""
+        for name in self._last.keys() - now.keys():
+            parent, last = self._last[name]
+            gone = self._gone.setdefault(parent, dict.fromkeys((*COUNTERS, "dropped"), 0))
+            for k in COUNTERS:
+                gone[k] += last[k]
+            gone["del"] += last["ins"] - last["del"]  # every row it still had went with it
+            gone["dropped"] += last["ins"] - last["del"]
+        self._last = {
+            n: (parent, {k: int(v) for k, v in r.items() if k not in ("name", "parent")})
+            for n, (parent, r) in now.items()
+        }
+        out: dict[str, dict[str, int]] = {}
+        for parent, r in self._last.values():
+            t = out.setdefault(parent, {"partitions": 0})
+            t["partitions"] += 1
+            for k, v in r.items():
+                t[k] = t.get(k, 0) + v
+        for parent, gone in self._gone.items():
+            t = out.setdefault(parent, {"partitions": 0})
+            for k, v in gone.items():
+                t[k] = t.get(k, 0) + v
+        return out
 
 
 def _memory(pid: int, private: bool) -> int | None:
@@ -254,7 +304,7 @@ def _postgres_role(act: dict[str, Any] | None, owner_of: dict[int, str]) -> str:
     return owner_of.get(act["client_port"], "postgres other backends")
 
 
-async def sample(db: Database, procs: dict[str, int], t0: float) -> dict[str, Any]:
+async def sample(db: Database, procs: dict[str, int], t0: float, tables: Tables) -> dict[str, Any]:
     """One sample: seconds since the start, processes, tables, CPU seconds."""
     async with db.connection() as conn:
         cur = await conn.execute(
@@ -269,7 +319,7 @@ async def sample(db: Database, procs: dict[str, int], t0: float) -> dict[str, An
     return {
         "t": round(time.monotonic() - t0, 1),
         "processes": process_stats(procs, activity, server),
-        "tables": await table_stats(db),
+        "tables": await tables.read(db),
         "cpu_s": _cpu(procs, postmaster, server[1:]),
     }
 
@@ -525,13 +575,15 @@ async def soak(
         f"soak: {mix['offered_per_second']}/s offered ({mix['per_second_jobs']} per-second,"
         f" {mix['per_minute_jobs']} per-minute jobs, {burst} every {every:g} s) vs the 10x-seed"
         f" day compressed 24x: {mix['target_10x_seed_per_second']}/s; retention"
-        f" {retention_s:g} s, history limit {HISTORY_LIMIT}, prune every"
+        f" {retention_s:g} s in partitions of {partition_seconds(minutes)} s, history limit"
+        f" {HISTORY_LIMIT}, prune every"
         f" {PRUNE_INTERVAL_SECONDS:g} s",
         flush=True,
     )
     await seed(db, mix)
     env = env | {
         "CRONWELL_RETENTION_SECONDS": f"{retention_s:g}",
+        "CRONWELL_HISTORY_PARTITION_SECONDS": str(partition_seconds(minutes)),
     }
     named = _start(env, workers, concurrency)
     samples: list[dict[str, Any]] = []
@@ -552,6 +604,7 @@ async def soak(
         **mix,
         "burst_every_s": every,
         "retention_s": retention_s,
+        "history_partition_seconds": partition_seconds(minutes),
         "history_limit": HISTORY_LIMIT,
         "prune_interval_s": PRUNE_INTERVAL_SECONDS,
         "workers": workers,
@@ -610,6 +663,7 @@ async def _run(
     """Sample every SAMPLE_SECONDS; set each burst BURST_LEAD_SECONDS ahead of its instant
     and read the previous one's lag just before (its history is still kept then)."""
     procs = {name: p.pid for name, p in named.items()}
+    tables = Tables()
     t0, wall0 = time.monotonic(), float(int(time.time()))  # bursts on whole seconds
     due = [k * every for k in range(1, int(duration // every)) if k * every + every <= duration]
     pending: list[float] = []
@@ -623,7 +677,7 @@ async def _run(
             await set_burst(db, wall0 + at)
             pending.append(at)
         if now >= next_sample:
-            samples.append(await sample(db, procs, t0))
+            samples.append(await sample(db, procs, t0, tables))
             next_sample += SAMPLE_SECONDS
             if now >= duration:
                 break

@@ -111,10 +111,11 @@ class SchedulerSettings(_Settings):
     )
     history_partition_seconds: int = Field(
         86400,
-        ge=3600,
+        ge=60,
         le=86400,
-        description="Width of new history partitions (one per day; an hour at high rates); "
-        "must divide a day. Partitions are created two days ahead.",
+        description="Width of new history partitions (one per day; an hour at high rates; "
+        "minutes only for a retention of minutes: tests, soaks); must divide a day. "
+        "Partitions are created two days (at most 48 partitions) ahead.",
     )
 
     @field_validator("history_partition_seconds")

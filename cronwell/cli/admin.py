@@ -7,7 +7,7 @@ import click
 
 from cronwell import __version__, partitions
 from cronwell.cli import render
-from cronwell.cli.main import Env, main, run
+from cronwell.cli.main import Env, main, partition_width, run
 from cronwell.embedded import EmbeddedPostgres
 from cronwell.errors import CronwellError
 from cronwell.store import fences, gauges, leases, migrate, processes
@@ -39,7 +39,9 @@ def migrate_cmd(env: Env, partitions: int | None) -> None:
 
     async def go() -> tuple[list[int], int]:
         async with env.database() as db:
-            applied = await migrate(db, partitions=partitions)
+            applied = await migrate(
+                db, partitions=partitions, history_partition_seconds=partition_width()
+            )
             return applied, await parts.check(db, partitions)
 
     applied, p = run(go())

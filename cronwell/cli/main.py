@@ -20,7 +20,7 @@ import pydantic
 from cronwell import logs
 from cronwell.embedded import EmbeddedPostgres
 from cronwell.errors import CronwellError
-from cronwell.settings import DatabaseSettings
+from cronwell.settings import DatabaseSettings, SchedulerSettings
 from cronwell.store import Database, migrate
 from cronwell.store.replica import reads_from
 
@@ -82,7 +82,9 @@ class Env:
         )
         async with db:
             if migrate_first:
-                await migrate(db, partitions=partitions)
+                await migrate(
+                    db, partitions=partitions, history_partition_seconds=partition_width()
+                )
             async with reads_from(
                 db,
                 self.read_url() if reads else None,
@@ -132,6 +134,12 @@ def _uvloop() -> Callable[[], asyncio.AbstractEventLoop] | None:
 
 
 S = TypeVar("S", bound=pydantic.BaseModel)
+
+
+def partition_width() -> int:
+    """CRONWELL_HISTORY_PARTITION_SECONDS, for the partitions a migration creates (the
+    scheduler's maintenance creates the later ones with the same setting)."""
+    return settings_or_fail(SchedulerSettings).history_partition_seconds
 
 
 def settings_or_fail(cls: type[S], **opts: Any) -> S:

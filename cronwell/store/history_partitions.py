@@ -27,8 +27,10 @@ OCCURRENCES = "cronwell_occurrences"
 ATTEMPTS = "cronwell_attempts"
 DAY = 86400
 AHEAD_SECONDS = 2 * DAY
-"""How far ahead maintenance keeps partitions: a day never lacks its partition even if the
-pruner stops for a day."""
+AHEAD_PARTITIONS = 48
+"""How far ahead maintenance keeps partitions: two days (a day never lacks its partition even
+if the pruner stops for a day), but at most AHEAD_PARTITIONS of them: partitions narrower than
+an hour (short retentions: tests, the soak) would otherwise number hundreds."""
 
 LOCK_TIMEOUT = "2s"
 LOCK_RETRIES = 30
@@ -141,12 +143,15 @@ async def build_indexes(db: Database, conn: Conn) -> None:
         await db.execute(build, conn=conn)
 
 
-async def add_checks(db: Database, conn: Conn) -> datetime:
+async def add_checks(
+    db: Database, conn: Conn, *, fresh_cutover: datetime | None = None
+) -> datetime:
     """Step 2: the cutover CHECKs (scheduled_for < C), added NOT VALID then validated (no
     writer waits); returns C. A row past C that slipped in before the CHECK fails the
-    validation: the CHECKs are dropped and C recomputed."""
+    validation: the CHECKs are dropped and C recomputed. `fresh_cutover` is C for a store
+    created by this very migration: nothing can be writing to it yet."""
     for _ in range(5):
-        cutover: datetime = await db.scalar("HistoryCutover", conn=conn)
+        cutover: datetime = fresh_cutover or await db.scalar("HistoryCutover", conn=conn)
         state = await db.row(_Checks, "HistoryCheckState", conn=conn)
         if state is None or state.occurrences is None:
 
@@ -179,23 +184,32 @@ async def add_checks(db: Database, conn: Conn) -> datetime:
     raise DatabaseError("could not validate the history cutover CHECK (rows keep arriving past it)")
 
 
-async def switch(db: Database, conn: Conn) -> None:
-    """Step 3: the one short catalog-only transaction that makes the legacy tables partitions."""
+async def switch(db: Database, conn: Conn, *, partition_seconds: int = DAY) -> None:
+    """Step 3: the one short catalog-only transaction that makes the legacy tables partitions
+    (and creates the first one after C, `partition_seconds` wide)."""
 
     async def step() -> None:
         async with conn.transaction():
             await db.execute("HistoryLockTimeout", {"timeout": LOCK_TIMEOUT}, conn=conn)
+            await db.execute("HistoryWidthSet", {"seconds": partition_seconds}, conn=conn)
             await db.execute("HistorySwitch", conn=conn)
 
     await _retrying("switching history to partitions", step)
 
 
 async def convert(
-    db: Database, *, partition_seconds: int = DAY, deadline_seconds: float = 3600.0
+    db: Database,
+    *,
+    partition_seconds: int = DAY,
+    deadline_seconds: float = 3600.0,
+    fresh: bool = False,
 ) -> bool:
     """Partition the history online (idempotent, resumable; concurrent runs wait for each
     other); returns whether it switched now. Then creates the partitions of the coming days.
-    One connection with a long deadline: an index build on a large table takes minutes."""
+    One connection with a long deadline: an index build on a large table takes minutes.
+    A `fresh` store (its schema created by this migration) cuts over at the start of the
+    current partition, not days ahead: its history is in partitions of the chosen width
+    from the first run (an existing store's cutover leaves time for writers and validation)."""
     switched = False
     if not (await shape(db)).partitioned:
         async with db.connection(deadline_seconds=deadline_seconds) as conn:
@@ -204,12 +218,18 @@ async def convert(
                 if not (await shape(db, conn)).partitioned:
                     log.info("partitioning history: building indexes", extra={"action": "migrate"})
                     await build_indexes(db, conn)
-                    cutover = await add_checks(db, conn)
+                    cutover = await add_checks(
+                        db,
+                        conn,
+                        fresh_cutover=_cell(datetime.now(UTC), partition_seconds)
+                        if fresh
+                        else None,
+                    )
                     log.info(
                         f"partitioning history: switching at {cutover.isoformat()}",
                         extra={"action": "migrate"},
                     )
-                    await switch(db, conn)
+                    await switch(db, conn, partition_seconds=partition_seconds)
                     switched = True
             finally:
                 await db.execute("HistoryConvertUnlock", conn=conn)
@@ -238,13 +258,18 @@ def partition_name(parent: str, lo: datetime, hi: datetime) -> str:
     return f"{parent}_p{lo:%Y%m%d_%H%M}"
 
 
+def _cell(at: datetime, width: int) -> datetime:
+    """The start of the `width`-second grid cell (aligned to UTC midnight) holding `at`."""
+    epoch = datetime(1970, 1, 1, tzinfo=UTC)
+    return epoch + timedelta(seconds=(int((at - epoch).total_seconds()) // width) * width)
+
+
 def _gaps(
     lo: datetime, hi: datetime, width: int, taken: list[tuple[datetime, datetime]]
 ) -> list[tuple[datetime, datetime]]:
     """Cells of a `width`-second grid (aligned to UTC midnight: width divides a day) covering
     [lo, hi), minus the ranges already taken: the partitions to create."""
-    epoch = datetime(1970, 1, 1, tzinfo=UTC)
-    start = epoch + timedelta(seconds=(int((lo - epoch).total_seconds()) // width) * width)
+    start = _cell(lo, width)
     out: list[tuple[datetime, datetime]] = []
     while start < hi:
         pieces = [(start, start + timedelta(seconds=width))]
@@ -295,10 +320,12 @@ async def ensure_partitions(
 
 
 async def ensure_ahead(db: Database, *, partition_seconds: int = DAY) -> int:
-    """Partitions from now to AHEAD_SECONDS ahead (maintenance, scheduler start, migrate)."""
+    """Partitions from now to AHEAD_SECONDS (at most AHEAD_PARTITIONS) ahead (maintenance,
+    scheduler start, migrate)."""
     now = datetime.now(UTC)
+    ahead = min(AHEAD_SECONDS, AHEAD_PARTITIONS * partition_seconds)
     return await ensure_partitions(
-        db, now, now + timedelta(seconds=AHEAD_SECONDS), partition_seconds=partition_seconds
+        db, now, now + timedelta(seconds=ahead), partition_seconds=partition_seconds
     )
 
 

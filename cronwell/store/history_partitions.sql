@@ -105,6 +105,10 @@ END $$;
 -- Passes C to the DO block above (a DO block takes no parameters): transaction-local.
 SELECT set_config('cronwell.cutover', %(cutover)s::timestamptz::text, true);
 
+-- name: HistoryWidthSet
+-- Passes the partition width (seconds) to the switch's DO block: transaction-local.
+SELECT set_config('cronwell.partition_seconds', %(seconds)s::text, true);
+
 -- name: HistoryCheckDrop
 -- A CHECK whose validation failed (a row past C arrived before the CHECK): dropped, and
 -- step 2 starts again with a later C.
@@ -124,10 +128,12 @@ ALTER TABLE cronwell_attempts VALIDATE CONSTRAINT cronwell_attempts_before_cutov
 -- new partitioned parents (occurrences [MINVALUE, C), attempts the DEFAULT, whose rows may
 -- lack the instant), every index and trigger moves to the parent without a build, identity
 -- becomes a sequence (identity is not allowed on a partitioned table on PG 15), and the first
--- daily partition [C, C + 1 day) is created. A no-op once cronwell_occurrences is partitioned.
+-- partition [C, C + width) is created (width: HistoryWidthSet). A no-op once
+-- cronwell_occurrences is partitioned.
 DO $$
 DECLARE
     c timestamptz;
+    w interval;
     r record;
     seq record;
     t text;
@@ -235,12 +241,14 @@ BEGIN
     EXECUTE format('ALTER TABLE cronwell_occurrences ATTACH PARTITION '
                    'cronwell_occurrences_legacy FOR VALUES FROM (MINVALUE) TO (%L)', c);
     ALTER TABLE cronwell_attempts ATTACH PARTITION cronwell_attempts_legacy DEFAULT;
+    -- The first partition [C, C + width), named as partition_name() names it.
+    w := make_interval(secs => current_setting('cronwell.partition_seconds')::int);
+    t := '_p' || to_char(c AT TIME ZONE 'UTC',
+                         CASE WHEN w = interval '1 day' THEN 'YYYYMMDD' ELSE 'YYYYMMDD_HH24MI' END);
     EXECUTE format('CREATE TABLE %I PARTITION OF cronwell_occurrences FOR VALUES FROM (%L) TO (%L)',
-                   'cronwell_occurrences_p' || to_char(c AT TIME ZONE 'UTC', 'YYYYMMDD'),
-                   c, c + interval '1 day');
+                   'cronwell_occurrences' || t, c, c + w);
     EXECUTE format('CREATE TABLE %I PARTITION OF cronwell_attempts FOR VALUES FROM (%L) TO (%L)',
-                   'cronwell_attempts_p' || to_char(c AT TIME ZONE 'UTC', 'YYYYMMDD'),
-                   c, c + interval '1 day');
+                   'cronwell_attempts' || t, c, c + w);
 END $$;
 
 -- name: HistoryPartitionList

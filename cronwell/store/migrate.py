@@ -54,6 +54,7 @@ async def migrate(
         await db.execute("MigrationLock", conn=conn)
         await db.execute("MigrationTableCreate", conn=conn)
         done = await applied_versions(db, conn)
+        fresh = not done
         newest = max(done, default=0)
         if newest > SCHEMA_VERSION:
             raise SchemaTooNew(
@@ -74,7 +75,9 @@ async def migrate(
             db, partitions=stored if stored is not None else p, conn=conn
         )
     if partition_history:
-        await history_partitions.convert(db, partition_seconds=history_partition_seconds)
+        await history_partitions.convert(
+            db, partition_seconds=history_partition_seconds, fresh=fresh
+        )
     await fences.identify(db)
     return applied
 

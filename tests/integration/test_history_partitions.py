@@ -93,7 +93,11 @@ async def test_fresh_migrate_partitions_history(fresh: Database) -> None:
     parts = await history_partitions.partitions(fresh)
     names = {p.name for p in parts}
     assert {"cronwell_occurrences_legacy", "cronwell_attempts_legacy"} <= names
-    # Every instant from today to 2 days ahead has its partition (the legacy one up to C).
+    # A new store cuts over at the start of today's partition (nothing can be writing to
+    # it yet), not days ahead as a live one does: today's runs are in a day partition.
+    assert f"cronwell_occurrences_p{_day(0):%Y%m%d}" in names
+    assert f"cronwell_attempts_p{_day(0):%Y%m%d}" in names
+    # Every instant from today to 2 days ahead has its partition.
     for parent in ("cronwell_occurrences", "cronwell_attempts"):
         for offset in range(3):
             at = _day(offset) + timedelta(hours=12)
@@ -231,9 +235,13 @@ async def _pruner(db: Database, retention: float, metrics: Metrics) -> maintenan
 
 async def test_maintenance_creates_ahead_and_drops_expired(fresh: Database) -> None:
     await migrate(fresh)
-    # As if the retention had dropped the legacy partitions long ago.
+    # As if the retention had dropped the legacy partitions long ago, and the days ahead
+    # were not created yet.
     await sql(fresh, "DROP TABLE cronwell_attempts_legacy")
     await sql(fresh, "DROP TABLE cronwell_occurrences_legacy")
+    for d in (1, 2):
+        await sql(fresh, f"DROP TABLE cronwell_occurrences_p{_day(d):%Y%m%d}")
+        await sql(fresh, f"DROP TABLE cronwell_attempts_p{_day(d):%Y%m%d}")
     job = await make_job(fresh, "nightly", schedule="0 0 * * *")
     old_lo, old_hi = _day(-30), _day(-29)
     busy_lo, busy_hi = _day(-20), _day(-19)
@@ -245,7 +253,7 @@ async def test_maintenance_creates_ahead_and_drops_expired(fresh: Database) -> N
     metrics = Metrics()
     # A retention of 1 s: yesterday's partition may go, today's never.
     pruner = await _pruner(fresh, 1.0, metrics)
-    await pruner.prune_once()  # creates today's and tomorrow's partitions
+    await pruner.prune_once()  # creates tomorrow's and the next day's partitions
     await _occurrence(fresh, job.id, _day(0) + timedelta(seconds=1))
     await pruner.prune_once()
     names = {p.name for p in await history_partitions.partitions(fresh)}
@@ -264,21 +272,21 @@ async def test_maintenance_creates_ahead_and_drops_expired(fresh: Database) -> N
     assert metrics.history_partitions.labels("created")._value.get() == 2
 
 
-async def test_legacy_partitions_go_once_past_the_retention(fresh: Database) -> None:
-    await migrate(fresh)
-    job = await make_job(fresh, "nightly", schedule="0 0 * * *")
+async def test_legacy_partitions_go_once_past_the_retention(legacy: Database) -> None:
+    job = await make_job(legacy, "nightly", schedule="0 0 * * *")
     at = _day(0) + timedelta(hours=1)
     key = f"{job.id}:{at.isoformat()}"
-    occ = await _occurrence(fresh, job.id, at, state="pending", key=key)
-    await _success(fresh, occ, key, None)
-    # A negative retention fakes the cutover C (2 days ahead) being older than it.
+    occ = await _occurrence(legacy, job.id, at, state="pending", key=key)
+    await _success(legacy, occ, key, None)
+    await migrate(legacy)  # a live store: the cutover C is 2 days ahead
+    # A negative retention fakes C being older than it.
     past_c = -(_day(2) - datetime.now(UTC)).total_seconds() - 60
-    res = await history_partitions.drop_expired(fresh, retention_seconds=past_c)
+    res = await history_partitions.drop_expired(legacy, retention_seconds=past_c)
     assert (res.partitions, res.postponed) == (0, 1)
-    await sql(fresh, "UPDATE cronwell_occurrences SET state = 'succeeded', finished_at = now()")
-    res = await history_partitions.drop_expired(fresh, retention_seconds=past_c)
+    await sql(legacy, "UPDATE cronwell_occurrences SET state = 'succeeded', finished_at = now()")
+    res = await history_partitions.drop_expired(legacy, retention_seconds=past_c)
     assert (res.partitions, res.postponed) == (1, 0)
-    names = {p.name for p in await history_partitions.partitions(fresh)}
+    names = {p.name for p in await history_partitions.partitions(legacy)}
     assert "cronwell_occurrences_legacy" not in names
     assert "cronwell_attempts_legacy" not in names
     assert f"cronwell_occurrences_p{_day(2):%Y%m%d}" in names
@@ -545,3 +553,21 @@ async def test_every_attempt_row_carries_its_occurrences_instant(fresh: Database
             fresh, worker_id="w", running=running, lease_seconds=60, within=(instant, instant)
         )
         assert got == alive, day
+
+
+async def test_narrow_partitions_are_kept_at_most_48_ahead(fresh: Database) -> None:
+    """Five-minute partitions (a retention of minutes: the soak) start at the current one on
+    a new store and are created 48 ahead, not two days' worth (576)."""
+    await migrate(fresh, history_partition_seconds=300)
+    now = await db_now(fresh)
+    parts = [
+        p
+        for p in await history_partitions.partitions(fresh)
+        if p.parent == "cronwell_occurrences" and p.lo is not None
+    ]
+    assert all(p.hi is not None and (p.hi - p.lo).total_seconds() == 300 for p in parts), parts
+    assert len(parts) in (48, 49), len(parts)
+    assert min(p.lo for p in parts if p.lo is not None) <= now
+    assert max(p.hi for p in parts if p.hi is not None) >= now + timedelta(hours=4)
+    cell = now.replace(minute=now.minute - now.minute % 5, second=0, microsecond=0)
+    assert f"cronwell_occurrences_p{cell:%Y%m%d_%H%M}" in {p.name for p in parts}

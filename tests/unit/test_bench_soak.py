@@ -112,3 +112,39 @@ def test_settings_it_cannot_measure_are_one_line_errors() -> None:
         soak.check(6, 2, 50_000, 150, 0.5)
     with pytest.raises(BenchError, match="--soak-scale"):
         soak.check(60, 5, 50_000, 150, 0)
+
+
+def test_partition_width_fits_the_soak_retention() -> None:
+    assert soak.partition_seconds(60) == 300  # retention 600 s
+    assert soak.partition_seconds(12) == 60  # retention 120 s
+    assert soak.partition_seconds(1) == 60  # never under a minute
+    assert all(86400 % soak.partition_seconds(m) == 0 for m in (7, 13, 60, 95, 1440))
+
+
+def test_tables_sum_partitions_and_keep_a_dropped_ones_rows_as_pruned() -> None:
+    def row(ins: int, dele: int, size: int) -> dict[str, int]:
+        return {"bytes": size, "index_bytes": 0, "live": ins - dele, "dead": 0,
+                "autovacuum": 1, "autoanalyze": 1, "ins": ins, "del": dele}  # fmt: skip
+
+    t = soak.Tables()
+    first = t.fold(
+        {
+            "cronwell_occurrences_p1": ("cronwell_occurrences", row(100, 40, 10)),
+            "cronwell_occurrences_p2": ("cronwell_occurrences", row(50, 0, 5)),
+            "cronwell_jobs": ("cronwell_jobs", row(3, 0, 1)),
+        }
+    )
+    occ = first["cronwell_occurrences"]
+    assert (occ["ins"], occ["del"], occ["bytes"], occ["partitions"]) == (150, 40, 15, 2)
+    # p1 dropped with its 60 remaining rows; p3 created.
+    second = t.fold(
+        {
+            "cronwell_occurrences_p2": ("cronwell_occurrences", row(80, 10, 8)),
+            "cronwell_occurrences_p3": ("cronwell_occurrences", row(5, 0, 1)),
+            "cronwell_jobs": ("cronwell_jobs", row(3, 0, 1)),
+        }
+    )
+    occ = second["cronwell_occurrences"]
+    assert (occ["ins"], occ["del"], occ["dropped"]) == (185, 110, 60)
+    assert (occ["bytes"], occ["partitions"], occ["autovacuum"]) == (9, 2, 3)
+    assert second["cronwell_jobs"]["ins"] == 3

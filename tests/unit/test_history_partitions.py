@@ -17,8 +17,9 @@ def test_width_must_divide_a_day() -> None:
     assert SchedulerSettings(history_partition_seconds=3600).history_partition_seconds == 3600
     with pytest.raises(pydantic.ValidationError, match="does not divide a day"):
         SchedulerSettings(history_partition_seconds=7000)
+    assert SchedulerSettings(history_partition_seconds=300).history_partition_seconds == 300
     with pytest.raises(pydantic.ValidationError):
-        SchedulerSettings(history_partition_seconds=60)
+        SchedulerSettings(history_partition_seconds=30)
 
 
 def test_gaps_are_grid_cells_minus_existing_ranges() -> None:
