@@ -21,10 +21,11 @@ from cronwell.metrics import Metrics
 from cronwell.store import fences
 from cronwell.store.db import Database, connection_options
 from cronwell_worker.runtime import ABORT_SELF_FENCE
+from tests.helpers.wait import wait_for
 
 from .helpers import sql
 from .test_fence_epoch import claim
-from .worker_helpers import handler_job, occurrence, running_worker, started, trigger
+from .worker_helpers import CONTROL, handler_job, occurrence, running_worker, started, trigger
 
 
 async def backend_pid(db: Database) -> int:
@@ -140,3 +141,42 @@ async def test_an_attempt_cancelled_before_it_ran_frees_its_slot(db: Database, d
         await asyncio.sleep(0.1)
         assert c.key not in w.worker.running
         assert w.worker._free_slots() == free
+
+
+async def test_a_heartbeat_does_not_wait_on_rows_its_worker_is_writing(
+    db: Database, db_url: str
+) -> None:
+    """A completion batch is executing (here held up by a lock on its row) while the
+    heartbeat runs: the heartbeat leaves that row alone and renews the others. Both lock
+    several of the worker's rows, each in its own plan's order (over partitions not id
+    order): the heartbeat that waited on the batch's rows deadlocked with it in the soak."""
+    await handler_job(db, "writing", "t-wait-event")
+    await handler_job(db, "beating", "t-wait-event")
+    async with running_worker(db_url, lease_seconds=30) as w:
+        done_key, other_key = await trigger(db, "writing"), await trigger(db, "beating")
+        await started(done_key)
+        await started(other_key)
+        before = (await occurrence(db, other_key))["lease_expires_at"]
+        async with db.transaction() as conn:  # another session holds the finishing row
+            await conn.execute(
+                "SELECT 1 FROM cronwell_occurrences WHERE idempotency_key = %s FOR UPDATE",
+                (done_key,),
+            )
+            CONTROL[done_key].set()  # its completion is written, and waits on that lock
+
+            async def completion_waits() -> bool:
+                rows = await sql(
+                    db,
+                    "SELECT count(*) AS n FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
+                    " AND query LIKE %s",
+                    "%cronwell_occurrences o%SET state = 'succeeded'%",
+                )
+                return rows[0]["n"] > 0
+
+            await wait_for(completion_waits, 15, "the completion to wait on the lock")
+            await asyncio.wait_for(w.worker.heartbeat_once(), 10)
+        assert (await occurrence(db, other_key))["lease_expires_at"] > before
+        CONTROL[other_key].set()
+        await w.outcome(done_key)
+        await w.outcome(other_key)
+        assert (await occurrence(db, done_key))["state"] == "succeeded"

@@ -49,8 +49,8 @@ import logging
 import math
 import random
 import time
-from collections import OrderedDict, deque
-from collections.abc import Awaitable, Callable
+from collections import Counter, OrderedDict, deque
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
@@ -306,6 +306,8 @@ class Worker:
         self.id = worker_id or process_id("worker")
         self.on_outcome = on_outcome
         self.running: dict[str, _Running] = {}
+        self._writing: Counter[str] = Counter()
+        """Keys in a batch statement now executing: the heartbeat leaves their rows alone."""
         self._handlers = 0  # handler slots taken: attempts whose target has not returned yet
         self._waiting = 0  # claimed ahead, waiting for their instant or a slot (no slot)
         self._slot_queue: deque[asyncio.Future[None]] = deque()  # due, waiting for a slot
@@ -1115,14 +1117,28 @@ class Worker:
             heapq.heappop(up)
         return bool(up) and up[0][0] <= now + START_GUARD_SECONDS
 
+    @contextlib.contextmanager
+    def _executing(self, keys: list[str]) -> Iterator[None]:
+        """Mark `keys` as in a batch statement for its duration (see `_writing`)."""
+        self._writing.update(keys)
+        try:
+            yield
+        finally:
+            self._writing.subtract(keys)
+            for k in keys:
+                if self._writing[k] <= 0:
+                    del self._writing[k]
+
     async def _write(self, batch: list[_Queued], write: _Write, what: str) -> None:
         """One fenced batch write by (id, fence), retried through database errors; each
         future learns whether its key was still held."""
         if not batch:
             return
-        # In id order, the order a heartbeat's index scan locks the same rows in: a batch in
-        # completion order could lock them in another and deadlock with this worker's own
-        # heartbeat (seen in the soak: PostgreSQL aborts one of them, retried, 1 s lost).
+        # In id order (a stable order across batches). The heartbeat leaves the rows of an
+        # executing batch alone (`_writing`): two multi-row writes of one worker's rows lock
+        # them in plan order, which over partitions (an Append by instant, a bitmap scan on
+        # a partition with stale statistics) is not id order, and deadlocked in the soak
+        # (PostgreSQL aborts one, retried: a second lost).
         batch.sort(key=lambda q: q[1])
         backoff = Backoff(first_seconds=0.1, max_seconds=RETRY_MAX_SECONDS)
         self.live.waiting(what)
@@ -1130,9 +1146,11 @@ class Worker:
         done = [(i, f) for _, i, f, _, _, _ in batch]
         starts = [s for _, _, _, _, s, _ in batch]
         within = dispatch.bounds([q[3] for q in batch])
+        keys = [q[0] for q in batch]
         for _ in range(30):
             try:
-                ok = await write(self.db, done, starts, within=within)
+                with self._executing(keys):
+                    ok = await write(self.db, done, starts, within=within)
                 self.live.progressed(what)
                 break
             except EXPECTED_ERRORS as e:
@@ -1183,11 +1201,15 @@ class Worker:
         lease = self.settings.lease_seconds
         # Attempts that are only completing are renewed too (a slow completion write must
         # not let the lease lapse), but a renewal they miss aborts nothing.
-        held = [(k, r.claimed.fence) for k, r in self.running.items()]
+        # Not the rows of a batch statement executing now: this statement would wait for
+        # them in its own lock order (a deadlock); it renews them at the next beat.
+        held = [(k, r.claimed.fence) for k, r in self.running.items() if k not in self._writing]
         if not held:
             self.live.progressed("heartbeat")
             return
-        instants = [r.claimed.scheduled_for for r in self.running.values()]
+        instants = [
+            r.claimed.scheduled_for for k, r in self.running.items() if k not in self._writing
+        ]
         stalled = self.live.stalled(among=RECORDING_WRITERS)
         if stalled:
             # A writer that cannot get through would only keep leases of attempts it cannot
