@@ -180,3 +180,43 @@ async def test_a_heartbeat_does_not_wait_on_rows_its_worker_is_writing(
         await w.outcome(done_key)
         await w.outcome(other_key)
         assert (await occurrence(db, done_key))["state"] == "succeeded"
+
+
+async def test_a_batch_write_waits_for_its_workers_heartbeat_statement(
+    db: Database, db_url: str
+) -> None:
+    """The other half: while a heartbeat statement executes (here held up by a lock on one of
+    its rows), a completion batch of the same worker does not start (it would take rows in
+    another order than the heartbeat); it goes once the heartbeat ends."""
+    await handler_job(db, "finishing", "t-wait-event")
+    await handler_job(db, "locked", "t-wait-event")
+    async with running_worker(db_url, lease_seconds=30) as w:
+        done_key, locked_key = await trigger(db, "finishing"), await trigger(db, "locked")
+        await started(done_key)
+        await started(locked_key)
+        async with db.transaction() as conn:
+            await conn.execute(
+                "SELECT 1 FROM cronwell_occurrences WHERE idempotency_key = %s FOR UPDATE",
+                (locked_key,),
+            )
+            beat = asyncio.create_task(w.worker.heartbeat_once())
+
+            async def waiting(pattern: str) -> bool:
+                rows = await sql(
+                    db,
+                    "SELECT count(*) AS n FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
+                    " AND query LIKE %s",
+                    pattern,
+                )
+                return rows[0]["n"] > 0
+
+            await wait_for(lambda: waiting("%Extends the leases%"), 15, "the heartbeat to wait")
+            CONTROL[done_key].set()  # its completion is queued while the heartbeat executes
+            await asyncio.sleep(1.5)
+            assert not await waiting("%SET state = 'succeeded'%")
+            assert (await occurrence(db, done_key))["state"] == "running"
+        await asyncio.wait_for(beat, 10)
+        await w.outcome(done_key)
+        assert (await occurrence(db, done_key))["state"] == "succeeded"
+        CONTROL[locked_key].set()
+        await w.outcome(locked_key)

@@ -50,7 +50,7 @@ import math
 import random
 import time
 from collections import Counter, OrderedDict, deque
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
@@ -308,6 +308,11 @@ class Worker:
         self.running: dict[str, _Running] = {}
         self._writing: Counter[str] = Counter()
         """Keys in a batch statement now executing: the heartbeat leaves their rows alone."""
+        self._beat_done = asyncio.Event()
+        self._beat_done.set()
+        """Clear while a heartbeat statement executes: a batch write waits for it to end.
+        Both lock several of this worker's rows, each in its own plan's order (over
+        partitions not id order), so one must not start while the other runs: a deadlock."""
         self._handlers = 0  # handler slots taken: attempts whose target has not returned yet
         self._waiting = 0  # claimed ahead, waiting for their instant or a slot (no slot)
         self._slot_queue: deque[asyncio.Future[None]] = deque()  # due, waiting for a slot
@@ -1117,9 +1122,11 @@ class Worker:
             heapq.heappop(up)
         return bool(up) and up[0][0] <= now + START_GUARD_SECONDS
 
-    @contextlib.contextmanager
-    def _executing(self, keys: list[str]) -> Iterator[None]:
-        """Mark `keys` as in a batch statement for its duration (see `_writing`)."""
+    @contextlib.asynccontextmanager
+    async def _executing(self, keys: list[str]) -> AsyncIterator[None]:
+        """Run a batch statement over `keys`: after any heartbeat statement executing now,
+        with the keys marked for its duration (see `_writing`, `_beat_done`)."""
+        await self._beat_done.wait()
         self._writing.update(keys)
         try:
             yield
@@ -1134,11 +1141,11 @@ class Worker:
         future learns whether its key was still held."""
         if not batch:
             return
-        # In id order (a stable order across batches). The heartbeat leaves the rows of an
-        # executing batch alone (`_writing`): two multi-row writes of one worker's rows lock
-        # them in plan order, which over partitions (an Append by instant, a bitmap scan on
-        # a partition with stale statistics) is not id order, and deadlocked in the soak
-        # (PostgreSQL aborts one, retried: a second lost).
+        # In id order (a stable order across batches). A batch and this worker's heartbeat
+        # never execute over the same rows at once (`_executing`): two multi-row writes of
+        # one worker's rows lock them in plan order, which over partitions (an Append by
+        # instant, a bitmap scan on a partition with stale statistics) is not id order, and
+        # deadlocked in the soak (PostgreSQL aborts one, retried: a second lost).
         batch.sort(key=lambda q: q[1])
         backoff = Backoff(first_seconds=0.1, max_seconds=RETRY_MAX_SECONDS)
         self.live.waiting(what)
@@ -1149,7 +1156,7 @@ class Worker:
         keys = [q[0] for q in batch]
         for _ in range(30):
             try:
-                with self._executing(keys):
+                async with self._executing(keys):
                     ok = await write(self.db, done, starts, within=within)
                 self.live.progressed(what)
                 break
@@ -1221,6 +1228,7 @@ class Worker:
             return
         sent = time.monotonic()
         self.live.waiting("heartbeat")
+        self._beat_done.clear()
         try:
             alive = await dispatch.heartbeat(
                 self.db,
@@ -1233,6 +1241,8 @@ class Worker:
             # The watchdog self-fences the attempts if renewals keep failing.
             log.warning(f"heartbeat failed: {e}", extra={"action": "heartbeat_failed"})
             return
+        finally:
+            self._beat_done.set()
         self.live.progressed("heartbeat")
         lost = [(k, f) for k, f in held if k not in alive]
         if lost:
