@@ -148,3 +148,15 @@ def test_tables_sum_partitions_and_keep_a_dropped_ones_rows_as_pruned() -> None:
     assert (occ["ins"], occ["del"], occ["dropped"]) == (185, 110, 60)
     assert (occ["bytes"], occ["partitions"], occ["autovacuum"]) == (9, 2, 3)
     assert second["cronwell_jobs"]["ins"] == 3
+
+
+def test_a_sawtooth_of_partition_drops_is_a_plateau_and_growing_peaks_are_not() -> None:
+    """Sampled every 10 s: a table that fills for 5 minutes and loses a partition's worth at
+    each drop. Measured at a trough and at a peak (as the soak's hour was: +21.8 % by its
+    ends' levels) it is flat by its peaks; the same sawtooth on a rising base is not."""
+    saw = [(10.0 * i, 700 + (i % 30) * 10.0) for i in range(361)]
+    since = 2500.0  # the hour's last third after a 5-minute warm-up began in a trough
+    assert (soak.growth_pct(saw, since) or 0) > 5  # the old criterion: a false growth
+    assert soak.peak_growth_pct(saw, since) == 0.0
+    rising = [(t, v * (1 + t / 3600)) for t, v in saw]
+    assert (soak.peak_growth_pct(rising, since) or 0) > 5
