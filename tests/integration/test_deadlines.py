@@ -143,6 +143,34 @@ async def test_an_attempt_cancelled_before_it_ran_frees_its_slot(db: Database, d
         assert w.worker._free_slots() == free
 
 
+COMPLETION = "%cronwell_occurrences o%SET state = 'succeeded'%"
+"""The text of the completion batch statement, as pg_stat_activity shows it."""
+
+
+async def _waits_on_lock(db: Database, query: str) -> bool:
+    """Whether a statement whose text is LIKE `query` is waiting for a lock."""
+    rows = await sql(
+        db,
+        "SELECT count(*) AS n FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
+        " AND query LIKE %s",
+        query,
+    )
+    return bool(rows[0]["n"])
+
+
+async def _two_jobs(db: Database) -> None:
+    for name in ("first", "second"):
+        await handler_job(db, name, "t-wait-event")
+
+
+async def _run_two(db: Database) -> tuple[str, str]:
+    """Trigger both jobs and wait until both handlers run (each waits for its event)."""
+    keys = await trigger(db, "first"), await trigger(db, "second")
+    for k in keys:
+        await started(k)
+    return keys
+
+
 async def test_a_heartbeat_does_not_wait_on_rows_its_worker_is_writing(
     db: Database, db_url: str
 ) -> None:
@@ -150,12 +178,9 @@ async def test_a_heartbeat_does_not_wait_on_rows_its_worker_is_writing(
     heartbeat runs: the heartbeat leaves that row alone and renews the others. Both lock
     several of the worker's rows, each in its own plan's order (over partitions not id
     order): the heartbeat that waited on the batch's rows deadlocked with it in the soak."""
-    await handler_job(db, "writing", "t-wait-event")
-    await handler_job(db, "beating", "t-wait-event")
+    await _two_jobs(db)
     async with running_worker(db_url, lease_seconds=30) as w:
-        done_key, other_key = await trigger(db, "writing"), await trigger(db, "beating")
-        await started(done_key)
-        await started(other_key)
+        done_key, other_key = await _run_two(db)
         before = (await occurrence(db, other_key))["lease_expires_at"]
         async with db.transaction() as conn:  # another session holds the finishing row
             await conn.execute(
@@ -163,17 +188,9 @@ async def test_a_heartbeat_does_not_wait_on_rows_its_worker_is_writing(
                 (done_key,),
             )
             CONTROL[done_key].set()  # its completion is written, and waits on that lock
-
-            async def completion_waits() -> bool:
-                rows = await sql(
-                    db,
-                    "SELECT count(*) AS n FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
-                    " AND query LIKE %s",
-                    "%cronwell_occurrences o%SET state = 'succeeded'%",
-                )
-                return rows[0]["n"] > 0
-
-            await wait_for(completion_waits, 15, "the completion to wait on the lock")
+            await wait_for(
+                lambda: _waits_on_lock(db, COMPLETION), 15, "the completion to wait on the lock"
+            )
             await asyncio.wait_for(w.worker.heartbeat_once(), 10)
         assert (await occurrence(db, other_key))["lease_expires_at"] > before
         CONTROL[other_key].set()
@@ -188,32 +205,21 @@ async def test_a_batch_write_waits_for_its_workers_heartbeat_statement(
     """The other half: while a heartbeat statement executes (here held up by a lock on one of
     its rows), a completion batch of the same worker does not start (it would take rows in
     another order than the heartbeat); it goes once the heartbeat ends."""
-    await handler_job(db, "finishing", "t-wait-event")
-    await handler_job(db, "locked", "t-wait-event")
+    await _two_jobs(db)
     async with running_worker(db_url, lease_seconds=30) as w:
-        done_key, locked_key = await trigger(db, "finishing"), await trigger(db, "locked")
-        await started(done_key)
-        await started(locked_key)
+        done_key, locked_key = await _run_two(db)
         async with db.transaction() as conn:
             await conn.execute(
                 "SELECT 1 FROM cronwell_occurrences WHERE idempotency_key = %s FOR UPDATE",
                 (locked_key,),
             )
             beat = asyncio.create_task(w.worker.heartbeat_once())
-
-            async def waiting(pattern: str) -> bool:
-                rows = await sql(
-                    db,
-                    "SELECT count(*) AS n FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
-                    " AND query LIKE %s",
-                    pattern,
-                )
-                return rows[0]["n"] > 0
-
-            await wait_for(lambda: waiting("%Extends the leases%"), 15, "the heartbeat to wait")
+            await wait_for(
+                lambda: _waits_on_lock(db, "%Extends the leases%"), 15, "the heartbeat to wait"
+            )
             CONTROL[done_key].set()  # its completion is queued while the heartbeat executes
             await asyncio.sleep(1.5)
-            assert not await waiting("%SET state = 'succeeded'%")
+            assert not await _waits_on_lock(db, COMPLETION)
             assert (await occurrence(db, done_key))["state"] == "running"
         await asyncio.wait_for(beat, 10)
         await w.outcome(done_key)
