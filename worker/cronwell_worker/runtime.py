@@ -1131,10 +1131,7 @@ class Worker:
         try:
             yield
         finally:
-            self._writing.subtract(keys)
-            for k in keys:
-                if self._writing[k] <= 0:
-                    del self._writing[k]
+            self._writing -= Counter(keys)  # drops the keys whose count reaches 0
 
     async def _write(self, batch: list[_Queued], write: _Write, what: str) -> None:
         """One fenced batch write by (id, fence), retried through database errors; each
@@ -1210,13 +1207,12 @@ class Worker:
         # not let the lease lapse), but a renewal they miss aborts nothing.
         # Not the rows of a batch statement executing now: this statement would wait for
         # them in its own lock order (a deadlock); it renews them at the next beat.
-        held = [(k, r.claimed.fence) for k, r in self.running.items() if k not in self._writing]
-        if not held:
+        beating = [(k, r.claimed) for k, r in self.running.items() if k not in self._writing]
+        if not beating:
             self.live.progressed("heartbeat")
             return
-        instants = [
-            r.claimed.scheduled_for for k, r in self.running.items() if k not in self._writing
-        ]
+        held = [(k, c.fence) for k, c in beating]
+        instants = [c.scheduled_for for _, c in beating]
         stalled = self.live.stalled(among=RECORDING_WRITERS)
         if stalled:
             # A writer that cannot get through would only keep leases of attempts it cannot
