@@ -112,26 +112,30 @@ def _stacks(pdir: Path, clear: bool = False) -> list[Path]:
     return files
 
 
-async def _statements(db: Database, n: int, top: int = 12) -> dict[str, Any]:
-    """PostgreSQL's execution time per statement since the reset, top by total."""
+async def statements(db: Database, n: int, top: int = 12) -> dict[str, Any]:
+    """PostgreSQL's time per statement since the reset, top by total: execution, and
+    planning where pg_stat_statements.track_planning is on (zero otherwise)."""
     async with db.connection() as conn:
         cur = await conn.execute(
-            "SELECT calls, total_exec_time AS ms, rows, left(regexp_replace(query, '\\s+', ' ',"
-            " 'g'), 160) AS query FROM pg_stat_statements"
-            " WHERE query NOT ILIKE '%%pg_stat_statements%%'"
-            " ORDER BY total_exec_time DESC LIMIT %s",
+            "SELECT calls, total_exec_time AS ms, total_plan_time AS plan_ms, rows,"
+            " left(regexp_replace(query, '\\s+', ' ', 'g'), 160) AS query"
+            " FROM pg_stat_statements WHERE query NOT ILIKE '%%pg_stat_statements%%'"
+            " ORDER BY total_exec_time + total_plan_time DESC LIMIT %s",
             (top,),
         )
         rows = await cur.fetchall()
         cur = await conn.execute(
-            "SELECT coalesce(sum(total_exec_time), 0) AS ms FROM pg_stat_statements"
+            "SELECT coalesce(sum(total_exec_time), 0) AS ms,"
+            " coalesce(sum(total_plan_time), 0) AS plan_ms FROM pg_stat_statements"
         )
-        total = float((await cur.fetchone() or {"ms": 0})["ms"])
+        total = await cur.fetchone() or {"ms": 0, "plan_ms": 0}
     return {
-        "exec_ms_per_occurrence_all_statements": round(total / n, 4),
+        "exec_ms_per_occurrence_all_statements": round(float(total["ms"]) / n, 4),
+        "plan_ms_per_occurrence_all_statements": round(float(total["plan_ms"]) / n, 4),
         "top_statements": [
             {
                 "exec_ms_per_occurrence": round(float(r["ms"]) / n, 4),
+                "plan_ms_per_occurrence": round(float(r["plan_ms"]) / n, 4),
                 "calls": r["calls"],
                 "rows": r["rows"],
                 "ms_per_call": round(float(r["ms"]) / max(r["calls"], 1), 3),
@@ -218,14 +222,18 @@ async def prepare(db: Database, pdir: Path) -> None:
     await enable_statements(db)
 
 
-async def enable_statements(db: Database, *, track_nested: bool = False) -> None:
-    """pg_stat_statements on (the server loads its library when `profile` or `statements`
-    runs); `track_nested`: the statements triggers and functions run counted too (from now on, until
-    called again without)."""
+async def enable_statements(
+    db: Database, *, track_nested: bool = False, planning: bool = False
+) -> None:
+    """pg_stat_statements on (the server loads its library when `profile`, `statements` or
+    `soak` runs); `track_nested`: the statements triggers and functions run counted too;
+    `planning`: planning time counted too (from now on, until called again without)."""
     async with db.connection() as conn:
         await conn.execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
         track = "all" if track_nested else "top"
         await conn.execute(f"ALTER SYSTEM SET pg_stat_statements.track = '{track}'")
+        on = "on" if planning else "off"
+        await conn.execute(f"ALTER SYSTEM SET pg_stat_statements.track_planning = {on}")
         await conn.execute("SELECT pg_reload_conf()")
 
 
@@ -254,7 +262,7 @@ async def summary(db: Database, figs: dict[str, Any], pdir: Path) -> dict[str, A
     """After the burst (`figs`, run with py-spy writing to `pdir`): the shares, PostgreSQL's
     time per statement, the CPU per occurrence and the floor it implies."""
     n = figs["occurrences"]
-    stmts = await _statements(db, n)
+    stmts = await statements(db, n)
     cpu_ms = figs.get("worker_cpu_ms_per_occurrence", 0) + figs.get(
         "postgres_cpu_ms_per_occurrence", 0
     )

@@ -36,6 +36,7 @@ from typing import Any
 
 import psutil
 
+from bench import profile
 from bench.common import BenchError, cpu_seconds, load_average, stop_all, worker_argv
 from cronwell import jobs
 from cronwell.models import ScheduledJobSpec
@@ -523,7 +524,20 @@ def report(soak: dict[str, Any]) -> None:
             f"    {n}: written {v['written']}, pruned {v['pruned']}, expected retained"
             f" {v['expected_retained']}: {ok[v['holds']]}"
         )
-    print(f"  holds: {soak['holds']}", flush=True)
+    print(f"  holds: {soak['holds']}")
+    st = soak.get("statements_after_warmup")
+    if st:
+        print(
+            f"  PostgreSQL ms per occurrence after warm-up: execution"
+            f" {st['exec_ms_per_occurrence_all_statements']}, planning"
+            f" {st['plan_ms_per_occurrence_all_statements']}; top statements:"
+        )
+        for r in st["top_statements"][:8]:
+            print(
+                f"    exec {r['exec_ms_per_occurrence']:.4f} plan {r['plan_ms_per_occurrence']:.4f}"
+                f" calls {r['calls']}: {r['query'][:100]}"
+            )
+    print(flush=True)
 
 
 def plot(samples: list[dict[str, Any]], bursts: list[dict[str, Any]], path: Path) -> Path | None:
@@ -594,6 +608,7 @@ async def soak(
         flush=True,
     )
     await seed(db, mix)
+    await profile.enable_statements(db, planning=True)
     env = env | {
         "CRONWELL_RETENTION_SECONDS": f"{retention_s:g}",
         "CRONWELL_HISTORY_PARTITION_SECONDS": str(partition_seconds(minutes)),
@@ -601,11 +616,13 @@ async def soak(
     named = _start(env, workers, concurrency)
     samples: list[dict[str, Any]] = []
     bursts: list[dict[str, Any]] = []
+    warmup_s = 60 * warmup_minutes
     try:
-        await _run(db, named, samples, bursts, 60 * minutes, every)
+        counted_from = await _run(db, named, samples, bursts, 60 * minutes, every, warmup_s)
     finally:
         stop_all(list(named.values()))
-    warmup_s = 60 * warmup_minutes
+    occ = "cronwell_occurrences"
+    written = samples[-1]["tables"][occ]["ins"] - counted_from["tables"][occ]["ins"]
     figs = evaluate(
         samples, bursts, warmup_s=warmup_s, expected_rows=expected_rows(mix, retention_s, horizon_s)
     )
@@ -625,6 +642,7 @@ async def soak(
         **cpu,
         "bursts": bursts,
         **figs,
+        "statements_after_warmup": await profile.statements(db, max(written, 1), top=20),
     }
     report(result)
     _write(out, samples, bursts)
@@ -672,15 +690,18 @@ async def _run(
     bursts: list[dict[str, Any]],
     duration: float,
     every: float,
-) -> None:
+    warmup_s: float,
+) -> dict[str, Any]:
     """Sample every SAMPLE_SECONDS; set each burst BURST_LEAD_SECONDS ahead of its instant
-    and read the previous one's lag just before (its history is still kept then)."""
+    and read the previous one's lag just before (its history is still kept then). Resets
+    pg_stat_statements at the warm-up's end and returns the sample taken then."""
     procs = {name: p.pid for name, p in named.items()}
     tables = Tables()
     t0, wall0 = time.monotonic(), float(int(time.time()))  # bursts on whole seconds
     due = [k * every for k in range(1, int(duration // every)) if k * every + every <= duration]
     pending: list[float] = []
     next_sample = 0.0
+    counted_from: dict[str, Any] | None = None
     while True:
         now = time.monotonic() - t0
         if due and now >= due[0] - BURST_LEAD_SECONDS:
@@ -692,6 +713,10 @@ async def _run(
         if now >= next_sample:
             samples.append(await sample(db, procs, t0, tables))
             next_sample += SAMPLE_SECONDS
+            if counted_from is None and now >= warmup_s:
+                async with db.connection() as conn:
+                    await conn.execute("SELECT pg_stat_statements_reset()")
+                counted_from = samples[-1]
             if now >= duration:
                 break
         for name, p in named.items():
@@ -700,6 +725,7 @@ async def _run(
         await asyncio.sleep(0.5)
     for at in pending:
         await _read_burst(db, at, wall0, bursts)
+    return counted_from or samples[0]
 
 
 async def _read_burst(db: Database, at: float, wall0: float, bursts: list[dict[str, Any]]) -> None:

@@ -190,6 +190,7 @@ async def claim(
     known_specs: Container[str] = frozenset(),
     ahead_seconds: float = 0.0,
     due_limit: int | None = None,
+    until: datetime | None = None,
 ) -> list[Claimed]:
     """Claim up to `limit` occurrences of `pool` due now or within `ahead_seconds` (see the
     module's docstring): one transaction, a few round trips. Overlap is decided for the due
@@ -198,7 +199,8 @@ async def claim(
     while it may claim ahead beyond them (the rest stay pending, for whoever is free).
 
     Specs are fetched only for hashes not in `known_specs` (one job per hash): in a burst of
-    jobs sharing a spec, one spec is read and parsed, not one per occurrence."""
+    jobs sharing a spec, one spec is read and parsed, not one per occurrence. `until`:
+    candidates' instants before it only (claims.candidates; None: no bound)."""
     async with db.transaction() as conn:
         cands = hold_back(
             await claims.candidates(
@@ -207,6 +209,7 @@ async def claim(
                 limit=limit,
                 serial=SERIAL_ORDER,
                 ahead_seconds=ahead_seconds,
+                until=until,
                 conn=conn,
             )
         )

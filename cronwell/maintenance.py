@@ -35,7 +35,7 @@ from cronwell import dispatch
 from cronwell.errors import DatabaseError
 from cronwell.liveness import Liveness
 from cronwell.metrics import Metrics
-from cronwell.store import attempts, claims, fences, history, history_partitions, prescales
+from cronwell.store import attempts, claims, clock, fences, history, history_partitions, prescales
 from cronwell.store.attempts import Reaped
 from cronwell.store.db import Database
 from cronwell.store.processes import ProcessEntry
@@ -178,9 +178,12 @@ class Pruner:
         """One full pass: every job's history limits, then the store-wide retention."""
         res = PruneResult()
         after = _ZERO
+        # The pass ranks the instants up to now: a row finished ahead of its instant is
+        # ranked by a later pass (and the partitions created ahead stay out of its plans).
+        until = await clock.now(self.db)
         while True:
             row = await history.limit_prune(
-                self.db, after=after, jobs=self.batch_jobs, limit=self.batch_rows
+                self.db, after=after, jobs=self.batch_jobs, limit=self.batch_rows, until=until
             )
             if row.last_job is None:
                 break

@@ -107,15 +107,23 @@ async def candidates(
     limit: int,
     serial: Sequence[str],
     ahead_seconds: float = 0.0,
+    until: datetime | None = None,
     conn: Conn | None = None,
 ) -> list[Candidate]:
     """Pending occurrences of `pool` due within `ahead_seconds`, oldest first, locked
     against other claimers; `serial`: the overlap policies that serialise a job's
-    occurrences (their candidates carry `pending_before`)."""
+    occurrences (their candidates carry `pending_before`); `until`: only instants before
+    it (see the query: it keeps the partitions created ahead out of the plan)."""
     return await db.rows(
         Candidate,
         "OccurrenceClaimCandidates",
-        {"pool": pool, "limit": limit, "ahead": ahead_seconds, "serial": list(serial)},
+        {
+            "pool": pool,
+            "limit": limit,
+            "ahead": ahead_seconds,
+            "serial": list(serial),
+            "until": until,
+        },
         conn,
     )
 
@@ -203,15 +211,28 @@ async def stranded(db: Database, *, limit: int, conn: Conn | None = None) -> lis
 
 
 async def coming(
-    db: Database, *, pool: str, horizon_seconds: float, rows: int, instants: int = 1000
+    db: Database,
+    *,
+    pool: str,
+    horizon_seconds: float,
+    rows: int,
+    instants: int = 1000,
+    until: datetime | None = None,
 ) -> list[Coming]:
     """The next instants of `pool`'s pending occurrences within `horizon_seconds` and how
     many are due at each (over its earliest `rows` occurrences, at most `instants` instants),
-    earliest first; one row with run_at None when none is pending."""
+    earliest first; one row with run_at None when none is pending. `until`: as in
+    `candidates`."""
     return await db.rows(
         Coming,
         "OccurrenceComingInstants",
-        {"pool": pool, "horizon": horizon_seconds, "rows": rows, "instants": instants},
+        {
+            "pool": pool,
+            "horizon": horizon_seconds,
+            "rows": rows,
+            "instants": instants,
+            "until": until,
+        },
     )
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import uuid
 from dataclasses import dataclass
+from datetime import datetime
 
 from cronwell.store.db import Database
 
@@ -18,11 +19,16 @@ class LimitPruned:
     deleted: int
 
 
-async def limit_prune(db: Database, *, after: uuid.UUID, jobs: int, limit: int) -> LimitPruned:
+async def limit_prune(
+    db: Database, *, after: uuid.UUID, jobs: int, limit: int, until: datetime | None = None
+) -> LimitPruned:
     """Apply the history limits of the `jobs` jobs after `after` (uid order), deleting at
-    most `limit` occurrences beyond them."""
+    most `limit` occurrences beyond them; `until`: ranking only instants before it (see
+    the query)."""
     row = await db.row(
-        LimitPruned, "HistoryLimitPrune", {"after": after, "jobs": jobs, "limit": limit}
+        LimitPruned,
+        "HistoryLimitPrune",
+        {"after": after, "jobs": jobs, "limit": limit, "until": until},
     )
     return row or LimitPruned(None, 0)
 

@@ -103,6 +103,37 @@ async def test_history_limits_keep_the_newest_runs_and_totals_stay_totals(db: Da
     assert (await (await _pruner(db)).prune_once()).history == 0
 
 
+async def test_history_limits_rank_a_run_settled_ahead_of_its_instant_once_it_comes(
+    db: Database,
+) -> None:
+    """A pass ranks the instants before its start (its statements then leave the partitions
+    created ahead out of their plans): a run skipped ahead of its instant is not counted
+    yet, so the pass keeps more, never fewer; the first pass after its instant ranks it."""
+    job = await make_job(db, "ahead", schedule="0 0 1 1 *", failedJobsHistoryLimit=1)
+    await sql(
+        db,
+        "INSERT INTO cronwell_occurrences (idempotency_key, job_id, pool, scheduled_for,"
+        " run_at, state, reason, finished_at, overlap, delivery, max_attempts,"
+        " timeout_seconds) SELECT %s || ':' || g, %s, 'default', now() + g * interval '2 s',"
+        " now() + g * interval '2 s', 'skipped', 'Overlap', now(), 'Skip', 'AtLeastOnce', 1,"
+        " 60 FROM unnest(array[-2, -1, 1]) g",
+        str(job.id),
+        job.id,
+    )
+    (future,) = [o for o in await occurrences(db, "ahead") if o["idempotency_key"].endswith(":1")]
+
+    assert (await (await _pruner(db)).prune_once()).history == 1  # the older past one
+    left = await occurrences(db, "ahead")
+    assert sorted(o["idempotency_key"].rsplit(":", 1)[1] for o in left) == ["-1", "1"]
+
+    await asyncio.sleep(max(0.0, (future["scheduled_for"] - datetime.now(UTC)).total_seconds()))
+    await asyncio.sleep(0.2)
+    assert (await (await _pruner(db)).prune_once()).history == 1
+    assert [o["idempotency_key"] for o in await occurrences(db, "ahead")] == [
+        future["idempotency_key"]
+    ]
+
+
 async def test_retention_prunes_deleted_and_one_shot_jobs_only(db: Database) -> None:
     live = await make_job(db, "live", schedule="0 0 1 1 *")
     gone = await make_job(db, "gone", schedule="0 0 1 1 *")

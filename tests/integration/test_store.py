@@ -120,7 +120,13 @@ async def test_hot_queries_are_index_range_scans(db: Database) -> None:
     claim = await _plan(
         db,
         "OccurrenceClaimCandidates",
-        {"pool": "default", "limit": 100, "ahead": 2.0, "serial": dispatch.SERIAL_ORDER},
+        {
+            "pool": "default",
+            "limit": 100,
+            "ahead": 2.0,
+            "serial": dispatch.SERIAL_ORDER,
+            "until": None,
+        },
     )
     assert "cronwell_occurrences_claim" in claim, claim
     # a serialised candidate's previous occurrence: one probe of the job's index (a day

@@ -204,6 +204,10 @@ class _Coming:
         base = time.monotonic() - self.at
         return [((t - self.db_now).total_seconds() - base, n) for t, n in self.instants]
 
+    def db_clock(self) -> datetime:
+        """The database clock now, by this look's reading (give or take its round trip)."""
+        return self.db_now + timedelta(seconds=time.monotonic() - self.at)
+
     def first_pending(self) -> float | None:
         """Seconds from now until the earliest instant with something left to claim."""
         if not self.pending:
@@ -211,6 +215,12 @@ class _Coming:
         base = time.monotonic() - self.at
         return (min(self.pending) - self.db_now).total_seconds() - base
 
+
+UNTIL_SLACK_SECONDS = 120.0
+"""How far a claim's `until` reaches past the widest claim window: room for the error of
+the database clock's reading and for an occurrence claimed ahead by a worker with a wider
+window, then put back early (a waiting one promoted before its instant). Beyond it, an
+occurrence is claimed once `until` reaches it: still before its instant."""
 
 START_GUARD_SECONDS = 0.05
 """Completion writes wait while an attempt is due to start within this (or is starting)."""
@@ -504,6 +514,7 @@ class Worker:
             pool=s.pool,
             horizon_seconds=max(s.claim_ahead_seconds, s.claim_ahead_max_seconds),
             rows=max(1, s.claim_ahead_max) * max(1, live),
+            until=self._until(),
         )
         at = time.monotonic()
         pending = {r.run_at: r.n or 0 for r in rows if r.run_at is not None}
@@ -516,6 +527,16 @@ class Worker:
         self._seen = seen
         self._coming = _Coming(sorted(seen.items()), pending, rows[0].db_now, at, max(1, live))
         return True
+
+    def _until(self) -> datetime | None:
+        """The latest instant a claim or a look reads (their `until`: the partitions after
+        it stay out of the plan): the database clock plus the widest claim window and
+        UNTIL_SLACK_SECONDS; None before the first look (no bound)."""
+        if self._coming is None:
+            return None
+        s = self.settings
+        reach = max(s.claim_ahead_seconds, s.claim_ahead_max_seconds) + UNTIL_SLACK_SECONDS
+        return self._coming.db_clock() + timedelta(seconds=reach)
 
     def _plan(self) -> ClaimPlan:
         s = self.settings
@@ -558,6 +579,7 @@ class Worker:
             known_specs=self._specs,
             ahead_seconds=window,
             due_limit=max(0, free),
+            until=self._until(),
         )
         took = time.monotonic() - sent
         # Full claims of at least half a batch: a few due ones claimed into freed slots
