@@ -449,8 +449,8 @@ async def main() -> None:
             raise BenchError(f"profile needs py-spy ({burst.PY_SPY}): pip install -e '.[bench]'")
     except BenchError as e:
         ap.exit(2, f"{ap.prog}: error: {e}\n")  # one line, no usage block
-    # pg_stat_statements only when profiling or soaking: where PostgreSQL's time goes.
-    server = bench_server(statements=bool({"profile", "statements", "soak"} & only))
+    # pg_stat_statements only where PostgreSQL's time per statement is reported.
+    server = bench_server(statements=bool({"profile", "statements", "soak", "sustained"} & only))
     url = server.start()
     started = time.time()
     results: dict[str, Any] = {

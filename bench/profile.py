@@ -146,6 +146,16 @@ async def statements(db: Database, n: int, top: int = 12) -> dict[str, Any]:
     }
 
 
+def per_occurrence(st: dict[str, Any], n: int) -> dict[str, Any]:
+    """`statements(db, 1)` read before a section's own queries, divided by its n."""
+    out = {k: round(v / n, 4) for k, v in st.items() if k.endswith("_all_statements")}
+    top = [
+        r | {k: round(r[k] / n, 4) for k in ("exec_ms_per_occurrence", "plan_ms_per_occurrence")}
+        for r in st["top_statements"]
+    ]
+    return out | {"top_statements": top}
+
+
 CONSTANTS = frozenset({"true", "false", "null"})
 """Keywords pg_stat_statements shows as $n, like any other constant."""
 

@@ -24,6 +24,7 @@ import subprocess
 import sys
 from typing import Any
 
+from bench import profile
 from bench.common import (
     BenchError,
     cpu_seconds,
@@ -55,6 +56,7 @@ async def sustained(
     warmup: float,
 ) -> dict[str, Any]:
     check(duration, warmup)
+    await profile.enable_statements(db, planning=True)
     await seed(
         db,
         n_jobs,
@@ -88,10 +90,13 @@ async def sustained(
 
     try:
         await asyncio.sleep(warmup)
+        async with db.connection() as conn:
+            await conn.execute("SELECT pg_stat_statements_reset()")
         cpu0 = cpu()
         await asyncio.sleep(duration - warmup)
         cpu1 = cpu()
         t_end = await clock.now(db)
+        per_statement = await profile.statements(db, 1, top=12)  # before the bench's counts
     finally:
         stop_all(procs)
     async with db.connection() as conn:
@@ -138,5 +143,6 @@ async def sustained(
         "worker_cpu_ms_per_occurrence": round(worker_ms, 3),
         "postgres_cpu_ms_per_occurrence": round(pg_ms, 3),
         "cpu_bound_per_second": round((os.cpu_count() or 1) * 1000 / cpu_ms),
+        "statements_after_warmup": profile.per_occurrence(per_statement, handled),
     }
     return out | lag_stats(lags)

@@ -212,7 +212,7 @@ class Scheduler:
                 holder=self.holder,
                 partition=partition,
                 epoch=epoch,
-                horizon_seconds=s.horizon_seconds,
+                horizon_seconds=visit_seconds(s.horizon_seconds, s.tick_seconds),
                 limit=s.batch_size,
                 conn=conn,
             )
@@ -430,6 +430,17 @@ class Scheduler:
             interval_seconds=self.settings.prune_interval_seconds,
             live=self.live,
         )
+
+
+def visit_seconds(horizon: float, tick: float) -> float:
+    """How near its next instant brings a job into a materialisation batch, which then
+    materialises it to the full horizon: half the horizon, so a job with an instant every
+    second is locked, read and updated once per half horizon, not every second (its row's
+    update is never HOT: next_run_at is indexed; and the workers' overlap locks on it wait
+    for the batch that holds it). At least two ticks (a pass runs once a tick), so every
+    instant is still materialised a tick ahead; never beyond the horizon, so a pause still
+    leaves at most a horizon of occurrences to run."""
+    return max(horizon / 2, min(horizon, 2 * tick))
 
 
 def _add(

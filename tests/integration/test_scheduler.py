@@ -34,6 +34,31 @@ async def test_materialises_ahead_with_identity_keys(db: Database) -> None:
     assert await s.materialise_until_idle() == 0
 
 
+async def test_a_job_is_visited_at_half_the_horizon_and_materialised_to_all_of_it(
+    db: Database,
+) -> None:
+    """A per-second job is locked and updated once per half horizon, not every second; a
+    visit still materialises the whole horizon and nothing beyond it (what a pause leaves
+    to run)."""
+    await make_job(db, "fast", schedule="* * * * * *")
+    s = await scheduler(db, horizon_seconds=10, tick_seconds=1)
+    assert await s.materialise_until_idle() == 1
+    now = await db_now(db)
+    occ = await occurrences(db, "fast")
+    assert 9 <= len(occ) <= 11
+    assert max(o["scheduled_for"] for o in occ) <= now + timedelta(seconds=10)
+    await asyncio.sleep(1.5)
+    assert await s.materialise_until_idle() == 0  # its next instant is still 8.5 s away
+    await set_cursor(db, "fast", "now() + interval '6 seconds'")
+    assert await s.materialise_until_idle() == 0
+    await set_cursor(db, "fast", "now() + interval '4 seconds'")
+    assert await s.materialise_until_idle() == 1
+    now = await db_now(db)
+    occ = await occurrences(db, "fast")
+    assert max(o["scheduled_for"] for o in occ) > now + timedelta(seconds=8)
+    assert max(o["scheduled_for"] for o in occ) <= now + timedelta(seconds=10)
+
+
 async def test_rematerialisation_is_a_no_op(db: Database) -> None:
     """If a cursor is set back (a crash, a restore), the unique key absorbs the repeat."""
     await make_job(db, "tick", schedule="*/10 * * * * *")
