@@ -88,7 +88,8 @@ async def prepare_burst(
         {"handler": {"name": HANDLERS[handler]}},
         truncate=truncate,
     )
-    s = Scheduler(db, SchedulerSettings(partitions=16, horizon_seconds=lead + 5))
+    # A job is visited when its instant is within half the horizon: T is, by 5 s.
+    s = Scheduler(db, SchedulerSettings(partitions=16, horizon_seconds=2 * (lead + 5)))
     await partitions.ensure_leases(db, partitions=16)
     await s.balance()
     keep = asyncio.create_task(_keep_leases(s))

@@ -82,7 +82,8 @@ async def _seed_burst(db: Database, n: int, lead: float, duration: float) -> dat
 
 
 async def _materialise(db: Database, lead: float) -> None:
-    s = Scheduler(db, SchedulerSettings(partitions=16, horizon_seconds=lead + 5))
+    # A job is visited when its instant is within half the horizon: T is, by 5 s.
+    s = Scheduler(db, SchedulerSettings(partitions=16, horizon_seconds=2 * (lead + 5)))
     await partitions.ensure_leases(db, partitions=16)
     await s.balance()
     await s.materialise_until_idle()

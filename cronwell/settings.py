@@ -81,7 +81,8 @@ class SchedulerSettings(_Settings):
         30.0,
         gt=0,
         description="Materialise this far ahead, so a :00 burst is in the table "
-        "before it is due and workers only claim.",
+        "before it is due and workers only claim. A job is visited when its next instant "
+        "is within half of this (or two ticks), then materialised to all of it.",
     )
     partition_lease_seconds: float = Field(
         10.0,
@@ -160,7 +161,7 @@ class WorkerSettings(_Settings):
         ge=0,
         description="The widest claim-ahead window: a coming burst is claimed from "
         "(its share / the measured claim rate + a margin) before its instant, at most this "
-        "early (the scheduler materialises horizon_seconds ahead).",
+        "early (the scheduler materialises at least half of horizon_seconds ahead).",
     )
     claim_ahead_margin_seconds: float = Field(
         1.0,
