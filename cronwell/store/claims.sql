@@ -9,28 +9,24 @@
 -- and never attempted: if another claimer holds it (SKIP LOCKED hid it), this one must wait
 -- for it to be decided (dispatch.hold_back). Not across pools: a job moved to another pool
 -- must not wait on its old pool's workers. One probe of the job index per such candidate.
--- One not due with a `pending_before` is left out (neither returned nor locked): no claim
--- takes a serialised job's occurrence ahead while an earlier one is pending
--- (dispatch.plan_ahead), and a per-second job claimed 2 s ahead had half its candidates so.
 -- `until` (NULL: none): an instant past every candidate's, from the caller's reading of
 -- the database clock; a constant, so the planner leaves out the partitions after it (the
 -- dozens created ahead cost ~7 ms of planning per claim at hour width, unbounded). A row
 -- due now has its instant before now; one instant beyond `until` can be due early only
 -- (a waiting occurrence promoted before its instant), and waits until `until` reaches it.
 SELECT o.id, o.job_id, o.overlap, o.attempt, o.scheduled_for, o.run_at, o.run_at <= now() AS due,
-       b.id AS pending_before
+       CASE WHEN o.overlap = ANY(%(serial)s::text[]) THEN
+           (SELECT CASE WHEN p.state = 'pending' AND p.attempt = 0 AND p.pool = o.pool
+                        THEN p.id END
+            FROM cronwell_occurrences p
+            WHERE p.job_id = o.job_id AND p.scheduled_for < o.scheduled_for
+              AND (%(until)s::timestamptz IS NULL OR p.scheduled_for < %(until)s)
+            ORDER BY p.scheduled_for DESC LIMIT 1)
+       END AS pending_before
 FROM cronwell_occurrences o
-LEFT JOIN LATERAL (
-    SELECT CASE WHEN p.state = 'pending' AND p.attempt = 0 AND p.pool = o.pool THEN p.id END AS id
-    FROM cronwell_occurrences p
-    WHERE o.overlap = ANY(%(serial)s::text[])
-      AND p.job_id = o.job_id AND p.scheduled_for < o.scheduled_for
-      AND (%(until)s::timestamptz IS NULL OR p.scheduled_for < %(until)s)
-    ORDER BY p.scheduled_for DESC LIMIT 1) b ON true
 WHERE o.pool = %(pool)s AND o.state = 'pending'
   AND o.run_at <= now() + make_interval(secs => %(ahead)s)
   AND (%(until)s::timestamptz IS NULL OR o.scheduled_for < %(until)s)
-  AND (o.run_at <= now() OR b.id IS NULL)
 ORDER BY o.run_at
 LIMIT %(limit)s
 FOR UPDATE OF o SKIP LOCKED;

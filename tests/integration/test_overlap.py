@@ -11,10 +11,9 @@ from datetime import datetime
 import pytest
 
 from cronwell import dispatch
-from cronwell.dispatch import SERIAL_ORDER, Active, Candidate, decide_overlap, plan_ahead
+from cronwell.dispatch import Active, Candidate, decide_overlap, plan_ahead
 from cronwell.scheduler import Scheduler
-from cronwell.store import claims
-from cronwell.store.db import Conn, Database
+from cronwell.store.db import Database
 from tests.helpers.store import fail_dead
 
 from .helpers import make_job, occurrences, scheduler, set_cursor, sql
@@ -271,47 +270,6 @@ async def test_a_retry_in_backoff_runs_before_a_newer_occurrence_due_first(db: D
     await due_in(db, b_key, 0.0)
     assert await _claim_ahead(db) == []
     assert await state_is(db, b_key, "skipped")
-
-
-async def test_a_claim_ahead_neither_returns_nor_locks_a_serialised_jobs_later_occurrence(
-    db: Database,
-) -> None:
-    """Skip: A and B pending, neither due. The claim's candidates are A and an Allow job's C
-    and D; B, which no claim takes ahead while A is pending, is neither read nor locked (a
-    per-second job claimed 2 s ahead had half of its candidates so). Due, B is a candidate
-    again: its overlap is decided at its instant."""
-    await make_job(db, "ov", schedule=FAR_FUTURE, concurrencyPolicy="Skip")
-    await make_job(db, "free", schedule=FAR_FUTURE, concurrencyPolicy="Allow")
-    a_key, b_key = await trigger(db, "ov"), await trigger(db, "ov")
-    c_key, d_key = await trigger(db, "free"), await trigger(db, "free")
-    for key, at in ((a_key, 20.0), (b_key, 30.0), (c_key, 25.0), (d_key, 35.0)):
-        await due_in(db, key, at)
-
-    async def candidate_keys(conn: Conn) -> set[str]:
-        cands = await claims.candidates(
-            db, pool="default", limit=100, serial=SERIAL_ORDER, ahead_seconds=60, conn=conn
-        )
-        return {k for c in cands for k, i in ids.items() if i == c.id}
-
-    async def id_of(key: str) -> int:
-        (row,) = await sql(
-            db, "SELECT id FROM cronwell_occurrences WHERE idempotency_key = %s", key
-        )
-        return int(row["id"])
-
-    ids = {k: await id_of(k) for k in (a_key, b_key, c_key, d_key)}
-    async with db.transaction() as conn:
-        assert await candidate_keys(conn) == {a_key, c_key, d_key}
-        async with db.transaction() as other:  # B is free to lock: the claim left it alone
-            cur = await other.execute(
-                "SELECT id FROM cronwell_occurrences WHERE idempotency_key = %s FOR UPDATE NOWAIT",
-                (b_key,),
-            )
-            assert await cur.fetchone() is not None
-    await due_in(db, a_key, 0.0)
-    await due_in(db, b_key, 0.0)
-    async with db.transaction() as conn:
-        assert {a_key, b_key} <= await candidate_keys(conn)
 
 
 def test_hold_back_leaves_a_job_behind_the_earlier_occurrence_another_claimer_holds() -> None:
