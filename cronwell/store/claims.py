@@ -218,11 +218,12 @@ async def coming(
     rows: int,
     instants: int = 1000,
     until: datetime | None = None,
+    after: datetime | None = None,
 ) -> list[Coming]:
-    """The next instants of `pool`'s pending occurrences within `horizon_seconds` and how
-    many are due at each (over its earliest `rows` occurrences, at most `instants` instants),
-    earliest first; one row with run_at None when none is pending. `until`: as in
-    `candidates`."""
+    """The next instants of `pool`'s pending occurrences within `horizon_seconds` (and
+    after `after`, if given) and how many are due at each (over its earliest `rows`
+    occurrences, at most `instants` instants), earliest first; one row with run_at None
+    when none is pending. `until`: as in `candidates`."""
     return await db.rows(
         Coming,
         "OccurrenceComingInstants",
@@ -232,6 +233,7 @@ async def coming(
             "rows": rows,
             "instants": instants,
             "until": until,
+            "after": after,
         },
     )
 

@@ -111,12 +111,14 @@ LIMIT %(limit)s;
 
 -- name: OccurrenceComingInstants
 -- What is coming for a pool: the instants (run_at) of its earliest pending occurrences, at
--- most `rows` of them within `horizon` seconds, with how many are due at each, and the
--- database clock. A worker sizes its claim ahead from it (it starts claiming a burst early
--- enough that its share is claimed before the instant) and sleeps until the next one. One
--- range scan of the claim index (pool, run_at) WHERE state = 'pending', bounded by `rows`;
--- the one-row outer side answers db_now when nothing is pending. `until`: as in
--- OccurrenceClaimCandidates (the partitions after it are left out of the plan).
+-- most `rows` of them within `horizon` seconds and after `after` (NULL: from the first),
+-- with how many are due at each, and the database clock. A worker sizes its claim ahead
+-- from it (it starts claiming a burst early enough that its share is claimed before the
+-- instant) and sleeps until the next one; it reads a near window first and a farther one
+-- only when the near one does not settle its plan (Worker._look). One range scan of the
+-- claim index (pool, run_at) WHERE state = 'pending', bounded by `rows`; the one-row outer
+-- side answers db_now when nothing is pending. `until`: as in OccurrenceClaimCandidates
+-- (the partitions after it are left out of the plan).
 SELECT i.run_at, i.n, now() AS db_now
 FROM (VALUES (1)) one(x)
 LEFT JOIN LATERAL (
@@ -124,6 +126,7 @@ LEFT JOIN LATERAL (
     FROM (SELECT run_at FROM cronwell_occurrences
           WHERE pool = %(pool)s AND state = 'pending'
             AND run_at <= now() + make_interval(secs => %(horizon)s)
+            AND (%(after)s::timestamptz IS NULL OR run_at > %(after)s)
             AND (%(until)s::timestamptz IS NULL OR scheduled_for < %(until)s)
           ORDER BY run_at LIMIT %(rows)s) c
     GROUP BY c.run_at ORDER BY c.run_at LIMIT %(instants)s) i ON true

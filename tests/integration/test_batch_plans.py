@@ -115,7 +115,7 @@ def touched(plan: str) -> set[str]:
     return set(re.findall(r"(?:Scan|Scan using \S+) on (cronwell_occurrences_\w+)", plan))
 
 
-COMING = {"pool": "default", "horizon": 2.0, "rows": 500, "instants": 1000}
+COMING = {"pool": "default", "horizon": 2.0, "rows": 500, "instants": 1000, "after": None}
 CANDIDATES = {"pool": "default", "ahead": 2.0, "limit": 500, "serial": ["Skip"]}
 LIMITS = {"after": uuid.UUID(int=0), "jobs": 200, "limit": 1000}
 

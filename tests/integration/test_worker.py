@@ -21,9 +21,10 @@ from cronwell.errors import LeaseLost
 from cronwell.models import RetryPolicy
 from cronwell.schedule import format_instant
 from cronwell.sdk import Context
+from cronwell.settings import WorkerSettings
 from cronwell.store import claims
 from cronwell.store.db import Database
-from cronwell_worker.runtime import backoff_seconds, plan_claims, self_fence_margin
+from cronwell_worker.runtime import Worker, backoff_seconds, plan_claims, self_fence_margin
 from tests.helpers.wait import wait_for
 
 from .helpers import db_now, make_job, sql
@@ -790,6 +791,26 @@ async def test_a_burst_larger_than_the_concurrency_is_claimed_entirely_before_it
             lambda: _succeeded(db, "burst", 600), timeout=BURST_LEAD + 30, what="all ran"
         )
         assert done["succeeded"] == 600
+
+
+async def test_a_look_reads_no_farther_than_its_plan_needs(db: Database, db_url: str) -> None:
+    """Nothing near: the look reads farther and finds the burst 20 s away. A stream of
+    instants within the claim-ahead window settles the claim plan (it stops at the first
+    instant that needs no claim yet): the look then leaves the burst unread (reading the
+    widest window, 30 s and up to 50,000 rows a worker, every look cost 100 ms of the
+    database's time a look under 5,000 per-second jobs)."""
+    for name in ("far", "near", "next"):
+        await handler_job(db, name, "t-noop")
+    await burst_in(db, "far", 500, 20.0)
+    async with Database(db_url, max_size=2) as wdb:
+        w = Worker(wdb, WorkerSettings())
+        assert await w._look()
+        assert w._coming is not None and [n for _, n in w._coming.instants] == [500]
+        await burst_in(db, "near", 10, 0.5)
+        await burst_in(db, "next", 10, 2.6)
+        w._coming = None  # look again at once (not within LOOK_MIN_SECONDS)
+        assert await w._look()
+        assert w._coming is not None and [n for _, n in w._coming.instants] == [10, 10]
 
 
 async def _claimed_ahead(db: Database, name: str, n: int) -> dict[str, Any] | None:

@@ -139,6 +139,12 @@ REGISTRY_TTL_SECONDS = 15.0
 LOOK_MIN_SECONDS = 0.1
 """Least time between two looks at what is coming: every handler that returns wakes the
 claim loop, and a burst's thousands of wakes must not become thousands of queries."""
+LOOK_NEAR_SECONDS = 1.0
+"""A look reads the instants within the claim-ahead window plus this first: under a steady
+stream (per-second jobs) its plan stops there, and reading the whole widest window (30 s,
+up to claim_ahead_max rows per worker) cost 100 ms a look at 5,000 per-second jobs."""
+LOOK_REACH_FACTOR = 4.0
+"""Each further window a look reads reaches this many times farther, up to the widest."""
 WORKERS_MAX_AGE_SECONDS = 2.0
 """How long the count of the pool's live workers is reused (the registry moves slowly)."""
 
@@ -199,10 +205,14 @@ class _Coming:
     """The monotonic instant the look returned (db_now, give or take its round trip)."""
     workers: int
 
-    def until(self) -> list[tuple[float, int]]:
-        """(seconds from now until each instant, its count)."""
+    def until(self, within: datetime | None = None) -> list[tuple[float, int]]:
+        """(seconds from now until each instant, its count); `within`: up to that one."""
         base = time.monotonic() - self.at
-        return [((t - self.db_now).total_seconds() - base, n) for t, n in self.instants]
+        return [
+            ((t - self.db_now).total_seconds() - base, n)
+            for t, n in self.instants
+            if within is None or t <= within
+        ]
 
     def db_clock(self) -> datetime:
         """The database clock now, by this look's reading (give or take its round trip)."""
@@ -509,24 +519,41 @@ class Worker:
             )
             self._workers_at = now
         live = self._workers
-        rows = await claims.coming(
-            self.db,
-            pool=s.pool,
-            horizon_seconds=max(s.claim_ahead_seconds, s.claim_ahead_max_seconds),
-            rows=max(1, s.claim_ahead_max) * max(1, live),
-            until=self._until(),
-        )
-        at = time.monotonic()
-        pending = {r.run_at: r.n or 0 for r in rows if r.run_at is not None}
-        # A burst's size is the most seen of it: pending ones plus those held here (others'
-        # claims shrink what is pending, not the burst each worker takes a share of).
-        seen = {
-            t: max(self._seen.get(t, 0), pending.get(t, 0) + self._held.get(t, 0))
-            for t in pending.keys() | self._held.keys()
-        }
-        self._seen = seen
-        self._coming = _Coming(sorted(seen.items()), pending, rows[0].db_now, at, max(1, live))
-        return True
+        widest = max(s.claim_ahead_seconds, s.claim_ahead_max_seconds)
+        reach = min(widest, s.claim_ahead_seconds + LOOK_NEAR_SECONDS)
+        budget = max(1, s.claim_ahead_max) * max(1, live)
+        pending: dict[datetime, int] = {}
+        after: datetime | None = None
+        while True:
+            rows = await claims.coming(
+                self.db,
+                pool=s.pool,
+                horizon_seconds=reach,
+                rows=budget,
+                until=self._until(),
+                after=after,
+            )
+            at = time.monotonic()
+            for r in rows:
+                if r.run_at is not None:
+                    pending[r.run_at] = r.n or 0
+                    budget -= r.n or 0
+            # A burst's size is the most seen of it: pending ones plus those held here
+            # (others' claims shrink what is pending, not the burst each worker takes a
+            # share of).
+            seen = {
+                t: max(self._seen.get(t, 0), pending.get(t, 0) + self._held.get(t, 0))
+                for t in pending.keys() | self._held.keys()
+            }
+            self._coming = _Coming(sorted(seen.items()), pending, rows[0].db_now, at, max(1, live))
+            # Farther only when what was read leaves the plan open: it stops at the first
+            # instant that needs no claim yet, and nothing after that one changes it.
+            read_to = rows[0].db_now + timedelta(seconds=reach)
+            if reach >= widest or budget <= 0 or self._plan(read_to).next_in is not None:
+                self._seen = seen
+                return True
+            after = read_to
+            reach = min(widest, reach * LOOK_REACH_FACTOR)
 
     def _until(self) -> datetime | None:
         """The latest instant a claim or a look reads (their `until`: the partitions after
@@ -538,12 +565,13 @@ class Worker:
         reach = max(s.claim_ahead_seconds, s.claim_ahead_max_seconds) + UNTIL_SLACK_SECONDS
         return self._coming.db_clock() + timedelta(seconds=reach)
 
-    def _plan(self) -> ClaimPlan:
+    def _plan(self, within: datetime | None = None) -> ClaimPlan:
+        """The claim plan from the last look (`within`: its instants up to that one)."""
         s = self.settings
         if self._coming is None:
             return ClaimPlan(s.claim_ahead_seconds, 0, None)
         return plan_claims(
-            self._coming.until(),
+            self._coming.until(within),
             workers=self._coming.workers,
             rate=self._claim_rate / CLAIM_RATE_SAFETY,
             min_window=s.claim_ahead_seconds,
