@@ -28,7 +28,7 @@ from cronwell.liveness import Liveness
 from cronwell.maintenance import announce_durability, process_id, this_process
 from cronwell.metrics import Metrics
 from cronwell.models import MisfirePolicy, ScheduledJobSpec
-from cronwell.plan import plan_job
+from cronwell.plan import plan_job, visit_reach
 from cronwell.settings import SchedulerSettings
 from cronwell.store import gauges, history_partitions, leases, materialise, processes
 from cronwell.store.db import Database
@@ -205,6 +205,8 @@ class Scheduler:
         if epoch is None:
             return 0
         s = self.settings
+        horizon = timedelta(seconds=s.horizon_seconds)
+        visit = timedelta(seconds=visit_seconds(s.horizon_seconds, s.tick_seconds))
         started = time.perf_counter()
         async with self.db.transaction() as conn:
             jobs = await materialise.claim_due(
@@ -212,7 +214,7 @@ class Scheduler:
                 holder=self.holder,
                 partition=partition,
                 epoch=epoch,
-                horizon_seconds=visit_seconds(s.horizon_seconds, s.tick_seconds),
+                horizon_seconds=visit.total_seconds(),
                 limit=s.batch_size,
                 conn=conn,
             )
@@ -247,7 +249,7 @@ class Scheduler:
                     sched,
                     job.next_run_at,
                     now=now,
-                    horizon=timedelta(seconds=s.horizon_seconds),
+                    horizon=visit_reach(now, job.id, horizon=horizon, visit=visit) - now,
                     deadline=deadline,
                     policy=MisfirePolicy(spec.misfire_policy),
                     max_catchup=spec.max_catchup,
@@ -434,12 +436,12 @@ class Scheduler:
 
 def visit_seconds(horizon: float, tick: float) -> float:
     """How near its next instant brings a job into a materialisation batch, which then
-    materialises it to the full horizon: half the horizon, so a job with an instant every
-    second is locked, read and updated once per half horizon, not every second (its row's
-    update is never HOT: next_run_at is indexed; and the workers' overlap locks on it wait
-    for the batch that holds it). At least two ticks (a pass runs once a tick), so every
-    instant is still materialised a tick ahead; never beyond the horizon, so a pause still
-    leaves at most a horizon of occurrences to run."""
+    materialises it to between this and the horizon (plan.visit_reach): half the horizon,
+    so a job with an instant every second is locked, read and updated once per half
+    horizon, not every second (its row's update is never HOT: next_run_at is indexed; and
+    the workers' overlap locks on it wait for the batch that holds it). At least two ticks
+    (a pass runs once a tick), so every instant is still materialised a tick ahead; never
+    beyond the horizon, so a pause still leaves at most a horizon of occurrences to run."""
     return max(horizon / 2, min(horizon, 2 * tick))
 
 

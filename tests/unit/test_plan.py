@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import math
+import random
+import uuid
 from datetime import UTC, datetime, timedelta
 
 from cronwell.cronexpr import load_zone
 from cronwell.models import MisfirePolicy
-from cronwell.plan import plan_job
+from cronwell.plan import plan_job, visit_reach
 from cronwell.schedule import CronSchedule, JobSchedule
 
 
@@ -121,3 +124,36 @@ def test_one_shot_in_the_past_runs_once_as_catch_up() -> None:
     assert p.run == [utc(2026, 6, 1, 11, 0)] and p.catchup and p.next_run_at is None
     p = plan(MisfirePolicy.SKIP, utc(2026, 6, 1, 11, 0), schedule=one)
     assert p.missed == [utc(2026, 6, 1, 11, 0)] and not p.run
+
+
+# -- how far a visit reaches (plan.visit_reach) ---------------------------------------------
+
+VISIT = timedelta(seconds=15)
+
+
+def test_a_visit_reaches_past_the_visit_line_and_never_past_the_horizon() -> None:
+    for i in range(2000):
+        job = uuid.UUID(int=random.Random(i).getrandbits(128))
+        now = NOW + timedelta(microseconds=random.Random(-i).randrange(10**8))
+        reach = visit_reach(now, job, horizon=H30, visit=VISIT)
+        assert now + VISIT < reach <= now + H30
+
+
+def test_a_per_second_job_comes_back_once_a_cycle_and_jobs_come_back_spread_over_it() -> None:
+    """Each job is visited again one cycle (horizon - visit) after its last reach, whenever
+    its first visit was; 3,000 per-second jobs first visited in one pass come back spread
+    over the 15 one-second ticks of the cycle, not all in one."""
+    rng = random.Random(7)
+    jobs = [uuid.UUID(int=rng.getrandbits(128)) for _ in range(3000)]
+    per_tick: dict[int, int] = {}
+    for job in jobs:
+        reach = visit_reach(NOW, job, horizon=H30, visit=VISIT)
+        cursor = reach.replace(microsecond=0) + timedelta(seconds=1)  # the next whole second
+        # the first tick at which the cursor is within the visit line
+        back = math.ceil((cursor - VISIT - NOW).total_seconds())
+        per_tick[back] = per_tick.get(back, 0) + 1
+        tick = NOW + timedelta(seconds=back)
+        again = visit_reach(tick, job, horizon=H30, visit=VISIT)
+        assert again - reach == H30 - VISIT
+    assert set(per_tick) <= set(range(1, 17))
+    assert max(per_tick.values()) < 3 * 3000 / 15
