@@ -102,7 +102,7 @@ async def test_a_materialised_one_shot_burst_still_counts(db: Database) -> None:
     for i in range(5):
         await make_job(db, f"once-{i}", runAt=at.isoformat(), pool="burst")
     before = await Forecaster().forecast(db, 120, pool="burst")
-    s = await scheduler(db, horizon_seconds=60)
+    s = await scheduler(db, horizon_seconds=90)  # visited within half of it
     assert await s.materialise_until_idle() == 5
     async with db.connection() as conn:
         cur = await conn.execute(

@@ -33,7 +33,7 @@ async def test_scheduler_metrics_follow_materialisation(db: Database) -> None:
     await s.balance()
     await s.materialise_until_idle()
     await s.report_gauges()
-    assert value(m, "cronwell_occurrences_materialised_total", origin="schedule") >= 3
+    assert value(m, "cronwell_occurrences_materialised_total", origin="schedule") >= 1
     assert value(m, "cronwell_occurrences_missed_total") >= 9
     assert value(m, "cronwell_materialise_batch_jobs_count") >= 1
     assert value(m, "cronwell_partitions_owned") == 1

@@ -25,7 +25,9 @@ async def test_materialises_ahead_with_identity_keys(db: Database) -> None:
     assert await s.materialise_until_idle() == 1
     occ = await occurrences(db, "tick")
     now = await db_now(db)
-    assert 3 <= len(occ) <= 4  # every 10 s within 30 s
+    # every 10 s, past half the horizon (to the job's phase) and within it
+    assert 1 <= len(occ) <= 4
+    assert max(o["scheduled_for"] for o in occ) > now + timedelta(seconds=5)
     for o in occ:
         assert o["idempotency_key"] == schedule.occurrence_key(job.id, o["scheduled_for"])
         assert o["state"] == "pending" and o["run_at"] == o["scheduled_for"]
@@ -273,7 +275,7 @@ async def test_a_stored_spec_that_no_longer_validates_parks_its_job_only(db: Dat
         )
     s = await scheduler(db, horizon_seconds=30)
     assert await s.materialise_until_idle() == 2
-    assert len(await occurrences(db, "good")) >= 3
+    assert len(await occurrences(db, "good")) >= 1
     assert await occurrences(db, "bad") == []
     async with db.connection() as conn:
         cur = await conn.execute("SELECT next_run_at FROM cronwell_jobs WHERE id = %s", (bad.id,))
