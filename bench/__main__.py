@@ -48,6 +48,7 @@ from bench.common import (
     bench_server,
     db_url,
     discard,
+    enable_statements,
     load_average,
     machine_facts,
     merge_latest,
@@ -606,13 +607,13 @@ async def main() -> None:
             if "statements" in only:
 
                 async def counted() -> dict[str, Any]:
-                    await profile.enable_statements(db, track_nested=True)
+                    await enable_statements(db, track_nested=True)
                     n = args.statements_jobs
                     figs = await burst.burst(
                         db, url, n, args.workers, args.concurrency, args.lead, statements=True
                     )
                     counts = await profile.per_query(db, n)
-                    await profile.enable_statements(db)
+                    await enable_statements(db)
                     print(profile.table(counts), flush=True)
                     keep = ("succeeded", "all_succeeded_after_s")
                     cpu = ("worker_cpu_ms_per_occurrence", "postgres_cpu_ms_per_occurrence")

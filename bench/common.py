@@ -389,3 +389,62 @@ def merge_latest(latest: Path, results: dict[str, Any]) -> dict[str, Any]:
     merged_from = {k: v for k, v in before.get("merged_from", {}).items() if k in kept}
     merged_from |= {k: origin for k in kept if k not in merged_from}
     return kept | results | ({"merged_from": merged_from} if merged_from else {})
+
+
+async def statements(db: Database, n: int, top: int = 12) -> dict[str, Any]:
+    """PostgreSQL's time per statement since the reset, top by total: execution, and
+    planning where pg_stat_statements.track_planning is on (zero otherwise)."""
+    async with db.connection() as conn:
+        cur = await conn.execute(
+            "SELECT calls, total_exec_time AS ms, total_plan_time AS plan_ms, rows,"
+            " left(regexp_replace(query, '\\s+', ' ', 'g'), 160) AS query"
+            " FROM pg_stat_statements WHERE query NOT ILIKE '%%pg_stat_statements%%'"
+            " ORDER BY total_exec_time + total_plan_time DESC LIMIT %s",
+            (top,),
+        )
+        rows = await cur.fetchall()
+        cur = await conn.execute(
+            "SELECT coalesce(sum(total_exec_time), 0) AS ms,"
+            " coalesce(sum(total_plan_time), 0) AS plan_ms FROM pg_stat_statements"
+        )
+        total = await cur.fetchone() or {"ms": 0, "plan_ms": 0}
+    return {
+        "exec_ms_per_occurrence_all_statements": round(float(total["ms"]) / n, 4),
+        "plan_ms_per_occurrence_all_statements": round(float(total["plan_ms"]) / n, 4),
+        "top_statements": [
+            {
+                "exec_ms_per_occurrence": round(float(r["ms"]) / n, 4),
+                "plan_ms_per_occurrence": round(float(r["plan_ms"]) / n, 4),
+                "calls": r["calls"],
+                "rows": r["rows"],
+                "ms_per_call": round(float(r["ms"]) / max(r["calls"], 1), 3),
+                "query": r["query"],
+            }
+            for r in rows
+        ],
+    }
+
+
+def per_occurrence(st: dict[str, Any], n: int) -> dict[str, Any]:
+    """`statements(db, 1)` read before a section's own queries, divided by its n."""
+    out = {k: round(v / n, 4) for k, v in st.items() if k.endswith("_all_statements")}
+    top = [
+        r | {k: round(r[k] / n, 4) for k in ("exec_ms_per_occurrence", "plan_ms_per_occurrence")}
+        for r in st["top_statements"]
+    ]
+    return out | {"top_statements": top}
+
+
+async def enable_statements(
+    db: Database, *, track_nested: bool = False, planning: bool = False
+) -> None:
+    """pg_stat_statements on (the server loads its library when `profile`, `statements` or
+    `soak` runs); `track_nested`: the statements triggers and functions run counted too;
+    `planning`: planning time counted too (from now on, until called again without)."""
+    async with db.connection() as conn:
+        await conn.execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
+        track = "all" if track_nested else "top"
+        await conn.execute(f"ALTER SYSTEM SET pg_stat_statements.track = '{track}'")
+        on = "on" if planning else "off"
+        await conn.execute(f"ALTER SYSTEM SET pg_stat_statements.track_planning = {on}")
+        await conn.execute("SELECT pg_reload_conf()")

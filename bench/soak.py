@@ -36,8 +36,15 @@ from typing import Any
 
 import psutil
 
-from bench import profile
-from bench.common import BenchError, cpu_seconds, load_average, stop_all, worker_argv
+from bench.common import (
+    BenchError,
+    cpu_seconds,
+    enable_statements,
+    load_average,
+    statements,
+    stop_all,
+    worker_argv,
+)
 from cronwell import jobs
 from cronwell.models import ScheduledJobSpec
 from cronwell.store import Database
@@ -608,7 +615,7 @@ async def soak(
         flush=True,
     )
     await seed(db, mix)
-    await profile.enable_statements(db, planning=True)
+    await enable_statements(db, planning=True)
     env = env | {
         "CRONWELL_RETENTION_SECONDS": f"{retention_s:g}",
         "CRONWELL_HISTORY_PARTITION_SECONDS": str(partition_seconds(minutes)),
@@ -642,7 +649,7 @@ async def soak(
         **cpu,
         "bursts": bursts,
         **figs,
-        "statements_after_warmup": await profile.statements(db, max(written, 1), top=20),
+        "statements_after_warmup": await statements(db, max(written, 1), top=20),
     }
     report(result)
     _write(out, samples, bursts)

@@ -24,13 +24,15 @@ import subprocess
 import sys
 from typing import Any
 
-from bench import profile
 from bench.common import (
     BenchError,
     cpu_seconds,
+    enable_statements,
     lag_stats,
+    per_occurrence,
     postgres_cpu_seconds,
     seed,
+    statements,
     stop_all,
     worker_argv,
 )
@@ -56,7 +58,7 @@ async def sustained(
     warmup: float,
 ) -> dict[str, Any]:
     check(duration, warmup)
-    await profile.enable_statements(db, planning=True)
+    await enable_statements(db, planning=True)
     await seed(
         db,
         n_jobs,
@@ -96,7 +98,7 @@ async def sustained(
         await asyncio.sleep(duration - warmup)
         cpu1 = cpu()
         t_end = await clock.now(db)
-        per_statement = await profile.statements(db, 1, top=12)  # before the bench's counts
+        per_statement = await statements(db, 1, top=12)  # before the bench's counts
     finally:
         stop_all(procs)
     async with db.connection() as conn:
@@ -143,6 +145,6 @@ async def sustained(
         "worker_cpu_ms_per_occurrence": round(worker_ms, 3),
         "postgres_cpu_ms_per_occurrence": round(pg_ms, 3),
         "cpu_bound_per_second": round((os.cpu_count() or 1) * 1000 / cpu_ms),
-        "statements_after_warmup": profile.per_occurrence(per_statement, handled),
+        "statements_after_warmup": per_occurrence(per_statement, handled),
     }
     return out | lag_stats(lags)
