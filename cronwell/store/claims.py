@@ -6,7 +6,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 from cronwell.store.attempts import ALL_TIME, Within
@@ -210,6 +210,12 @@ async def stranded(db: Database, *, limit: int, conn: Conn | None = None) -> lis
     return [r.job_id for r in rows]
 
 
+EARLIEST = datetime(1, 1, 1, tzinfo=UTC)
+"""Before any instant: `coming`'s lower bound when it reads from the first (a constant,
+not NULL: a generic plan cannot use `x IS NULL OR run_at > x` as its index bound, and read
+a burst again for each farther window of a look)."""
+
+
 async def coming(
     db: Database,
     *,
@@ -233,7 +239,7 @@ async def coming(
             "rows": rows,
             "instants": instants,
             "until": until,
-            "after": after,
+            "after": EARLIEST if after is None else after,
         },
     )
 

@@ -111,7 +111,8 @@ LIMIT %(limit)s;
 
 -- name: OccurrenceComingInstants
 -- What is coming for a pool: the instants (run_at) of its earliest pending occurrences, at
--- most `rows` of them within `horizon` seconds and after `after` (NULL: from the first),
+-- most `rows` of them within `horizon` seconds and after `after` (the caller's EARLIEST:
+-- from the first; never NULL, so that a generic plan starts its range scan there too),
 -- with how many are due at each, and the database clock. A worker sizes its claim ahead
 -- from it (it starts claiming a burst early enough that its share is claimed before the
 -- instant) and sleeps until the next one; it reads a near window first and a farther one
@@ -126,7 +127,7 @@ LEFT JOIN LATERAL (
     FROM (SELECT run_at FROM cronwell_occurrences
           WHERE pool = %(pool)s AND state = 'pending'
             AND run_at <= now() + make_interval(secs => %(horizon)s)
-            AND (%(after)s::timestamptz IS NULL OR run_at > %(after)s)
+            AND run_at > %(after)s
             AND (%(until)s::timestamptz IS NULL OR scheduled_for < %(until)s)
           ORDER BY run_at LIMIT %(rows)s) c
     GROUP BY c.run_at ORDER BY c.run_at LIMIT %(instants)s) i ON true

@@ -18,6 +18,7 @@ import pytest
 
 from cronwell.store import history_partitions
 from cronwell.store._queries import q
+from cronwell.store.claims import EARLIEST
 from cronwell.store.db import Database
 
 TYPES = {"keys": "text[]", "ids": "bigint[]", "fences": "bigint[]", "lease": "float8",
@@ -115,7 +116,7 @@ def touched(plan: str) -> set[str]:
     return set(re.findall(r"(?:Scan|Scan using \S+) on (cronwell_occurrences_\w+)", plan))
 
 
-COMING = {"pool": "default", "horizon": 2.0, "rows": 500, "instants": 1000, "after": None}
+COMING = {"pool": "default", "horizon": 2.0, "rows": 500, "instants": 1000, "after": EARLIEST}
 CANDIDATES = {"pool": "default", "ahead": 2.0, "limit": 500, "serial": ["Skip"]}
 LIMITS = {"after": uuid.UUID(int=0), "jobs": 200, "limit": 1000}
 
@@ -150,3 +151,26 @@ async def test_claim_plans_leave_out_the_partitions_after_until(
     assert len(ahead) >= 4, ahead
     assert ahead <= unbounded, unbounded  # without `until` every one is planned
     assert bounded and not bounded & ahead, bounded
+
+
+async def test_a_looks_farther_window_starts_its_range_scan_after_the_nearer_one(
+    db: Database,
+) -> None:
+    """The generic plan of the look (psycopg prepares it after five executions) starts its
+    range scan of the claim index at `after`: a look's farther window does not read the
+    nearer one's rows again (`after IS NULL OR run_at > after` was a filter, so a burst
+    in the nearer window was read once per window)."""
+    body, params = prepared(q("OccurrenceComingInstants"))
+    types = {"pool": "text", "horizon": "float8", "after": "timestamptz",
+             "until": "timestamptz", "rows": "int", "instants": "int"}  # fmt: skip
+    async with db.connection() as conn:
+        await conn.execute("SET plan_cache_mode = force_generic_plan")
+        await conn.execute(f"PREPARE look({', '.join(types[p] for p in params)}) AS {body}")
+        values = {"pool": "'default'", "horizon": "30", "after": "now()", "until": "NULL",
+                  "rows": "1000", "instants": "1000"}  # fmt: skip
+        cur = await conn.execute(f"EXPLAIN EXECUTE look({', '.join(values[p] for p in params)})")
+        plan = "\n".join(str(next(iter(r.values()))) for r in await cur.fetchall())
+        await conn.execute("DEALLOCATE look")
+        await conn.execute("RESET plan_cache_mode")
+    after = f"${params.index('after') + 1}"
+    assert re.search(rf"Index Cond: .*\(run_at > {re.escape(after)}\)", plan), plan
