@@ -391,9 +391,10 @@ def merge_latest(latest: Path, results: dict[str, Any]) -> dict[str, Any]:
     return kept | results | ({"merged_from": merged_from} if merged_from else {})
 
 
-async def statements(db: Database, n: int, top: int = 12) -> dict[str, Any]:
-    """PostgreSQL's time per statement since the reset, top by total: execution, and
-    planning where pg_stat_statements.track_planning is on (zero otherwise)."""
+async def statements(db: Database, top: int = 12) -> dict[str, Any]:
+    """PostgreSQL's time per statement since the reset, in ms, the `top` by total:
+    execution, and planning where pg_stat_statements.track_planning is on (zero
+    otherwise). Read it before a section's own queries; `per_occurrence` divides it."""
     async with db.connection() as conn:
         cur = await conn.execute(
             "SELECT calls, total_exec_time AS ms, total_plan_time AS plan_ms, rows,"
@@ -408,6 +409,12 @@ async def statements(db: Database, n: int, top: int = 12) -> dict[str, Any]:
             " coalesce(sum(total_plan_time), 0) AS plan_ms FROM pg_stat_statements"
         )
         total = await cur.fetchone() or {"ms": 0, "plan_ms": 0}
+    return {"total": dict(total), "top": [dict(r) for r in rows]}
+
+
+def per_occurrence(st: dict[str, Any], n: int) -> dict[str, Any]:
+    """`statements` per occurrence of the n a section handled."""
+    total = st["total"]
     return {
         "exec_ms_per_occurrence_all_statements": round(float(total["ms"]) / n, 4),
         "plan_ms_per_occurrence_all_statements": round(float(total["plan_ms"]) / n, 4),
@@ -420,27 +427,18 @@ async def statements(db: Database, n: int, top: int = 12) -> dict[str, Any]:
                 "ms_per_call": round(float(r["ms"]) / max(r["calls"], 1), 3),
                 "query": r["query"],
             }
-            for r in rows
+            for r in st["top"]
         ],
     }
-
-
-def per_occurrence(st: dict[str, Any], n: int) -> dict[str, Any]:
-    """`statements(db, 1)` read before a section's own queries, divided by its n."""
-    out = {k: round(v / n, 4) for k, v in st.items() if k.endswith("_all_statements")}
-    top = [
-        r | {k: round(r[k] / n, 4) for k in ("exec_ms_per_occurrence", "plan_ms_per_occurrence")}
-        for r in st["top_statements"]
-    ]
-    return out | {"top_statements": top}
 
 
 async def enable_statements(
     db: Database, *, track_nested: bool = False, planning: bool = False
 ) -> None:
-    """pg_stat_statements on (the server loads its library when `profile`, `statements` or
-    `soak` runs); `track_nested`: the statements triggers and functions run counted too;
-    `planning`: planning time counted too (from now on, until called again without)."""
+    """pg_stat_statements on (the server loads its library when `profile`, `statements`,
+    `sustained` or `soak` runs); `track_nested`: the statements triggers and functions run
+    counted too; `planning`: planning time counted too (from now on, until called again
+    without)."""
     async with db.connection() as conn:
         await conn.execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
         track = "all" if track_nested else "top"

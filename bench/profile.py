@@ -22,7 +22,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from bench.common import enable_statements, statements
+from bench.common import enable_statements, per_occurrence, statements
 from cronwell.store import Database
 from cronwell.store._queries import queries
 
@@ -214,7 +214,7 @@ async def summary(db: Database, figs: dict[str, Any], pdir: Path) -> dict[str, A
     """After the burst (`figs`, run with py-spy writing to `pdir`): the shares, PostgreSQL's
     time per statement, the CPU per occurrence and the floor it implies."""
     n = figs["occurrences"]
-    stmts = await statements(db, n)
+    stmts = per_occurrence(await statements(db), n)
     cpu_ms = figs.get("worker_cpu_ms_per_occurrence", 0) + figs.get(
         "postgres_cpu_ms_per_occurrence", 0
     )

@@ -41,6 +41,7 @@ from bench.common import (
     cpu_seconds,
     enable_statements,
     load_average,
+    per_occurrence,
     statements,
     stop_all,
     worker_argv,
@@ -649,7 +650,7 @@ async def soak(
         **cpu,
         "bursts": bursts,
         **figs,
-        "statements_after_warmup": await statements(db, max(written, 1), top=20),
+        "statements_after_warmup": per_occurrence(await statements(db, top=20), max(written, 1)),
     }
     report(result)
     _write(out, samples, bursts)

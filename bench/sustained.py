@@ -98,7 +98,7 @@ async def sustained(
         await asyncio.sleep(duration - warmup)
         cpu1 = cpu()
         t_end = await clock.now(db)
-        per_statement = await statements(db, 1, top=12)  # before the bench's counts
+        per_statement = await statements(db)  # before the bench's counts
     finally:
         stop_all(procs)
     async with db.connection() as conn:
