@@ -414,12 +414,12 @@ async def heartbeat(
     db: Database,
     *,
     worker_id: str,
-    running: list[tuple[str, int]],
+    running: list[tuple[int, int]],
     lease_seconds: float,
     within: attempts.Within = attempts.ALL_TIME,
 ) -> set[str]:
-    """Extend all running leases in one statement (their instants `within` these bounds);
-    returns the keys still held."""
+    """Extend all running leases (id, fence) in one statement (their instants `within`
+    these bounds); returns the keys still held."""
     if not running:
         return set()
     return await attempts.heartbeat(
@@ -429,10 +429,10 @@ async def heartbeat(
 
 async def reassert(
     db: Database, *, worker_id: str, held: list[tuple[str, int, int, bool]], lease_seconds: float
-) -> dict[str, int]:
+) -> dict[str, attempts.Restored]:
     """Restore claims (key, fence, attempt, started) this worker holds that the store
-    forgot in a failover; returns the keys restored with their rows' ids (a fenced write
-    for them may go on, by that id: the row may have been materialised again)."""
+    forgot in a failover; returns the keys restored with their rows (fenced writes for them
+    go on by that row's id and instant: it may have been materialised again)."""
     if not held:
         return {}
     return await attempts.reassert(db, held, worker_id=worker_id, lease_seconds=lease_seconds)
@@ -455,12 +455,12 @@ async def record_starts(
 
 async def release(
     db: Database,
-    claimed: list[tuple[str, int]],
+    claimed: list[tuple[int, int]],
     *,
     within: attempts.Within = attempts.ALL_TIME,
 ) -> set[str]:
-    """Give back claimed-but-unstarted occurrences (graceful shutdown; their instants
-    `within` these bounds)."""
+    """Give back claimed-but-unstarted occurrences (id, fence) (graceful shutdown; their
+    instants `within` these bounds); returns the keys released."""
     if not claimed:
         return set()
     return await attempts.release(db, claimed, within=within)

@@ -1,5 +1,5 @@
-"""Running attempts, fenced per (idempotency key, fence) pair, or (id, fence) on the hot path
-(starts and completions: the worker holds the ids from its claim): heartbeats, starts,
+"""Running attempts, fenced per (id, fence) pair (the worker holds the ids from its claims),
+or per (idempotency key, fence) for a failure and a re-assertion: heartbeats, starts,
 completions, failures, releases, and the reaping of expired leases. Each ending writes its
 cronwell_attempts row, which carries its occurrence's instant. Every write is bounded by
 `within`, the earliest and latest instant of its rows, so a partitioned history is pruned
@@ -27,9 +27,13 @@ class Keyed:
 
 
 @dataclass(frozen=True, slots=True)
-class KeyedId:
+class Restored:
+    """A claim a re-assertion restored: its row's id and instant now (the row may have been
+    materialised again: another id and, for a trigger, another instant)."""
+
     idempotency_key: str
     id: int
+    scheduled_for: datetime
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,9 +68,10 @@ class Reaped:
     run_at: datetime
 
 
-def _keys(held: Sequence[tuple[str, int]], within: Within) -> dict[str, object]:
+def _pairs(held: Sequence[tuple[int, int]], within: Within) -> dict[str, object]:
+    """The (id, fence) pairs as two arrays, and the bounds of their instants."""
     return {
-        "keys": [k for k, _ in held],
+        "ids": [i for i, _ in held],
         "fences": [f for _, f in held],
         "lo": within[0],
         "hi": within[1],
@@ -76,31 +81,24 @@ def _keys(held: Sequence[tuple[str, int]], within: Within) -> dict[str, object]:
 def _ids(
     held: Sequence[tuple[int, int]], starts: Sequence[datetime | None] | None, within: Within
 ) -> dict[str, object]:
-    """The (id, fence) pairs as two arrays, each one's start instant (None: none), and the
-    bounds of their instants."""
+    """The pairs, with each one's start instant (None: none)."""
     at: list[datetime | None] = list(starts) if starts is not None else [None] * len(held)
-    return {
-        "ids": [i for i, _ in held],
-        "fences": [f for _, f in held],
-        "starts": at,
-        "lo": within[0],
-        "hi": within[1],
-    }
+    return {**_pairs(held, within), "starts": at}
 
 
 async def heartbeat(
     db: Database,
-    running: Sequence[tuple[str, int]],
+    running: Sequence[tuple[int, int]],
     *,
     worker_id: str,
     lease_seconds: float,
     within: Within = ALL_TIME,
 ) -> set[str]:
-    """Extend the leases of (key, fence) held by `worker_id`; returns the keys still held."""
+    """Extend the leases of (id, fence) held by `worker_id`; returns the keys still held."""
     rows = await db.rows(
         Keyed,
         "OccurrenceHeartbeat",
-        {**_keys(running, within), "lease": lease_seconds, "worker_id": worker_id},
+        {**_pairs(running, within), "lease": lease_seconds, "worker_id": worker_id},
     )
     return {r.idempotency_key for r in rows}
 
@@ -111,11 +109,11 @@ async def reassert(
     *,
     worker_id: str,
     lease_seconds: float,
-) -> dict[str, int]:
+) -> dict[str, Restored]:
     """Restore the claims (key, fence, attempt, started) the store forgot (a failover lost
-    them); returns the keys restored, with their rows' ids. Any other key lost its lease."""
+    them); returns the keys restored, with their rows. Any other key lost its lease."""
     rows = await db.rows(
-        KeyedId,
+        Restored,
         "OccurrenceReassert",
         {
             "keys": [k for k, _, _, _ in held],
@@ -126,7 +124,7 @@ async def reassert(
             "lease": lease_seconds,
         },
     )
-    return {r.idempotency_key: r.id for r in rows}
+    return {r.idempotency_key: r for r in rows}
 
 
 async def record_starts(
@@ -191,10 +189,11 @@ async def fail(
 
 
 async def release(
-    db: Database, claimed: Sequence[tuple[str, int]], *, within: Within = ALL_TIME
+    db: Database, claimed: Sequence[tuple[int, int]], *, within: Within = ALL_TIME
 ) -> set[str]:
-    """Give back claimed-but-unstarted (key, fence): pending again, attempt not consumed."""
-    rows = await db.rows(Keyed, "OccurrenceRelease", _keys(claimed, within))
+    """Give back claimed-but-unstarted (id, fence): pending again, attempt not consumed;
+    returns the keys released."""
+    rows = await db.rows(Keyed, "OccurrenceRelease", _pairs(claimed, within))
     return {r.idempotency_key for r in rows}
 
 

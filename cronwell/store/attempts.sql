@@ -1,20 +1,21 @@
 -- Running attempts: fenced heartbeats, completions, failures, releases and lease reaping
 -- (each completion also writes its cronwell_attempts row).
 
--- The batch statements find their rows the same way: `held`, each key's row by the unique
--- key index (LIMIT 1 keeps the planner from flattening it into a join), as one row of two
--- parallel arrays (the ids, and the fence the caller holds for each), then those rows by
--- primary key (`id = ANY (ids)`), fenced in the UPDATE's own WHERE (re-checked on the row
--- it locks) against its own pair: the fence at its id's position. Never `fence = ANY
--- (fences)` across the batch: after a failover that lost commits, a fence value was issued
--- again to another key of the same batch, and a stale batch completed attempts it did not
--- run (issue 28). `coalesce(state = 'running', false)` hides the running rows'
--- partial index (cronwell_occurrences_lease), which the planner would otherwise scan,
--- filtering every running row against the id list, when statistics say few are running.
--- Statistics cannot be trusted here: in a burst they were taken while every row was
--- pending, and a join with unnest() planned from them matched each running row against the
--- whole key list (189 ms for one batch of 341 starts; completions and heartbeats alike).
--- tests/integration/test_batch_plans.py checks the plan under such statistics.
+-- The batch statements (heartbeats, starts, completions, releases) find their rows by the
+-- ids the worker holds from its claims: by primary key (`id = ANY (ids)`, an index
+-- condition whatever the statistics) joined to their pairs, `unnest(ids, fences)`, on id
+-- and fence: each row against its own pair, never `fence = ANY (fences)` across the batch
+-- (after a failover that lost commits, a fence value was issued again to another key of
+-- the same batch, and a stale batch completed attempts it did not run: issue 28), and
+-- without array_position's scan of the batch per row. `coalesce(state = 'running', false)`
+-- hides the running rows' partial index (cronwell_occurrences_lease), which the planner
+-- would otherwise scan, filtering every running row against the id list, when statistics
+-- say few are running. Statistics cannot be trusted here: in a burst they were taken while
+-- every row was pending, or before the burst was materialised at all; a join with unnest()
+-- planned from them matched each running row against the whole list (189 ms for one batch
+-- of 341 starts), and a lookup per key read the whole burst per key (see
+-- OccurrenceHeartbeat). tests/integration/test_batch_plans.py checks the plans under both.
+-- Only a re-assertion (rare: after a failover) and a failure (one row) go by key.
 --
 -- Every write by id or key also bounds the instant, `scheduled_for BETWEEN %(lo)s AND
 -- %(hi)s` (the batch's earliest and latest instant, which the worker holds from its
@@ -22,29 +23,19 @@
 -- a key alone probes the index of every partition, the bounds prune to the partitions of
 -- the batch's instants (one, for a batch of one instant). Unpartitioned, it is one more
 -- filter on rows already found by id. A caller that knows no instants passes the widest
--- bounds (attempts.ALL_TIME): a write right after a re-assertion, whose row may have been
--- materialised again (a trigger's instant is its insertion time).
---
--- The start and the completion, on the hot path (one each per occurrence), skip the key
--- lookup: the worker holds each occurrence's id from its claim. Their rows are read by
--- primary key (`id = ANY (ids)`, an index condition whatever the statistics) and joined to
--- their pairs, `unnest(ids, fences)`, on id and fence: each row against its own pair, never
--- against the batch's set of fences (issue 28), and without array_position's scan of the
--- batch per row.
+-- bounds (attempts.ALL_TIME).
 
 -- name: OccurrenceHeartbeat
--- Extends the leases of running attempts; a key missing from the result lost its lease.
-WITH held AS MATERIALIZED (
-    SELECT array_agg(x.id) AS ids, array_agg(t.f) AS fences
-    FROM unnest(%(keys)s::text[], %(fences)s::bigint[]) AS t(k, f)
-    CROSS JOIN LATERAL (SELECT id FROM cronwell_occurrences
-                        WHERE idempotency_key = t.k
-                          AND scheduled_for BETWEEN %(lo)s AND %(hi)s LIMIT 1) x)
+-- Extends the leases of running attempts by (id, fence) pair (as the start and the
+-- completion find theirs); a pair missing from the result lost its lease. Not by key: a
+-- lookup per key, planned from statistics taken before a burst was materialised, went by
+-- the instant's index with the key as a filter, and every key read the whole burst (a
+-- heartbeat of 1,000 attempts of a 50,000 burst: 11.5 s, longer than a lease).
 UPDATE cronwell_occurrences o
 SET lease_expires_at = now() + make_interval(secs => %(lease)s)
-FROM held h
-WHERE o.id = ANY (h.ids) AND o.scheduled_for BETWEEN %(lo)s AND %(hi)s
-  AND o.fence = h.fences[array_position(h.ids, o.id)]
+FROM unnest(%(ids)s::bigint[], %(fences)s::bigint[]) AS t(id, fence)
+WHERE o.id = ANY (%(ids)s::bigint[]) AND o.scheduled_for BETWEEN %(lo)s AND %(hi)s
+  AND o.id = t.id AND o.fence = t.fence
   AND coalesce(o.state = 'running', false)
   AND o.worker_id = %(worker_id)s
 RETURNING o.idempotency_key;
@@ -57,8 +48,9 @@ RETURNING o.idempotency_key;
 -- ever made and is restored as it was: running under the worker's fence, its attempt
 -- number (never rewound), started if it had started. Never over an occurrence running,
 -- finished, or holding a fence not below the worker's: that is a lease lost, as ever.
--- Returns each row's id: the lost commits may have been its materialisation too, and the
--- worker's fenced writes by id then go to the row materialised again under the same key.
+-- Returns each row's id and instant: the lost commits may have been its materialisation
+-- too, and the worker's fenced writes by id then go to the row materialised again under the
+-- same key (a trigger's at another instant, its insertion time).
 -- Found by key alone (every partition: a rare path), not bounded by the instant the worker
 -- holds: a trigger materialised again has a later instant (its insertion time).
 WITH held AS MATERIALIZED (
@@ -79,7 +71,7 @@ SET state = 'running', fence = h.fences[array_position(h.ids, o.id)],
 FROM held h
 WHERE o.id = ANY (h.ids) AND coalesce(o.state = 'pending', false)
   AND coalesce(o.fence, 0) < h.fences[array_position(h.ids, o.id)]
-RETURNING o.idempotency_key, o.id;
+RETURNING o.idempotency_key, o.id, o.scheduled_for;
 
 -- name: OccurrenceStartBatch
 -- Records the actual start of attempts claimed ahead of their instant, by (id, fence) pair
@@ -159,20 +151,14 @@ jobs AS (
 SELECT idempotency_key, job_id, overlap, state FROM failed;
 
 -- name: OccurrenceRelease
--- Gives back claimed-but-unstarted occurrences (graceful shutdown): pending again at their
--- instant (one claimed ahead is not due yet), attempt not consumed.
-WITH held AS MATERIALIZED (
-    SELECT array_agg(x.id) AS ids, array_agg(t.f) AS fences
-    FROM unnest(%(keys)s::text[], %(fences)s::bigint[]) AS t(k, f)
-    CROSS JOIN LATERAL (SELECT id FROM cronwell_occurrences
-                        WHERE idempotency_key = t.k
-                          AND scheduled_for BETWEEN %(lo)s AND %(hi)s LIMIT 1) x)
+-- Gives back claimed-but-unstarted occurrences (graceful shutdown) by (id, fence) pair:
+-- pending again at their instant (one claimed ahead is not due yet), attempt not consumed.
 UPDATE cronwell_occurrences o
 SET state = 'pending', attempt = o.attempt - 1, worker_id = NULL, lease_expires_at = NULL,
     run_at = greatest(o.run_at, now()), started_at = NULL, claimed_at = NULL
-FROM held h
-WHERE o.id = ANY (h.ids) AND o.scheduled_for BETWEEN %(lo)s AND %(hi)s
-  AND o.fence = h.fences[array_position(h.ids, o.id)]
+FROM unnest(%(ids)s::bigint[], %(fences)s::bigint[]) AS t(id, fence)
+WHERE o.id = ANY (%(ids)s::bigint[]) AND o.scheduled_for BETWEEN %(lo)s AND %(hi)s
+  AND o.id = t.id AND o.fence = t.fence
   AND coalesce(o.state = 'running', false)
 RETURNING o.idempotency_key;
 

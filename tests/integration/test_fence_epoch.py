@@ -4,10 +4,14 @@ matches each (key, fence) pair, never a set of fences across the batch."""
 
 from __future__ import annotations
 
+import asyncio
+
 from cronwell import dispatch
 from cronwell.dispatch import Claimed
 from cronwell.store import claims, fences
+from cronwell.store.attempts import Restored
 from cronwell.store.db import Database
+from tests.helpers.wait import wait_for
 
 from .helpers import sql
 from .worker_helpers import (
@@ -62,24 +66,22 @@ async def test_a_store_on_another_cluster_moves_to_the_next_generation(db: Datab
 
 
 async def test_a_batch_is_fenced_per_key_never_by_the_set_of_its_fences(db: Database) -> None:
-    """Two running attempts, each batch statement given both keys (ids, for the start and
-    the completion) with their fences swapped: each fence is in the batch, but not its
-    own, so nothing matches."""
+    """Two running attempts, each batch statement given both ids with their fences
+    swapped: each fence is in the batch, but not its own, so nothing matches."""
     a, b = await claim(db, "a"), await claim(db, "b")
-    swapped = [(a.key, b.fence), (b.key, a.fence)]
-    swapped_ids = [(a.id, b.fence), (b.id, a.fence)]
+    swapped = [(a.id, b.fence), (b.id, a.fence)]
     assert await dispatch.heartbeat(db, worker_id="w", running=swapped, lease_seconds=60) == set()
-    assert await dispatch.record_starts(db, swapped_ids) == set()
-    assert await dispatch.succeed(db, swapped_ids) == set()
+    assert await dispatch.record_starts(db, swapped) == set()
+    assert await dispatch.succeed(db, swapped) == set()
     assert await dispatch.release(db, swapped) == set()
     for c in (a, b):
         assert (await occurrence(db, c.key))["state"] == "running"
-    own = [(a.key, a.fence), (b.key, b.fence)]
+    own = [(a.id, a.fence), (b.id, b.fence)]
     assert await dispatch.heartbeat(db, worker_id="w", running=own, lease_seconds=60) == {
         a.key,
         b.key,
     }
-    assert await dispatch.succeed(db, [(a.id, a.fence), (b.id, b.fence)]) == {a.key, b.key}
+    assert await dispatch.succeed(db, own) == {a.key, b.key}
 
 
 async def test_a_stale_pair_records_nothing_while_the_rest_of_its_batch_lands(
@@ -123,7 +125,8 @@ async def test_a_claim_the_store_forgot_is_reasserted_as_it_was(db: Database) ->
     await forget(db, c, fence=None)
     assert await dispatch.succeed(db, [(c.id, c.fence)]) == set()  # as a stale worker...
     held = [(c.key, c.fence, c.attempt, True)]
-    assert await dispatch.reassert(db, worker_id="w", held=held, lease_seconds=60) == {c.key: c.id}
+    (back,) = (await dispatch.reassert(db, worker_id="w", held=held, lease_seconds=60)).items()
+    assert back == (c.key, Restored(c.key, c.id, c.scheduled_for))
     o = await occurrence(db, c.key)
     assert (o["state"], o["fence"], o["attempt"], o["worker_id"]) == ("running", c.fence, 1, "w")
     assert o["started_at"] is not None
@@ -144,9 +147,9 @@ async def test_a_claim_whose_row_was_materialised_again_completes_by_its_new_id(
     assert row["id"] != c.id
     held = [(c.key, c.fence, c.attempt, True)]
     back = await dispatch.reassert(db, worker_id="w", held=held, lease_seconds=60)
-    assert back == {c.key: row["id"]}
+    assert back == {c.key: Restored(c.key, row["id"], c.scheduled_for)}
     assert await dispatch.succeed(db, [(c.id, c.fence)]) == set()
-    assert await dispatch.succeed(db, [(back[c.key], c.fence)]) == {c.key}
+    assert await dispatch.succeed(db, [(back[c.key].id, c.fence)]) == {c.key}
 
 
 async def test_a_lost_lease_is_never_reasserted(db: Database) -> None:
@@ -183,3 +186,46 @@ async def test_a_worker_records_its_attempt_after_the_store_forgot_its_claim(
     assert [(a["attempt"], a["fence"], a["outcome"]) for a in await attempts(db, key)] == [
         (1, mark["fence"], "succeeded")
     ]
+
+
+async def test_a_worker_keeps_a_claim_whose_row_was_materialised_again_at_another_instant(
+    db: Database, db_url: str
+) -> None:
+    """The failover lost a trigger's materialisation too: it was made again under the same
+    key, another id and a later instant (a trigger's is its insertion time). The worker's
+    heartbeat re-asserts it once, and its later heartbeats and its completion go by the new
+    row's id and instant: the lease is held to the end and the attempt that ran succeeds
+    (by the claim's instant, the next heartbeat found nothing, could not re-assert a claim
+    already restored, and cancelled the attempt)."""
+    await handler_job(db, "moved", "t-wait-event")
+    async with running_worker(db_url, lease_seconds=1.5) as w:
+        key = await trigger(db, "moved")
+        mark = await started(key)
+        c = w.worker.running[key].claimed
+        await forget(db, c, fence=None)
+        (row,) = await sql(
+            db,
+            "UPDATE cronwell_occurrences SET id = DEFAULT,"
+            " scheduled_for = scheduled_for + interval '3 seconds'"
+            " WHERE id = %s RETURNING id, scheduled_for",
+            c.id,
+        )
+        # Heartbeats every 0.5 s: the re-assertion, then several by the moved row.
+        await wait_for(lambda: _restored(db, key), 5.0, "the claim re-asserted")
+        await asyncio.sleep(2.0)
+        assert key in w.worker.running and w.worker.running[key].abort is None
+        CONTROL[key].set()
+        assert (await w.outcome(key)).result == "succeeded"
+    (o,) = await sql(
+        db,
+        "SELECT id, scheduled_for, state, fence, attempt FROM cronwell_occurrences"
+        " WHERE idempotency_key = %s",
+        key,
+    )
+    assert (o["id"], o["scheduled_for"]) == (row["id"], row["scheduled_for"])
+    assert (o["state"], o["fence"], o["attempt"]) == ("succeeded", mark["fence"], 1)
+
+
+async def _restored(db: Database, key: str) -> bool | None:
+    o = await occurrence(db, key)
+    return True if o["state"] == "running" else None

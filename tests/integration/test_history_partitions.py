@@ -546,7 +546,7 @@ async def test_every_attempt_row_carries_its_occurrences_instant(fresh: Database
         (lost.key, "lease_expired", True),
     ]
     # A batch bounded by another instant matches nothing: the bounds are applied.
-    running = [(held.key, held.fence)]
+    running = [(held.id, held.fence)]
     for day, alive in ((timedelta(days=-1), set()), (timedelta(0), {held.key})):
         instant = held.scheduled_for + day
         got = await dispatch.heartbeat(

@@ -78,7 +78,7 @@ from cronwell.secretbox import SecretBox, SecretsKeyError
 from cronwell.settings import EgressSettings, SecretsSettings, WorkerSettings
 from cronwell.store import claims, job_secrets, notify, processes
 from cronwell.store import policies as store_policies
-from cronwell.store.attempts import ALL_TIME
+from cronwell.store.attempts import Restored
 from cronwell.store.db import Database
 from cronwell.supervise import RETRY_MAX_SECONDS, Backoff, Supervisor, wait_event
 from cronwell_worker import egress, targets
@@ -281,14 +281,19 @@ class _Running:
     it near its instant, and while it waits for a slot after it."""
     start_db: datetime | None = None
     """Started without a write: its start on the database clock, written with its ending."""
+    instant: datetime | None = None
+    """Its row's instant when a re-assertion found the row materialised again at another
+    (a trigger's is its insertion time); None: the claim's."""
 
     @property
     def held(self) -> tuple[str, int, int, datetime]:
         """(key, row id, fence, instant) for its fenced writes: the id is the context's, which
-        a re-assertion moves when a failover lost the row and it was materialised again."""
+        a re-assertion moves (with the instant) when a failover lost the row and it was
+        materialised again."""
         oid = self.ctx.occurrence_id
         c = self.claimed
-        return c.key, c.id if oid is None else oid, c.fence, c.scheduled_for
+        at = c.scheduled_for if self.instant is None else self.instant
+        return c.key, c.id if oid is None else oid, c.fence, at
 
 
 class Worker:
@@ -710,7 +715,7 @@ class Worker:
         try:
             released = await dispatch.release(
                 self.db,
-                [(c.key, c.fence) for c in claimed],
+                [(c.id, c.fence) for c in claimed],
                 within=dispatch.bounds([c.scheduled_for for c in claimed]),
             )
         except DatabaseError as e:
@@ -1064,9 +1069,11 @@ class Worker:
             started=started,
         )
         try:
-            new = await record(within=(c.scheduled_for, c.scheduled_for))
-            if new is None and await self._reassert([(c.key, c.fence)]):
-                new = await record()  # unbounded: its row may have been materialised again
+            at = r.held[3] if r is not None and r.claimed is c else c.scheduled_for
+            new = await record(within=(at, at))
+            if new is None and (back := await self._reassert([(c.key, c.fence)])):
+                at = back[c.key].scheduled_for  # its row may have been materialised again
+                new = await record(within=(at, at))
         except DatabaseError as db_error:
             log.error(
                 "could not record failure; the lease will expire and be reaped",
@@ -1224,15 +1231,15 @@ class Worker:
             with contextlib.suppress(*EXPECTED_ERRORS):
                 back = await self._reassert([(k, f) for k, f, _ in missing])
                 if back:
-                    # By the id the store has now: the lost commits may have included the
+                    # By the row the store has now: the lost commits may have included the
                     # occurrence's materialisation (materialised again, under another id,
-                    # and a trigger under another instant: unbounded).
+                    # and a trigger under another instant).
                     again = [(back[k], f, s) for k, f, s in missing if k in back]
                     ok |= await write(
                         self.db,
-                        [(i, f) for i, f, _ in again],
+                        [(row.id, f) for row, f, _ in again],
                         [s for *_, s in again],
-                        within=ALL_TIME,
+                        within=dispatch.bounds([row.scheduled_for for row, _, _ in again]),
                     )
         for k, _, _, _, _, fut in batch:
             if not fut.done():
@@ -1257,12 +1264,11 @@ class Worker:
         # not let the lease lapse), but a renewal they miss aborts nothing.
         # Not the rows of a batch statement executing now: this statement would wait for
         # them in its own lock order (a deadlock); it renews them at the next beat.
-        beating = [(k, r.claimed) for k, r in self.running.items() if k not in self._writing]
+        beating = [r.held for k, r in self.running.items() if k not in self._writing]
         if not beating:
             self.live.progressed("heartbeat")
             return
-        held = [(k, c.fence) for k, c in beating]
-        instants = [c.scheduled_for for _, c in beating]
+        held = [(k, f) for k, _, f, _ in beating]
         stalled = self.live.stalled(among=RECORDING_WRITERS)
         if stalled:
             # A writer that cannot get through would only keep leases of attempts it cannot
@@ -1279,9 +1285,9 @@ class Worker:
             alive = await dispatch.heartbeat(
                 self.db,
                 worker_id=self.id,
-                running=held,
+                running=[(i, f) for _, i, f, _ in beating],
                 lease_seconds=lease,
-                within=dispatch.bounds(instants),
+                within=dispatch.bounds([at for *_, at in beating]),
             )
         except EXPECTED_ERRORS as e:
             # The watchdog self-fences the attempts if renewals keep failing.
@@ -1306,12 +1312,12 @@ class Worker:
             elif not (r.completing or r.ctx.completed_in_transaction):
                 self._cancel(r, ABORT_LEASE_LOST, "a heartbeat renewed nothing")
 
-    async def _reassert(self, lost: list[tuple[str, int]]) -> dict[str, int]:
+    async def _reassert(self, lost: list[tuple[str, int]]) -> dict[str, Restored]:
         """Claims (key, fence) that a fenced write found missing: restore those the store
         forgot (a failover lost the commits that made them; see OccurrenceReassert), so an
         attempt that ran is recorded as itself, attempt number and all. Returns the keys
-        restored with their rows' ids (each attempt's context takes its id: its later
-        writes go by id); the others lost their lease."""
+        restored with their rows (each attempt takes its row's id and instant: its later
+        writes go by them); the others lost their lease."""
         held = []
         for k, f in lost:
             r = self.running.get(k)
@@ -1321,10 +1327,10 @@ class Worker:
         back = await dispatch.reassert(
             self.db, worker_id=self.id, held=held, lease_seconds=self.settings.lease_seconds
         )
-        for k, oid in back.items():
+        for k, row in back.items():
             r = self.running.get(k)
             if r is not None:
-                r.ctx.occurrence_id = oid
+                r.ctx.occurrence_id, r.instant = row.id, row.scheduled_for
         if back:
             log.warning(
                 "re-asserted claims the database had forgotten (a failover lost its last commits)",
