@@ -339,6 +339,12 @@ async def main() -> None:
     ap.add_argument("--sustained-jobs", default="5000,10000", help="per-second jobs, per run")
     ap.add_argument("--sustained-seconds", type=float, default=60.0)
     ap.add_argument("--sustained-warmup", type=float, default=10.0)
+    ap.add_argument(
+        "--sustained-horizon",
+        type=float,
+        default=5.0,
+        help="the scheduler's --horizon-seconds in sustained (cronwell's default: 30)",
+    )
     ap.add_argument("--growth-sizes", default="10000,100000,1000000")
     ap.add_argument("--growth-history", type=int, default=1, help="succeeded occurrences per job")
     ap.add_argument("--growth-reps", type=int, default=7)
@@ -575,6 +581,7 @@ async def main() -> None:
                             args.concurrency,
                             args.sustained_seconds,
                             args.sustained_warmup,
+                            args.sustained_horizon,
                         ),
                     )
             if "growth" in only:

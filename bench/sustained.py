@@ -56,6 +56,7 @@ async def sustained(
     concurrency: int,
     duration: float,
     warmup: float,
+    horizon: float,
 ) -> dict[str, Any]:
     check(duration, warmup)
     await enable_statements(db, planning=True)
@@ -69,7 +70,7 @@ async def sustained(
     cw = [sys.executable, "-m", "cronwell"]
     procs = [
         subprocess.Popen(  # noqa: ASYNC220
-            [*cw, "scheduler", "--partitions", "16", "--horizon-seconds", "5"],
+            [*cw, "scheduler", "--partitions", "16", "--horizon-seconds", f"{horizon:g}"],
             env=env,
             start_new_session=True,
         )
@@ -134,6 +135,7 @@ async def sustained(
         "workers": workers,
         "concurrency_per_worker": concurrency,
         "duration_s": duration,
+        "scheduler_horizon_s": horizon,
         "steady_window_s": round(window, 1),
         "offered_per_second": round(r["offered"] / window),
         "per_second": round(r["finished"] / window),
