@@ -53,24 +53,28 @@ PARTITION = history_partitions.partition_name(
 )
 
 
+JOBS = (
+    "INSERT INTO cronwell_jobs (id, namespace, name, spec, spec_hash, pool, partition)"
+    " SELECT gen_random_uuid(), 'plans', 'j' || i, '{}'::jsonb, 'h', 'default', 0"
+    " FROM generate_series(1, 5000) i"
+)
+OCCURRENCES = (
+    "INSERT INTO cronwell_occurrences (idempotency_key, job_id, pool, scheduled_for,"
+    " run_at, state, overlap, delivery, max_attempts, timeout_seconds)"
+    " SELECT id::text || %s, id, 'default', %s, now(), %s, 'Skip', 'AtLeastOnce',"
+    " 1, 60 FROM cronwell_jobs WHERE namespace = 'plans'"
+)
+"""One occurrence of each job: (key suffix, instant, state)."""
+
+
 async def plan_under_stale_statistics(db: Database, name: str) -> str:
     """The generic plan of the named query over 5,000 occurrences analysed while all were
     pending, 1,000 of them running since, their instant AT (the bounds the batch sends),
     with the partitions of the days around it."""
     await history_partitions.ensure_partitions(db, AT - 3 * DAY, AT + 3 * DAY)
     async with db.connection() as conn:
-        await conn.execute(
-            "INSERT INTO cronwell_jobs (id, namespace, name, spec, spec_hash, pool, partition)"
-            " SELECT gen_random_uuid(), 'plans', 'j' || i, '{}'::jsonb, 'h', 'default', 0"
-            " FROM generate_series(1, 5000) i"
-        )
-        await conn.execute(
-            "INSERT INTO cronwell_occurrences (idempotency_key, job_id, pool, scheduled_for,"
-            " run_at, state, overlap, delivery, max_attempts, timeout_seconds)"
-            " SELECT id::text, id, 'default', %s, now(), 'pending', 'Skip', 'AtLeastOnce',"
-            " 1, 60 FROM cronwell_jobs WHERE namespace = 'plans'",
-            (AT,),
-        )
+        await conn.execute(JOBS)
+        await conn.execute(OCCURRENCES, ("", AT, "pending"))
         await conn.execute("ANALYZE cronwell_occurrences")  # every row pending
         await conn.execute(
             "UPDATE cronwell_occurrences SET state = 'running', attempt = 1,"
@@ -100,20 +104,10 @@ async def run_after_a_burst_unseen(db: Database, name: str) -> tuple[str, int]:
     index as selective as any. Returns the plan and the attempts held."""
     await history_partitions.ensure_partitions(db, AT - 3 * DAY, AT + 3 * DAY)
     async with db.connection() as conn:
-        await conn.execute(
-            "INSERT INTO cronwell_jobs (id, namespace, name, spec, spec_hash, pool, partition)"
-            " SELECT gen_random_uuid(), 'plans', 'j' || i, '{}'::jsonb, 'h', 'default', 0"
-            " FROM generate_series(1, 5000) i"
-        )
-        insert = (
-            "INSERT INTO cronwell_occurrences (idempotency_key, job_id, pool, scheduled_for,"
-            " run_at, state, overlap, delivery, max_attempts, timeout_seconds)"
-            " SELECT id::text || %s, id, 'default', %s, now(), %s, 'Skip', 'AtLeastOnce',"
-            " 1, 60 FROM cronwell_jobs WHERE namespace = 'plans'"
-        )
-        await conn.execute(insert, ("-earlier", AT - timedelta(hours=1), "succeeded"))
+        await conn.execute(JOBS)
+        await conn.execute(OCCURRENCES, ("-earlier", AT - timedelta(hours=1), "succeeded"))
         await conn.execute("ANALYZE cronwell_occurrences")  # before the burst
-        await conn.execute(insert, ("", AT, "pending"))
+        await conn.execute(OCCURRENCES, ("", AT, "pending"))
         cur = await conn.execute(
             "UPDATE cronwell_occurrences SET state = 'running', attempt = 1,"
             " fence = nextval('cronwell_fence'), worker_id = 'w', claimed_at = now(),"
