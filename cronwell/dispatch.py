@@ -376,7 +376,7 @@ async def succeed_in(
 async def fail(
     db: Database,
     *,
-    key: str,
+    occurrence_id: int,
     fence: int,
     next_state: str,
     reason: str,
@@ -386,13 +386,14 @@ async def fail(
     started: datetime | None = None,
     within: attempts.Within = attempts.ALL_TIME,
 ) -> str | None:
-    """Fenced failure: `next_state` pending (retry after the delay) or dead. Returns the new
-    state, or None if the fence was stale. `started`: the start instant if not written;
+    """Fenced failure of the attempt holding (`occurrence_id`, `fence`): `next_state`
+    pending (retry after the delay) or dead. Returns the new state, or None if the fence
+    was stale. `started`: the start instant if not written;
     `within`: bounds of its instant (the occurrence's scheduled_for, twice)."""
     async with db.transaction() as conn:
         row = await attempts.fail(
             db,
-            key=key,
+            occurrence_id=occurrence_id,
             fence=fence,
             next_state=next_state,
             reason=reason,

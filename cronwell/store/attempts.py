@@ -156,7 +156,7 @@ async def succeed(
 async def fail(
     db: Database,
     *,
-    key: str,
+    occurrence_id: int,
     fence: int,
     next_state: str,
     reason: str,
@@ -167,13 +167,14 @@ async def fail(
     within: Within = ALL_TIME,
     conn: Conn | None = None,
 ) -> Failed | None:
-    """Fail one attempt: pending after `delay_seconds`, or dead; None if the fence is stale.
+    """Fail one attempt (id, fence): pending after `delay_seconds`, or dead; None if the
+    fence is stale.
     `started`: its start instant if not recorded yet."""
     return await db.row(
         Failed,
         "OccurrenceFail",
         {
-            "key": key,
+            "id": occurrence_id,
             "fence": fence,
             "next_state": next_state,
             "reason": reason,

@@ -15,7 +15,8 @@
 -- planned from them matched each running row against the whole list (189 ms for one batch
 -- of 341 starts), and a lookup per key read the whole burst per key (see
 -- OccurrenceHeartbeat). tests/integration/test_batch_plans.py checks the plans under both.
--- Only a re-assertion (rare: after a failover) and a failure (one row) go by key.
+-- The failure of one attempt goes by (id, fence) too; only a re-assertion (rare: after a
+-- failover) goes by key.
 --
 -- Every write by id or key also bounds the instant, `scheduled_for BETWEEN %(lo)s AND
 -- %(hi)s` (the batch's earliest and latest instant, which the worker holds from its
@@ -120,16 +121,19 @@ jobs AS (
 SELECT idempotency_key, job_id, overlap FROM done;
 
 -- name: OccurrenceFail
--- Fenced failure of one attempt: back to pending after a backoff, or dead. `started`: its
--- start instant when not written yet (as in OccurrenceSucceedBatch), else NULL.
+-- Fenced failure of one attempt, by (id, fence): back to pending after a backoff, or dead.
+-- `started`: its start instant when not written yet (as in OccurrenceSucceedBatch), else
+-- NULL. By id, and `coalesce(state = 'running', false)` as in the batch statements: under
+-- statistics taken before a burst the planner read the running rows' partial lease index
+-- and filtered every running row for the one it fails, by key or by id.
 WITH failed AS (
     UPDATE cronwell_occurrences o
     SET state = %(next_state)s, reason = %(reason)s, last_error = %(error)s,
         started_at = coalesce(o.started_at, %(started)s::timestamptz),
         run_at = now() + make_interval(secs => %(delay)s), lease_expires_at = NULL,
         finished_at = CASE WHEN %(next_state)s = 'dead' THEN now() END
-    WHERE o.idempotency_key = %(key)s AND o.scheduled_for BETWEEN %(lo)s AND %(hi)s
-      AND o.fence = %(fence)s AND o.state = 'running'
+    WHERE o.id = %(id)s AND o.scheduled_for BETWEEN %(lo)s AND %(hi)s
+      AND o.fence = %(fence)s AND coalesce(o.state = 'running', false)
     RETURNING o.id, o.idempotency_key, o.scheduled_for, o.job_id, o.attempt, o.fence, o.worker_id,
               o.started_at, o.overlap, o.state),
 att AS (

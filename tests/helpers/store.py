@@ -11,9 +11,14 @@ async def fail_dead(
 ) -> str:
     """Fail an attempt for good (no retry): the occurrence goes to the dead letters.
     Returns the state `dispatch.fail` reports."""
+    async with db.connection() as conn:
+        cur = await conn.execute(
+            "SELECT id FROM cronwell_occurrences WHERE idempotency_key = %s", (key,)
+        )
+        (row,) = await cur.fetchall()
     return await dispatch.fail(
         db,
-        key=key,
+        occurrence_id=row["id"],
         fence=fence,
         next_state="dead",
         reason=reason,

@@ -516,7 +516,7 @@ async def test_every_attempt_row_carries_its_occurrences_instant(fresh: Database
     assert (
         await dispatch.fail(
             fresh,
-            key=bad.key,
+            occurrence_id=bad.id,
             fence=bad.fence,
             next_state="pending",
             reason="Error",

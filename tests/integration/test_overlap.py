@@ -255,7 +255,7 @@ async def test_a_retry_in_backoff_runs_before_a_newer_occurrence_due_first(db: D
     (a,) = await _claim(db)
     state = await dispatch.fail(
         db,
-        key=a.key,
+        occurrence_id=a.id,
         fence=a.fence,
         next_state="pending",
         reason="Failed",

@@ -1048,7 +1048,8 @@ class Worker:
         if e.reason in POLICY_REASONS:
             self.metrics.policy_denied.labels(self.settings.pool, e.reason).inc()
         r = self.running.get(c.key)
-        started = r.start_db if r is not None and r.claimed is c else None
+        mine = r if r is not None and r.claimed is c else None
+        started = mine.start_db if mine is not None else None
         at_most_once = c.delivery == Delivery.AT_MOST_ONCE
         ambiguous = at_most_once and e.sent and e.retryable
         retry_ok = e.retryable and c.attempt < c.max_attempts and not ambiguous
@@ -1063,7 +1064,6 @@ class Worker:
         record = functools.partial(
             dispatch.fail,
             self.db,
-            key=c.key,
             fence=c.fence,
             next_state=state,
             reason=reason,
@@ -1073,11 +1073,15 @@ class Worker:
             started=started,
         )
         try:
-            at = r.held[3] if r is not None and r.claimed is c else c.scheduled_for
-            new = await record(within=(at, at))
+            _, oid, _, at = (
+                mine.held if mine is not None else (c.key, c.id, c.fence, c.scheduled_for)
+            )
+            new = await record(occurrence_id=oid, within=(at, at))
             if new is None and (back := await self._reassert([(c.key, c.fence)])):
-                at = back[c.key].scheduled_for  # its row may have been materialised again
-                new = await record(within=(at, at))
+                row = back[c.key]  # its row may have been materialised again
+                new = await record(
+                    occurrence_id=row.id, within=(row.scheduled_for, row.scheduled_for)
+                )
         except DatabaseError as db_error:
             log.error(
                 "could not record failure; the lease will expire and be reaped",
