@@ -100,6 +100,15 @@ class Coming:
     db_now: datetime
 
 
+EARLIEST = datetime(1, 1, 1, tzinfo=UTC)
+"""Before any instant: `coming`'s lower bound when it reads from the first (a constant,
+not NULL: a generic plan cannot use `x IS NULL OR run_at > x` as its index bound, and read
+a burst again for each farther window of a look)."""
+LATEST = datetime(9999, 12, 31, tzinfo=UTC)
+"""After any instant: the `until` of a claim or a look with no bound (a constant, not NULL,
+for the same reason: a generic plan leaves out no partition with `x IS NULL OR ...`)."""
+
+
 async def candidates(
     db: Database,
     *,
@@ -122,7 +131,7 @@ async def candidates(
             "limit": limit,
             "ahead": ahead_seconds,
             "serial": list(serial),
-            "until": until,
+            "until": LATEST if until is None else until,
         },
         conn,
     )
@@ -210,12 +219,6 @@ async def stranded(db: Database, *, limit: int, conn: Conn | None = None) -> lis
     return [r.job_id for r in rows]
 
 
-EARLIEST = datetime(1, 1, 1, tzinfo=UTC)
-"""Before any instant: `coming`'s lower bound when it reads from the first (a constant,
-not NULL: a generic plan cannot use `x IS NULL OR run_at > x` as its index bound, and read
-a burst again for each farther window of a look)."""
-
-
 async def coming(
     db: Database,
     *,
@@ -238,7 +241,7 @@ async def coming(
             "horizon": horizon_seconds,
             "rows": rows,
             "instants": instants,
-            "until": until,
+            "until": LATEST if until is None else until,
             "after": EARLIEST if after is None else after,
         },
     )

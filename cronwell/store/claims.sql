@@ -9,24 +9,26 @@
 -- and never attempted: if another claimer holds it (SKIP LOCKED hid it), this one must wait
 -- for it to be decided (dispatch.hold_back). Not across pools: a job moved to another pool
 -- must not wait on its old pool's workers. One probe of the job index per such candidate.
--- `until` (NULL: none): an instant past every candidate's, from the caller's reading of
--- the database clock; a constant, so the planner leaves out the partitions after it (the
--- dozens created ahead cost ~7 ms of planning per claim at hour width, unbounded). A row
--- due now has its instant before now; one instant beyond `until` can be due early only
--- (a waiting occurrence promoted before its instant), and waits until `until` reaches it.
+-- `until` (claims.LATEST: none): an instant past every candidate's, from the caller's
+-- reading of the database clock; a constant, never NULL, so that the planner leaves out the
+-- partitions after it: a custom plan when it is planned (the dozens created ahead cost ~7 ms
+-- of planning per claim at hour width, unbounded), a generic one when it starts (with
+-- `until IS NULL OR ...` it kept them all). A row due now has its instant before now; one
+-- instant beyond `until` can be due early only (a waiting occurrence promoted before its
+-- instant), and waits until `until` reaches it.
 SELECT o.id, o.job_id, o.overlap, o.attempt, o.scheduled_for, o.run_at, o.run_at <= now() AS due,
        CASE WHEN o.overlap = ANY(%(serial)s::text[]) THEN
            (SELECT CASE WHEN p.state = 'pending' AND p.attempt = 0 AND p.pool = o.pool
                         THEN p.id END
             FROM cronwell_occurrences p
             WHERE p.job_id = o.job_id AND p.scheduled_for < o.scheduled_for
-              AND (%(until)s::timestamptz IS NULL OR p.scheduled_for < %(until)s)
+              AND p.scheduled_for < %(until)s
             ORDER BY p.scheduled_for DESC LIMIT 1)
        END AS pending_before
 FROM cronwell_occurrences o
 WHERE o.pool = %(pool)s AND o.state = 'pending'
   AND o.run_at <= now() + make_interval(secs => %(ahead)s)
-  AND (%(until)s::timestamptz IS NULL OR o.scheduled_for < %(until)s)
+  AND o.scheduled_for < %(until)s
 ORDER BY o.run_at
 LIMIT %(limit)s
 FOR UPDATE OF o SKIP LOCKED;
@@ -128,7 +130,7 @@ LEFT JOIN LATERAL (
           WHERE pool = %(pool)s AND state = 'pending'
             AND run_at <= now() + make_interval(secs => %(horizon)s)
             AND run_at > %(after)s
-            AND (%(until)s::timestamptz IS NULL OR scheduled_for < %(until)s)
+            AND scheduled_for < %(until)s
           ORDER BY run_at LIMIT %(rows)s) c
     GROUP BY c.run_at ORDER BY c.run_at LIMIT %(instants)s) i ON true
 ORDER BY i.run_at;

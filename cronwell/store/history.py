@@ -20,7 +20,7 @@ class LimitPruned:
 
 
 async def limit_prune(
-    db: Database, *, after: uuid.UUID, jobs: int, limit: int, until: datetime | None = None
+    db: Database, *, after: uuid.UUID, jobs: int, limit: int, until: datetime
 ) -> LimitPruned:
     """Apply the history limits of the `jobs` jobs after `after` (uid order), deleting at
     most `limit` occurrences beyond them; `until`: ranking only instants before it (see

@@ -5,9 +5,9 @@
 -- at most `limit` finished occurrences beyond the newest successfulJobsHistoryLimit
 -- succeeded ones and failedJobsHistoryLimit of each other final state (their attempts go
 -- with them: the trigger cronwell_attempts_occurrence_delete, 0007). Returns the last job
--- examined (NULL: the sweep is over) and the rows deleted. `until` (NULL: none): only
--- instants before it are ranked, a constant so that the partitions created ahead stay out
--- of the plan; a finished row after it (settled ahead of its instant) is not counted, so
+-- examined (NULL: the sweep is over) and the rows deleted. `until`: only instants before
+-- it are ranked, a constant (never NULL) so that the partitions created ahead stay out of
+-- the plan, generic or custom; a finished row after it (settled ahead of its instant) is not counted, so
 -- the sweep keeps more, never fewer, and a later one ranks it. Rows are deleted by
 -- (id, instant): one partition probed each, not every partition.
 WITH js AS (
@@ -21,12 +21,12 @@ ranked AS (
            CASE WHEN o.state = 'succeeded' THEN js.ok_keep ELSE js.bad_keep END AS keep
     FROM js JOIN cronwell_occurrences o ON o.job_id = js.id
     WHERE o.state IN ('succeeded', 'dead', 'skipped', 'missed', 'cancelled')
-      AND (%(until)s::timestamptz IS NULL OR o.scheduled_for < %(until)s)),
+      AND o.scheduled_for < %(until)s),
 gone AS (
     DELETE FROM cronwell_occurrences d
     USING (SELECT id, scheduled_for FROM ranked WHERE rn > keep LIMIT %(limit)s) x
     WHERE d.id = x.id AND d.scheduled_for = x.scheduled_for
-      AND (%(until)s::timestamptz IS NULL OR d.scheduled_for < %(until)s)
+      AND d.scheduled_for < %(until)s
     RETURNING 1)
 SELECT (SELECT max(id::text)::uuid FROM js) AS last_job, (SELECT count(*) FROM gone) AS deleted;
 

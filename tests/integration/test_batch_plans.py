@@ -13,18 +13,16 @@ from __future__ import annotations
 
 import re
 import uuid
+from collections import defaultdict
 from datetime import UTC, datetime, timedelta
 
 import pytest
 
 from cronwell.store import history_partitions
 from cronwell.store._queries import q
-from cronwell.store.claims import EARLIEST
-from cronwell.store.db import Database
+from cronwell.store.claims import EARLIEST, LATEST
+from cronwell.store.db import Conn, Database
 
-TYPES = {"ids": "bigint[]", "fences": "bigint[]", "lease": "float8",
-         "starts": "timestamptz[]", "lo": "timestamptz", "hi": "timestamptz",
-         "worker_id": "text"}  # fmt: skip
 BATCH = [
     "OccurrenceHeartbeat",
     "OccurrenceStartBatch",
@@ -43,6 +41,20 @@ def prepared(sql: str) -> tuple[str, list[str]]:
         return f"${names.index(m.group(1)) + 1}"
 
     return re.sub(r"%\((\w+)\)s", sub, sql), names
+
+
+async def generic_plan(conn: Conn, name: str, literals: dict[str, str]) -> str:
+    """EXPLAIN of the named query's generic plan (as psycopg's prepared statement runs it
+    after five executions), executed with these SQL literals (by parameter name): its
+    parameters' types are inferred from the query, as the server infers them."""
+    body, params = prepared(q(name))
+    await conn.execute("SET plan_cache_mode = force_generic_plan")
+    await conn.execute(f"PREPARE generic AS {body}")
+    cur = await conn.execute(f"EXPLAIN EXECUTE generic({', '.join(literals[p] for p in params)})")
+    plan = "\n".join(str(next(iter(r.values()))) for r in await cur.fetchall())
+    await conn.execute("DEALLOCATE generic")
+    await conn.execute("RESET plan_cache_mode")
+    return plan
 
 
 DAY = timedelta(days=1)
@@ -82,17 +94,10 @@ async def plan_under_stale_statistics(db: Database, name: str) -> str:
             " lease_expires_at = now() + interval '1 hour'"
             " WHERE id IN (SELECT id FROM cronwell_occurrences ORDER BY id LIMIT 1000)"
         )
-        body, params = prepared(q(name))
-        await conn.execute("SET plan_cache_mode = force_generic_plan")
-        await conn.execute(f"PREPARE batch({', '.join(TYPES[p] for p in params)}) AS {body}")
         # The bounds: the rows' instant, as the worker sends them for a batch of one
         # instant; the rest NULL (the plan is generic).
         at = f"'{AT.isoformat()}'::timestamptz"
-        args = ", ".join(at if p in ("lo", "hi") else "NULL" for p in params)
-        cur = await conn.execute(f"EXPLAIN EXECUTE batch({args})")
-        plan = "\n".join(str(next(iter(r.values()))) for r in await cur.fetchall())
-        await conn.execute("DEALLOCATE batch")
-        await conn.execute("RESET plan_cache_mode")
+        plan = await generic_plan(conn, name, defaultdict(lambda: "NULL", lo=at, hi=at))
     return plan
 
 
@@ -190,6 +195,16 @@ CANDIDATES = {"pool": "default", "ahead": 2.0, "limit": 500, "serial": ["Skip"]}
 LIMITS = {"after": uuid.UUID(int=0), "jobs": 200, "limit": 1000}
 
 
+def literal(value: object) -> str:
+    """A parameter as an SQL literal (for EXECUTE of a generic plan)."""
+    if isinstance(value, list):
+        return "ARRAY[" + ", ".join(literal(v) for v in value) + "]::text[]"
+    if isinstance(value, datetime):
+        return f"'{value.isoformat()}'::timestamptz"
+    return f"'{value}'" if isinstance(value, str | uuid.UUID) else str(value)
+
+
+@pytest.mark.parametrize("generic", [False, True], ids=["custom", "generic"])
 @pytest.mark.parametrize(
     "name, params",
     [
@@ -199,26 +214,34 @@ LIMITS = {"after": uuid.UUID(int=0), "jobs": 200, "limit": 1000}
     ],
 )
 async def test_claim_plans_leave_out_the_partitions_after_until(
-    db: Database, name: str, params: dict[str, object]
+    db: Database, name: str, params: dict[str, object], generic: bool
 ) -> None:
-    """The partitions created ahead (here days of them) are not planned for a claim, a
-    look or a history limits batch given `until`: planning the 48 made ahead at hour width
-    cost a claim ~7 ms, a limits batch ~30 ms. The parameters are sent with the statement,
-    as the worker and the pruner send them (a custom plan)."""
+    """The partitions created ahead (here days of them) are not read by a claim, a look or
+    a history limits batch given `until`: planning the 48 made ahead at hour width cost a
+    claim ~7 ms, a limits batch ~30 ms. Custom plans (the parameters sent with the
+    statement, its first five executions) leave them out when planning; generic ones
+    (psycopg prepares a statement after five executions: the look's plan is generic from
+    then on) when they start: `until IS NULL OR ...` left every one in a generic plan.
+    `LATEST`, the bound a claim sends before its first look, leaves them all in."""
     now = datetime.now(UTC)
     await history_partitions.ensure_partitions(db, now - DAY, now + 5 * DAY)
     until = now + timedelta(seconds=150)
     async with db.connection() as conn:
 
-        async def plan(bound: datetime | None) -> set[str]:
-            cur = await conn.execute("EXPLAIN " + q(name), {**params, "until": bound})
+        async def plan(bound: datetime) -> set[str]:
+            values = {**params, "until": bound}
+            if generic:
+                return touched(
+                    await generic_plan(conn, name, {k: literal(v) for k, v in values.items()})
+                )
+            cur = await conn.execute("EXPLAIN " + q(name), values)
             return touched("\n".join(str(next(iter(r.values()))) for r in await cur.fetchall()))
 
-        unbounded, bounded = await plan(None), await plan(until)
+        unbounded, bounded = await plan(LATEST), await plan(until)
     parts = await history_partitions.partitions(db)
     ahead = {p.name for p in parts if p.parent == "cronwell_occurrences" and p.lo and p.lo > until}
     assert len(ahead) >= 4, ahead
-    assert ahead <= unbounded, unbounded  # without `until` every one is planned
+    assert ahead <= unbounded, unbounded  # without a bound every one is read
     assert bounded and not bounded & ahead, bounded
 
 
@@ -229,17 +252,9 @@ async def test_a_looks_farther_window_starts_its_range_scan_after_the_nearer_one
     range scan of the claim index at `after`: a look's farther window does not read the
     nearer one's rows again (`after IS NULL OR run_at > after` was a filter, so a burst
     in the nearer window was read once per window)."""
-    body, params = prepared(q("OccurrenceComingInstants"))
-    types = {"pool": "text", "horizon": "float8", "after": "timestamptz",
-             "until": "timestamptz", "rows": "int", "instants": "int"}  # fmt: skip
+    values = {"pool": "'default'", "horizon": "30", "after": "now()", "until": "now() + '1 day'",
+              "rows": "1000", "instants": "1000"}  # fmt: skip
     async with db.connection() as conn:
-        await conn.execute("SET plan_cache_mode = force_generic_plan")
-        await conn.execute(f"PREPARE look({', '.join(types[p] for p in params)}) AS {body}")
-        values = {"pool": "'default'", "horizon": "30", "after": "now()", "until": "NULL",
-                  "rows": "1000", "instants": "1000"}  # fmt: skip
-        cur = await conn.execute(f"EXPLAIN EXECUTE look({', '.join(values[p] for p in params)})")
-        plan = "\n".join(str(next(iter(r.values()))) for r in await cur.fetchall())
-        await conn.execute("DEALLOCATE look")
-        await conn.execute("RESET plan_cache_mode")
-    after = f"${params.index('after') + 1}"
+        plan = await generic_plan(conn, "OccurrenceComingInstants", values)
+    after = f"${prepared(q('OccurrenceComingInstants'))[1].index('after') + 1}"
     assert re.search(rf"Index Cond: .*\(run_at > {re.escape(after)}\)", plan), plan

@@ -125,7 +125,7 @@ async def test_hot_queries_are_index_range_scans(db: Database) -> None:
             "limit": 100,
             "ahead": 2.0,
             "serial": dispatch.SERIAL_ORDER,
-            "until": None,
+            "until": claims.LATEST,
         },
     )
     assert "cronwell_occurrences_claim" in claim, claim
