@@ -225,14 +225,16 @@ async def coming(
     pool: str,
     horizon_seconds: float,
     rows: int,
+    due_rows: int | None = None,
     instants: int = 1000,
     until: datetime | None = None,
     after: datetime | None = None,
 ) -> list[Coming]:
     """The next instants of `pool`'s pending occurrences within `horizon_seconds` (and
-    after `after`, if given) and how many are due at each (over its earliest `rows`
-    occurrences, at most `instants` instants), earliest first; one row with run_at None
-    when none is pending. `until`: as in `candidates`."""
+    after `after`, if given) and how many are due at each (over the earliest `due_rows`
+    of those due already, `rows` when not given, and the earliest `rows` of the others, at
+    most `instants` instants), earliest first; one row with run_at None when none is
+    pending. `until`: as in `candidates`."""
     return await db.rows(
         Coming,
         "OccurrenceComingInstants",
@@ -240,6 +242,7 @@ async def coming(
             "pool": pool,
             "horizon": horizon_seconds,
             "rows": rows,
+            "due_rows": rows if due_rows is None else due_rows,
             "instants": instants,
             "until": LATEST if until is None else until,
             "after": EARLIEST if after is None else after,

@@ -112,26 +112,35 @@ WHERE w.state = 'waiting'
 LIMIT %(limit)s;
 
 -- name: OccurrenceComingInstants
--- What is coming for a pool: the instants (run_at) of its earliest pending occurrences, at
--- most `rows` of them within `horizon` seconds and after `after` (the caller's EARLIEST:
--- from the first; never NULL, so that a generic plan starts its range scan there too),
--- with how many are due at each, and the database clock. A worker sizes its claim ahead
--- from it (it starts claiming a burst early enough that its share is claimed before the
--- instant) and sleeps until the next one; it reads a near window first and a farther one
--- only when the near one does not settle its plan (Worker._look). One range scan of the
--- claim index (pool, run_at) WHERE state = 'pending', bounded by `rows`; the one-row outer
--- side answers db_now when nothing is pending. `until`: as in OccurrenceClaimCandidates
--- (the partitions after it are left out of the plan).
+-- What is coming for a pool: the instants (run_at) of its earliest pending occurrences
+-- after `after` (the caller's EARLIEST: from the first; never NULL, so that a generic plan
+-- starts its range scan there too), with how many are due at each, and the database clock:
+-- at most `due_rows` of those due already and `rows` of those due within `horizon`
+-- seconds. A worker sizes its claim ahead from it (it starts claiming a burst early enough
+-- that its share is claimed before the instant) and sleeps until the next one; it reads a
+-- near window first and a farther one only when the near one does not settle its plan
+-- (Worker._look). What is due already is claimed first whatever its count: under a backlog
+-- reading all of it (up to the budget, 100,000 rows for two workers: 68 ms a look at
+-- 10,000 per-second jobs behind) told the worker nothing more than its first rows. Two
+-- range scans of the claim index (pool, run_at) WHERE state = 'pending', each bounded by
+-- its LIMIT; the one-row outer side answers db_now when nothing is pending. `until`: as in
+-- OccurrenceClaimCandidates (the partitions after it are left out of the plan).
 SELECT i.run_at, i.n, now() AS db_now
 FROM (VALUES (1)) one(x)
 LEFT JOIN LATERAL (
     SELECT c.run_at, count(*) AS n
-    FROM (SELECT run_at FROM cronwell_occurrences
-          WHERE pool = %(pool)s AND state = 'pending'
-            AND run_at <= now() + make_interval(secs => %(horizon)s)
-            AND run_at > %(after)s
-            AND scheduled_for < %(until)s
-          ORDER BY run_at LIMIT %(rows)s) c
+    FROM ((SELECT run_at FROM cronwell_occurrences
+           WHERE pool = %(pool)s AND state = 'pending'
+             AND run_at <= now() AND run_at > %(after)s
+             AND scheduled_for < %(until)s
+           ORDER BY run_at LIMIT %(due_rows)s)
+          UNION ALL
+          (SELECT run_at FROM cronwell_occurrences
+           WHERE pool = %(pool)s AND state = 'pending'
+             AND run_at > greatest(now(), %(after)s)
+             AND run_at <= now() + make_interval(secs => %(horizon)s)
+             AND scheduled_for < %(until)s
+           ORDER BY run_at LIMIT %(rows)s)) c
     GROUP BY c.run_at ORDER BY c.run_at LIMIT %(instants)s) i ON true
 ORDER BY i.run_at;
 

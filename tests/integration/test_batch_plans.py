@@ -190,7 +190,8 @@ def touched(plan: str) -> set[str]:
     return set(SCAN.findall(plan))
 
 
-COMING = {"pool": "default", "horizon": 2.0, "rows": 500, "instants": 1000, "after": EARLIEST}
+COMING = {"pool": "default", "horizon": 2.0, "rows": 500, "due_rows": 500, "instants": 1000,
+          "after": EARLIEST}  # fmt: skip
 CANDIDATES = {"pool": "default", "ahead": 2.0, "limit": 500, "serial": ["Skip"]}
 LIMITS = {"after": uuid.UUID(int=0), "jobs": 200, "limit": 1000}
 
@@ -253,8 +254,12 @@ async def test_a_looks_farther_window_starts_its_range_scan_after_the_nearer_one
     nearer one's rows again (`after IS NULL OR run_at > after` was a filter, so a burst
     in the nearer window was read once per window)."""
     values = {"pool": "'default'", "horizon": "30", "after": "now()", "until": "now() + '1 day'",
-              "rows": "1000", "instants": "1000"}  # fmt: skip
+              "rows": "1000", "due_rows": "100", "instants": "1000"}  # fmt: skip
     async with db.connection() as conn:
         plan = await generic_plan(conn, "OccurrenceComingInstants", values)
     after = f"${prepared(q('OccurrenceComingInstants'))[1].index('after') + 1}"
+    # Both range scans: of what is due already and of what is due within the horizon.
     assert re.search(rf"Index Cond: .*\(run_at > {re.escape(after)}\)", plan), plan
+    assert re.search(
+        rf"Index Cond: .*\(run_at > GREATEST\(now\(\), {re.escape(after)}\)\)", plan
+    ), plan

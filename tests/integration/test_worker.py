@@ -813,6 +813,23 @@ async def test_a_look_reads_no_farther_than_its_plan_needs(db: Database, db_url:
         assert w._coming is not None and [n for _, n in w._coming.instants] == [10, 10]
 
 
+async def test_a_look_behind_a_backlog_reads_a_claim_round_of_it(db: Database, db_url: str) -> None:
+    """2,000 occurrences overdue and a burst of 30 coming: the look counts one claim round
+    of the overdue ones (a batch per live worker: what the pool's next claims take) and
+    all of the burst. Under a backlog the look read all of it, up to its budget (100,000
+    rows for two workers: 68 ms a look at 10,000 per-second jobs, the database's time
+    going to a count nobody needs while the backlog grew)."""
+    for name in ("late", "coming"):
+        await handler_job(db, name, "t-noop")
+    await burst_in(db, "late", 2000, -5.0)
+    await burst_in(db, "coming", 30, 1.0)
+    async with Database(db_url, max_size=2) as wdb:
+        w = Worker(wdb, WorkerSettings(claim_batch_size=50))
+        assert await w._look()
+        assert w._coming is not None and [n for _, n in w._coming.instants] == [50, 30]
+        assert w._coming.first_pending() is not None and w._coming.first_pending() <= 0
+
+
 async def _claimed_ahead(db: Database, name: str, n: int) -> dict[str, Any] | None:
     row = await _ahead(db, name)
     return row if row["ahead"] >= n or not row["before_t"] else None

@@ -530,6 +530,9 @@ class Worker:
         widest = max(s.claim_ahead_seconds, s.claim_ahead_max_seconds)
         reach = min(widest, s.claim_ahead_seconds + LOOK_NEAR_SECONDS)
         budget = max(1, s.claim_ahead_max) * max(1, live)
+        # What is due already is claimed first, in batches, whatever its count: a look
+        # reads what the pool's next claims take of it, not a backlog (see the query).
+        due_rows = s.claim_batch_size * max(1, live)
         pending: dict[datetime, int] = {}
         after: datetime | None = None
         while True:
@@ -538,6 +541,7 @@ class Worker:
                 pool=s.pool,
                 horizon_seconds=reach,
                 rows=budget,
+                due_rows=due_rows,
                 until=self._until(),
                 after=after,
             )
