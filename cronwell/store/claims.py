@@ -3,8 +3,9 @@ row lock, the claim itself, specs by hash, waiting promotion and the due notific
 
 from __future__ import annotations
 
+import contextlib
 import uuid
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -122,19 +123,31 @@ async def candidates(
     """Pending occurrences of `pool` due within `ahead_seconds`, oldest first, locked
     against other claimers; `serial`: the overlap policies that serialise a job's
     occurrences (their candidates carry `pending_before`); `until`: only instants before
-    it (see the query: it keeps the partitions created ahead out of the plan)."""
-    return await db.rows(
-        Candidate,
-        "OccurrenceClaimCandidates",
-        {
-            "pool": pool,
-            "limit": limit,
-            "ahead": ahead_seconds,
-            "serial": list(serial),
-            "until": LATEST if until is None else until,
-        },
-        conn,
-    )
+    it (see the query: it keeps the partitions created ahead out of the plan). `conn`: the
+    claim's transaction (the rest of it plans no sort: InIndexOrder); without one, a
+    transaction of its own."""
+    params = {
+        "pool": pool,
+        "limit": limit,
+        "ahead": ahead_seconds,
+        "serial": list(serial),
+        "until": LATEST if until is None else until,
+    }
+    async with _in_index_order(db, conn) as c:
+        return await db.rows(Candidate, "OccurrenceClaimCandidates", params, c)
+
+
+@contextlib.asynccontextmanager
+async def _in_index_order(db: Database, conn: Conn | None) -> AsyncIterator[Conn]:
+    """`conn` (a transaction), or a transaction of its own, planning no sort from here on
+    (InIndexOrder)."""
+    if conn is not None:
+        await db.execute("InIndexOrder", None, conn)
+        yield conn
+        return
+    async with db.transaction() as own:
+        await db.execute("InIndexOrder", None, own)
+        yield own
 
 
 async def lock_jobs(
@@ -234,20 +247,23 @@ async def coming(
     after `after`, if given) and how many are due at each (over the earliest `due_rows`
     of those due already, `rows` when not given, and the earliest `rows` of the others, at
     most `instants` instants), earliest first; one row with run_at None when none is
-    pending. `until`: as in `candidates`."""
-    return await db.rows(
-        Coming,
-        "OccurrenceComingInstants",
-        {
-            "pool": pool,
-            "horizon": horizon_seconds,
-            "rows": rows,
-            "due_rows": rows if due_rows is None else due_rows,
-            "instants": instants,
-            "until": LATEST if until is None else until,
-            "after": EARLIEST if after is None else after,
-        },
-    )
+    pending. `until`: as in `candidates`. In a transaction of its own, planned as the
+    candidates are (InIndexOrder)."""
+    async with _in_index_order(db, None) as conn:
+        return await db.rows(
+            Coming,
+            "OccurrenceComingInstants",
+            {
+                "pool": pool,
+                "horizon": horizon_seconds,
+                "rows": rows,
+                "due_rows": rows if due_rows is None else due_rows,
+                "instants": instants,
+                "until": LATEST if until is None else until,
+                "after": EARLIEST if after is None else after,
+            },
+            conn,
+        )
 
 
 async def notify_due(db: Database, payload: str, *, conn: Conn | None = None) -> None:

@@ -1,14 +1,31 @@
 -- Claiming occurrences: candidates, overlap decisions under the job's row lock, the claim,
 -- specs by hash, waiting promotion and the due notification (cronwell/dispatch.py).
 
+-- name: InIndexOrder
+-- For the rest of the transaction, no plan sorts: the claim's candidates and the look read
+-- the claim index (pool, run_at) of each history partition in its order (a Merge Append)
+-- and stop at their LIMIT. Their plans must not depend on statistics: planned from those
+-- taken while the instant's partition was empty (a new store; each day's or hour's
+-- partition, made ahead, until autovacuum's ANALYZE a minute or more into it), a partition
+-- looked like one row, and the planner read every due row of the pool and sorted them: a
+-- claim's cost grew with the backlog it was meant to drain (10,000 per-second jobs: 24-117
+-- ms a claim, the backlog 150,000-270,000 after a minute). The other statements of a claim
+-- find their rows by id or by the job's index and sort nothing either. `set_config(...,
+-- true)`: local to the transaction, so the caller runs this in one.
+SELECT set_config('enable_sort', 'off', true);
+
 -- name: OccurrenceClaimCandidates
 -- Pending occurrences of a pool due now or within the next `ahead` seconds (claim ahead),
--- oldest first, locked against other workers; `due`: its instant has come. For a job whose
+-- oldest first, locked against other workers; `due`: its instant has come. Run after
+-- InIndexOrder (a range of the claim index, never a sort of the backlog). For a job whose
 -- overlap policy serialises its occurrences (`serial`), `pending_before` is the id of the
 -- occurrence just before it (nominal order) when that one is still pending in the same pool
 -- and never attempted: if another claimer holds it (SKIP LOCKED hid it), this one must wait
 -- for it to be decided (dispatch.hold_back). Not across pools: a job moved to another pool
--- must not wait on its old pool's workers. One probe of the job index per such candidate.
+-- must not wait on its old pool's workers. One probe of the job index per candidate
+-- locked, after the locking: rows another claimer holds are skipped before it (in the
+-- select list of the locking query, it ran for them too: twice the probes when two
+-- workers claim one pool).
 -- `until` (claims.LATEST: none): an instant past every candidate's, from the caller's
 -- reading of the database clock; a constant, never NULL, so that the planner leaves out the
 -- partitions after it: a custom plan when it is planned (the dozens created ahead cost ~7 ms
@@ -16,22 +33,25 @@
 -- `until IS NULL OR ...` it kept them all). A row due now has its instant before now; one
 -- instant beyond `until` can be due early only (a waiting occurrence promoted before its
 -- instant), and waits until `until` reaches it.
-SELECT o.id, o.job_id, o.overlap, o.attempt, o.scheduled_for, o.run_at, o.run_at <= now() AS due,
-       CASE WHEN o.overlap = ANY(%(serial)s::text[]) THEN
-           (SELECT CASE WHEN p.state = 'pending' AND p.attempt = 0 AND p.pool = o.pool
+SELECT c.id, c.job_id, c.overlap, c.attempt, c.scheduled_for, c.run_at, c.due,
+       CASE WHEN c.overlap = ANY(%(serial)s::text[]) THEN
+           (SELECT CASE WHEN p.state = 'pending' AND p.attempt = 0 AND p.pool = %(pool)s
                         THEN p.id END
             FROM cronwell_occurrences p
-            WHERE p.job_id = o.job_id AND p.scheduled_for < o.scheduled_for
+            WHERE p.job_id = c.job_id AND p.scheduled_for < c.scheduled_for
               AND p.scheduled_for < %(until)s
             ORDER BY p.scheduled_for DESC LIMIT 1)
        END AS pending_before
-FROM cronwell_occurrences o
-WHERE o.pool = %(pool)s AND o.state = 'pending'
-  AND o.run_at <= now() + make_interval(secs => %(ahead)s)
-  AND o.scheduled_for < %(until)s
-ORDER BY o.run_at
-LIMIT %(limit)s
-FOR UPDATE OF o SKIP LOCKED;
+FROM (SELECT o.id, o.job_id, o.overlap, o.attempt, o.scheduled_for, o.run_at,
+             o.run_at <= now() AS due
+      FROM cronwell_occurrences o
+      WHERE o.pool = %(pool)s AND o.state = 'pending'
+        AND o.run_at <= now() + make_interval(secs => %(ahead)s)
+        AND o.scheduled_for < %(until)s
+      ORDER BY o.run_at
+      LIMIT %(limit)s
+      FOR UPDATE OF o SKIP LOCKED) c
+ORDER BY c.run_at;
 
 -- name: JobLockBatch
 -- Locks the jobs whose overlap policy serialises their occurrences (claims and
@@ -124,7 +144,8 @@ LIMIT %(limit)s;
 -- 10,000 per-second jobs behind) told the worker nothing more than its first rows. Two
 -- range scans of the claim index (pool, run_at) WHERE state = 'pending', each bounded by
 -- its LIMIT; the one-row outer side answers db_now when nothing is pending. `until`: as in
--- OccurrenceClaimCandidates (the partitions after it are left out of the plan).
+-- OccurrenceClaimCandidates (the partitions after it are left out of the plan). Run after
+-- InIndexOrder, as the claim's candidates (ranges of the claim index, not a sort).
 SELECT i.run_at, i.n, now() AS db_now
 FROM (VALUES (1)) one(x)
 LEFT JOIN LATERAL (
