@@ -34,8 +34,8 @@
 -- heartbeat of 1,000 attempts of a 50,000 burst: 11.5 s, longer than a lease).
 UPDATE cronwell_occurrences o
 SET lease_expires_at = now() + make_interval(secs => %(lease)s)
-FROM unnest(%(ids)s::bigint[], %(fences)s::bigint[]) AS t(id, fence)
-WHERE o.id = ANY (%(ids)s::bigint[]) AND o.scheduled_for BETWEEN %(lo)s AND %(hi)s
+FROM unnest(%(ids)b::bigint[], %(fences)b::bigint[]) AS t(id, fence)
+WHERE o.id = ANY (%(ids)b::bigint[]) AND o.scheduled_for BETWEEN %(lo)s AND %(hi)s
   AND o.id = t.id AND o.fence = t.fence
   AND coalesce(o.state = 'running', false)
   AND o.worker_id = %(worker_id)s
@@ -57,8 +57,8 @@ RETURNING o.idempotency_key;
 WITH held AS MATERIALIZED (
     SELECT array_agg(x.id) AS ids, array_agg(t.f) AS fences, array_agg(t.a) AS attempts,
            array_agg(t.s) AS started
-    FROM unnest(%(keys)s::text[], %(fences)s::bigint[], %(attempts)s::int[],
-                %(started)s::boolean[]) AS t(k, f, a, s)
+    FROM unnest(%(keys)b::text[], %(fences)b::bigint[], %(attempts)b::int[],
+                %(started)b::boolean[]) AS t(k, f, a, s)
     CROSS JOIN LATERAL (SELECT id FROM cronwell_occurrences
                         WHERE idempotency_key = t.k LIMIT 1) x)
 UPDATE cronwell_occurrences o
@@ -81,9 +81,9 @@ RETURNING o.idempotency_key, o.id, o.scheduled_for;
 -- still running a while after its instant, recorded late), NULL for one that starts once
 -- this commits (AtMostOnce and `job` targets: now()).
 UPDATE cronwell_occurrences o SET started_at = coalesce(t.started, now())
-FROM unnest(%(ids)s::bigint[], %(fences)s::bigint[], %(starts)s::timestamptz[])
+FROM unnest(%(ids)b::bigint[], %(fences)b::bigint[], %(starts)b::timestamptz[])
      AS t(id, fence, started)
-WHERE o.id = ANY (%(ids)s::bigint[]) AND o.scheduled_for BETWEEN %(lo)s AND %(hi)s
+WHERE o.id = ANY (%(ids)b::bigint[]) AND o.scheduled_for BETWEEN %(lo)s AND %(hi)s
   AND o.id = t.id AND o.fence = t.fence
   AND coalesce(o.state = 'running', false)
   AND o.started_at IS NULL
@@ -98,9 +98,9 @@ WITH done AS (
     UPDATE cronwell_occurrences o
     SET state = 'succeeded', finished_at = now(), lease_expires_at = NULL, last_error = NULL,
         reason = NULL, started_at = coalesce(o.started_at, t.started)
-    FROM unnest(%(ids)s::bigint[], %(fences)s::bigint[], %(starts)s::timestamptz[])
+    FROM unnest(%(ids)b::bigint[], %(fences)b::bigint[], %(starts)b::timestamptz[])
          AS t(id, fence, started)
-    WHERE o.id = ANY (%(ids)s::bigint[]) AND o.scheduled_for BETWEEN %(lo)s AND %(hi)s
+    WHERE o.id = ANY (%(ids)b::bigint[]) AND o.scheduled_for BETWEEN %(lo)s AND %(hi)s
       AND o.id = t.id AND o.fence = t.fence
       AND coalesce(o.state = 'running', false)
     RETURNING o.id, o.idempotency_key, o.scheduled_for, o.job_id, o.attempt, o.fence, o.worker_id,
@@ -160,8 +160,8 @@ SELECT idempotency_key, job_id, overlap, state FROM failed;
 UPDATE cronwell_occurrences o
 SET state = 'pending', attempt = o.attempt - 1, worker_id = NULL, lease_expires_at = NULL,
     run_at = greatest(o.run_at, now()), started_at = NULL, claimed_at = NULL
-FROM unnest(%(ids)s::bigint[], %(fences)s::bigint[]) AS t(id, fence)
-WHERE o.id = ANY (%(ids)s::bigint[]) AND o.scheduled_for BETWEEN %(lo)s AND %(hi)s
+FROM unnest(%(ids)b::bigint[], %(fences)b::bigint[]) AS t(id, fence)
+WHERE o.id = ANY (%(ids)b::bigint[]) AND o.scheduled_for BETWEEN %(lo)s AND %(hi)s
   AND o.id = t.id AND o.fence = t.fence
   AND coalesce(o.state = 'running', false)
 RETURNING o.idempotency_key;

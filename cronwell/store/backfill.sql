@@ -11,7 +11,7 @@ FOR UPDATE;
 -- name: BackfillExisting
 -- The occurrences that already exist for some keys, with their state (backfill summary).
 SELECT idempotency_key, state FROM cronwell_occurrences
-WHERE idempotency_key = ANY(%(keys)s::text[]);
+WHERE idempotency_key = ANY(%(keys)b::text[]);
 
 -- name: BackfillReopen
 -- Missed instants of a backfilled window become runnable again, once (only `missed` rows
@@ -20,7 +20,7 @@ UPDATE cronwell_occurrences
 SET state = 'pending', reason = 'Backfill', run_at = now(), finished_at = NULL,
     pool = %(pool)s, overlap = %(overlap)s, delivery = %(delivery)s,
     max_attempts = %(max_attempts)s, timeout_seconds = %(timeout_seconds)s
-WHERE idempotency_key = ANY(%(keys)s::text[]) AND state = 'missed' AND job_id = %(job_id)s
+WHERE idempotency_key = ANY(%(keys)b::text[]) AND state = 'missed' AND job_id = %(job_id)s
 RETURNING idempotency_key;
 
 -- name: BackfillInsert
@@ -31,7 +31,7 @@ INSERT INTO cronwell_occurrences (idempotency_key, job_id, pool, scheduled_for, 
     reason, origin, overlap, delivery, max_attempts, timeout_seconds)
 SELECT k, %(job_id)s, %(pool)s, s, now(), 'pending', 'Backfill', 'backfill', %(overlap)s,
        %(delivery)s, %(max_attempts)s, %(timeout_seconds)s
-FROM unnest(%(keys)s::text[], %(scheduled_for)s::timestamptz[]) AS t(k, s)
+FROM unnest(%(keys)b::text[], %(scheduled_for)b::timestamptz[]) AS t(k, s)
 ON CONFLICT DO NOTHING
 RETURNING idempotency_key;
 

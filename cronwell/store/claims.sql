@@ -34,7 +34,7 @@ SELECT set_config('enable_sort', 'off', true);
 -- instant beyond `until` can be due early only (a waiting occurrence promoted before its
 -- instant), and waits until `until` reaches it.
 SELECT c.id, c.job_id, c.overlap, c.attempt, c.scheduled_for, c.run_at, c.due,
-       CASE WHEN c.overlap = ANY(%(serial)s::text[]) THEN
+       CASE WHEN c.overlap = ANY(%(serial)b::text[]) THEN
            (SELECT CASE WHEN p.state = 'pending' AND p.attempt = 0 AND p.pool = %(pool)s
                         THEN p.id END
             FROM cronwell_occurrences p
@@ -58,13 +58,13 @@ ORDER BY c.run_at;
 -- completions of one job pass through this lock, so its active set is read fresh). Returns
 -- a count, not the ids: nobody reads them.
 SELECT count(*) AS locked
-FROM (SELECT id FROM cronwell_jobs WHERE id = ANY(%(ids)s::uuid[]) ORDER BY id FOR UPDATE) l;
+FROM (SELECT id FROM cronwell_jobs WHERE id = ANY(%(ids)b::uuid[]) ORDER BY id FOR UPDATE) l;
 
 -- name: JobActiveOccurrences
 -- Running, retrying and waiting occurrences of the given jobs (read after JobLockBatch),
 -- with their instants (the bounds of OccurrenceSettleBatch, which may cancel them).
 SELECT id, job_id, state, idempotency_key, scheduled_for FROM cronwell_occurrences
-WHERE job_id = ANY(%(ids)s::uuid[])
+WHERE job_id = ANY(%(ids)b::uuid[])
   AND (state IN ('running', 'waiting') OR (state = 'pending' AND attempt > 0));
 
 -- name: OccurrenceSettleBatch
@@ -74,7 +74,7 @@ WHERE job_id = ANY(%(ids)s::uuid[])
 UPDATE cronwell_occurrences o
 SET state = t.state, reason = t.reason, lease_expires_at = NULL,
     finished_at = CASE WHEN t.state = 'waiting' THEN NULL ELSE now() END
-FROM unnest(%(ids)s::bigint[], %(states)s::text[], %(reasons)s::text[]) AS t(id, state, reason)
+FROM unnest(%(ids)b::bigint[], %(states)b::text[], %(reasons)b::text[]) AS t(id, state, reason)
 WHERE o.id = t.id AND o.scheduled_for BETWEEN %(lo)s AND %(hi)s;
 
 -- name: OccurrenceClaimBatch
@@ -95,7 +95,7 @@ started AS (
         worker_id = %(worker_id)s, claimed_at = now(), reason = NULL,
         started_at = CASE WHEN o.run_at <= now() THEN now() END,
         lease_expires_at = now() + make_interval(secs => %(lease)s)
-    WHERE o.id = ANY(%(ids)s::bigint[]) AND o.scheduled_for BETWEEN %(lo)s AND %(hi)s
+    WHERE o.id = ANY(%(ids)b::bigint[]) AND o.scheduled_for BETWEEN %(lo)s AND %(hi)s
     RETURNING o.id, o.idempotency_key, o.job_id, o.scheduled_for, o.run_at, o.started_at,
               o.attempt, o.fence, o.delivery, o.max_attempts, o.timeout_seconds, o.origin,
               o.claimed_at, clock_timestamp() AS db_now)
@@ -107,7 +107,7 @@ CROSS JOIN LATERAL (SELECT namespace, name, spec_hash FROM cronwell_jobs
 -- name: JobSpecBatch
 -- The current spec of some jobs, for claimed occurrences whose spec hash a worker has not
 -- parsed yet (one job per unknown hash: equal hashes are equal specs).
-SELECT id, spec_hash, spec FROM cronwell_jobs WHERE id = ANY(%(ids)s::uuid[]);
+SELECT id, spec_hash, spec FROM cronwell_jobs WHERE id = ANY(%(ids)b::uuid[]);
 
 -- name: WaitingPromote
 -- After an active occurrence of a buffered job ends: the oldest waiting one becomes
@@ -115,7 +115,7 @@ SELECT id, spec_hash, spec FROM cronwell_jobs WHERE id = ANY(%(ids)s::uuid[]);
 -- partition probed per row on a partitioned history.
 UPDATE cronwell_occurrences o SET state = 'pending', run_at = now(), reason = NULL
 FROM (SELECT DISTINCT ON (job_id) id, scheduled_for FROM cronwell_occurrences
-      WHERE job_id = ANY(%(ids)s::uuid[]) AND state = 'waiting'
+      WHERE job_id = ANY(%(ids)b::uuid[]) AND state = 'waiting'
       ORDER BY job_id, scheduled_for) w
 WHERE o.id = w.id AND o.scheduled_for = w.scheduled_for
 RETURNING o.pool, o.run_at;

@@ -126,7 +126,7 @@ RETURNING id;
 -- Live jobs of some namespaces (all when NULL): drift repair compares them with the CRs.
 SELECT id, namespace, name FROM cronwell_jobs
 WHERE deleted_at IS NULL
-  AND (%(namespaces)s::text[] IS NULL OR namespace = ANY(%(namespaces)s::text[]));
+  AND (%(namespaces)b::text[] IS NULL OR namespace = ANY(%(namespaces)b::text[]));
 
 -- name: JobGenerationObserve
 -- A CR generation whose spec means the same (same hash) is applied: record it as observed.
@@ -194,7 +194,7 @@ GROUP BY j.pool;
 
 -- name: ForecastSpecs
 -- The spec document of each hash, read from the given jobs (one per unknown hash).
-SELECT spec_hash, spec FROM cronwell_jobs WHERE id = ANY(%(ids)s::uuid[]);
+SELECT spec_hash, spec FROM cronwell_jobs WHERE id = ANY(%(ids)b::uuid[]);
 
 -- name: ForecastDurations
 -- The p90 duration of the last N successful runs of every live job (NULL p90: no history

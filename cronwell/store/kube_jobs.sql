@@ -11,4 +11,4 @@ WHERE idempotency_key = %(key)s AND fence = %(fence)s AND state = 'running';
 -- pruned). Decides which of a ScheduledJob's Jobs may be deleted: only those whose
 -- occurrence's outcome is recorded.
 SELECT idempotency_key AS key, state FROM cronwell_occurrences
-WHERE idempotency_key = ANY(%(keys)s::text[]);
+WHERE idempotency_key = ANY(%(keys)b::text[]);

@@ -6,7 +6,7 @@
 UPDATE cronwell_partitions
 SET expires_at = now() + make_interval(secs => %(ttl)s)
 WHERE holder = %(holder)s AND expires_at > now()
-  AND (partition, epoch) IN (SELECT * FROM unnest(%(partitions)s::int[], %(epochs)s::bigint[]))
+  AND (partition, epoch) IN (SELECT * FROM unnest(%(partitions)b::int[], %(epochs)b::bigint[]))
 RETURNING partition, epoch;
 
 -- name: PartitionAcquire
@@ -23,7 +23,7 @@ RETURNING p.partition, p.epoch;
 -- name: PartitionRelease
 -- Resigns partitions (rebalancing or shutdown) so others need not wait out the lease.
 UPDATE cronwell_partitions SET holder = NULL, expires_at = NULL
-WHERE holder = %(holder)s AND partition = ANY(%(partitions)s::int[]);
+WHERE holder = %(holder)s AND partition = ANY(%(partitions)b::int[]);
 
 -- name: PartitionList
 -- Partition owners for `cronwell status`.

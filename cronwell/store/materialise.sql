@@ -24,10 +24,10 @@ FOR UPDATE OF j SKIP LOCKED;
 INSERT INTO cronwell_occurrences (idempotency_key, job_id, pool, scheduled_for, run_at, state,
     reason, origin, overlap, delivery, max_attempts, timeout_seconds, finished_at)
 SELECT k, j, p, s, r, st, rs, o, ov, d, ma, ts, CASE WHEN st = 'missed' THEN now() END
-FROM unnest(%(keys)s::text[], %(job_ids)s::uuid[], %(pools)s::text[],
-            %(scheduled_for)s::timestamptz[], %(run_at)s::timestamptz[], %(states)s::text[],
-            %(reasons)s::text[], %(origins)s::text[], %(overlaps)s::text[],
-            %(deliveries)s::text[], %(max_attempts)s::int[], %(timeouts)s::int[])
+FROM unnest(%(keys)b::text[], %(job_ids)b::uuid[], %(pools)b::text[],
+            %(scheduled_for)b::timestamptz[], %(run_at)b::timestamptz[], %(states)b::text[],
+            %(reasons)b::text[], %(origins)b::text[], %(overlaps)b::text[],
+            %(deliveries)b::text[], %(max_attempts)b::int[], %(timeouts)b::int[])
      AS t(k, j, p, s, r, st, rs, o, ov, d, ma, ts)
 ON CONFLICT DO NOTHING;
 
@@ -35,6 +35,6 @@ ON CONFLICT DO NOTHING;
 -- Moves each job's cursor past what was materialised and counts its missed instants.
 UPDATE cronwell_jobs j
 SET next_run_at = t.next_run_at, missed_total = j.missed_total + t.missed, updated_at = now()
-FROM unnest(%(ids)s::uuid[], %(next_run_at)s::timestamptz[], %(missed)s::int[])
+FROM unnest(%(ids)b::uuid[], %(next_run_at)b::timestamptz[], %(missed)b::int[])
      AS t(id, next_run_at, missed)
 WHERE j.id = t.id;

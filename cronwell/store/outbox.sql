@@ -10,7 +10,7 @@ VALUES (%(key)s, %(topic)s, %(payload)s);
 -- `skip` are backing off in this relay.
 SELECT id, idempotency_key, topic, payload, created_at, attempts
 FROM cronwell_outbox
-WHERE published_at IS NULL AND NOT (id = ANY(%(skip)s::bigint[]))
+WHERE published_at IS NULL AND NOT (id = ANY(%(skip)b::bigint[]))
 ORDER BY id
 LIMIT %(limit)s
 FOR UPDATE SKIP LOCKED;
@@ -18,10 +18,10 @@ FOR UPDATE SKIP LOCKED;
 -- name: OutboxPublishedMark
 -- Marks relayed messages published (in the transaction that locked them).
 UPDATE cronwell_outbox SET published_at = now(), attempts = attempts + 1, last_error = NULL
-WHERE id = ANY(%(ids)s::bigint[]);
+WHERE id = ANY(%(ids)b::bigint[]);
 
 -- name: OutboxFailedMark
 -- Records failed publish attempts; the messages stay unpublished and are retried.
 UPDATE cronwell_outbox o SET attempts = o.attempts + 1, last_error = t.error
-FROM unnest(%(ids)s::bigint[], %(errors)s::text[]) AS t(id, error)
+FROM unnest(%(ids)b::bigint[], %(errors)b::text[]) AS t(id, error)
 WHERE o.id = t.id;

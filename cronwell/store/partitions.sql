@@ -29,7 +29,7 @@ SELECT id, partition FROM cronwell_jobs WHERE id > %(after)s ORDER BY id LIMIT %
 -- Moves jobs to their partition under the new P (row locks: a materialiser holding one of
 -- these jobs finishes first; the unique key makes any overlap a no-op anyway).
 UPDATE cronwell_jobs j SET partition = t.p
-FROM unnest(%(ids)s::uuid[], %(partitions)s::int[]) AS t(id, p)
+FROM unnest(%(ids)b::uuid[], %(partitions)b::int[]) AS t(id, p)
 WHERE j.id = t.id AND j.partition <> t.p;
 
 -- name: PartitionEnsure

@@ -7,7 +7,7 @@
 -- in `skip` are backing off after failed writes, so their rows never block the others.
 SELECT id, job_id, occurrence_id, scheduled_for, state, reason, attempt, error, changed_at
 FROM cronwell_status_changes
-WHERE NOT (job_id = ANY(%(skip)s::uuid[]))
+WHERE NOT (job_id = ANY(%(skip)b::uuid[]))
 ORDER BY coalesce(state = 'dead' OR (state = 'pending' AND attempt > 0), false) DESC, id
 LIMIT %(limit)s;
 
@@ -16,12 +16,12 @@ LIMIT %(limit)s;
 SELECT id, job_id, occurrence_id, scheduled_for, state, reason, attempt, error, changed_at
 FROM cronwell_status_changes
 WHERE (state = 'dead' OR (state = 'pending' AND attempt > 0))
-  AND NOT (job_id = ANY(%(skip)s::uuid[])) AND NOT (id = ANY(%(seen)s::bigint[]))
+  AND NOT (job_id = ANY(%(skip)b::uuid[])) AND NOT (id = ANY(%(seen)b::bigint[]))
 ORDER BY id LIMIT %(limit)s;
 
 -- name: StatusChangesDelete
 -- Forgets logged changes once the status they led to is written (or its CR is gone).
-DELETE FROM cronwell_status_changes WHERE id = ANY(%(ids)s::bigint[]);
+DELETE FROM cronwell_status_changes WHERE id = ANY(%(ids)b::bigint[]);
 
 -- name: JobStatusBatch
 -- Everything the status of each given job shows: totals from its counters row (history is
@@ -68,7 +68,7 @@ LEFT JOIN LATERAL (
     SELECT o.state, o.reason, o.idempotency_key, o.last_error, o.started_at, o.finished_at
     FROM cronwell_occurrences o WHERE o.job_id = j.id AND o.finished_at IS NOT NULL
     ORDER BY o.scheduled_for DESC, o.id DESC LIMIT 1) fin ON true
-WHERE j.id = ANY(%(ids)s::uuid[]);
+WHERE j.id = ANY(%(ids)b::uuid[]);
 
 -- name: StatusWriterDeclare
 -- Declares a status writer (or renews its declaration) until `ttl` seconds from now: the
@@ -92,7 +92,7 @@ FROM pg_locks l
 WHERE l.locktype = 'advisory' AND l.granted AND l.classid = 1715 AND l.objid = 1342737560
   AND l.objsubid = 1
   AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
-  AND (%(among)s::text[] IS NULL OR l.virtualtransaction = ANY(%(among)s::text[]));
+  AND (%(among)b::text[] IS NULL OR l.virtualtransaction = ANY(%(among)b::text[]));
 
 -- name: StatusWriterRetire
 -- A writer that stops cleanly withdraws its declaration: the log stops filling at once.

@@ -31,7 +31,7 @@ LEFT JOIN LATERAL (
     ORDER BY o.scheduled_for DESC LIMIT 1
 ) last ON true
 WHERE j.deleted_at IS NULL
-  AND (%(namespaces)s::text[] IS NULL OR j.namespace = ANY(%(namespaces)s::text[]))
+  AND (%(namespaces)b::text[] IS NULL OR j.namespace = ANY(%(namespaces)b::text[]))
   AND (%(namespace)s::text IS NULL OR j.namespace = %(namespace)s)
   AND (%(pool)s::text IS NULL OR j.pool = %(pool)s)
   AND (%(text)s::text IS NULL OR strpos(j.namespace || '/' || j.name, %(text)s) > 0)
@@ -69,7 +69,7 @@ LEFT JOIN LATERAL (
     ORDER BY o.scheduled_for DESC LIMIT 1
 ) last ON true
 WHERE j.deleted_at IS NULL
-  AND (%(namespaces)s::text[] IS NULL OR j.namespace = ANY(%(namespaces)s::text[]))
+  AND (%(namespaces)b::text[] IS NULL OR j.namespace = ANY(%(namespaces)b::text[]))
   AND (%(namespace)s::text IS NULL OR j.namespace = %(namespace)s)
   AND (%(pool)s::text IS NULL OR j.pool = %(pool)s)
   AND (%(text)s::text IS NULL OR strpos(j.namespace || '/' || j.name, %(text)s) > 0)
@@ -105,7 +105,7 @@ FROM (
     FROM cronwell_jobs j
     LEFT JOIN cronwell_job_counters c ON c.job_id = j.id
     WHERE j.deleted_at IS NULL
-      AND (%(namespaces)s::text[] IS NULL OR j.namespace = ANY(%(namespaces)s::text[]))
+      AND (%(namespaces)b::text[] IS NULL OR j.namespace = ANY(%(namespaces)b::text[]))
       AND (%(namespace)s::text IS NULL OR j.namespace = %(namespace)s)
       AND (%(pool)s::text IS NULL OR j.pool = %(pool)s)
       AND (%(text)s::text IS NULL OR strpos(j.namespace || '/' || j.name, %(text)s) > 0)
@@ -163,7 +163,7 @@ SELECT o.id, j.namespace, j.name, j.spec->>'timeZone' AS time_zone, o.idempotenc
        extract(epoch FROM o.started_at - o.run_at) AS lag_seconds,
        extract(epoch FROM o.finished_at - o.started_at) AS duration_seconds
 FROM cronwell_occurrences o JOIN cronwell_jobs j ON j.id = o.job_id
-WHERE (%(namespaces)s::text[] IS NULL OR j.namespace = ANY(%(namespaces)s::text[]))
+WHERE (%(namespaces)b::text[] IS NULL OR j.namespace = ANY(%(namespaces)b::text[]))
   AND (%(namespace)s::text IS NULL OR j.namespace = %(namespace)s)
   AND (%(name)s::text IS NULL OR j.name = %(name)s)
   AND (%(state)s::text IS NULL OR o.state = %(state)s)
@@ -205,7 +205,7 @@ SELECT j.namespace, j.name, o.idempotency_key, o.scheduled_for, o.state, o.reaso
        o.finished_at, j.spec->>'timeZone' AS time_zone
 FROM cronwell_occurrences o JOIN cronwell_jobs j ON j.id = o.job_id
 WHERE o.state = 'dead'
-  AND (%(namespaces)s::text[] IS NULL OR j.namespace = ANY(%(namespaces)s::text[]))
+  AND (%(namespaces)b::text[] IS NULL OR j.namespace = ANY(%(namespaces)b::text[]))
   AND (%(namespace)s::text IS NULL OR j.namespace = %(namespace)s)
   AND (%(name)s::text IS NULL OR j.name = %(name)s)
 ORDER BY o.finished_at DESC NULLS LAST, o.id DESC
@@ -217,7 +217,7 @@ LIMIT %(limit)s;
 SELECT j.namespace
 FROM cronwell_occurrences o JOIN cronwell_jobs j ON j.id = o.job_id
 WHERE o.idempotency_key = %(key)s AND o.state = 'dead'
-  AND (%(namespaces)s::text[] IS NULL OR j.namespace = ANY(%(namespaces)s::text[]));
+  AND (%(namespaces)b::text[] IS NULL OR j.namespace = ANY(%(namespaces)b::text[]));
 
 -- name: UiNamespaces
 -- Namespaces that have jobs, the candidates whose access the dashboard asks the API server

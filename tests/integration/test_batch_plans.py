@@ -40,7 +40,7 @@ def prepared(sql: str) -> tuple[str, list[str]]:
             names.append(m.group(1))
         return f"${names.index(m.group(1)) + 1}"
 
-    return re.sub(r"%\((\w+)\)s", sub, sql), names
+    return re.sub(r"%\((\w+)\)[sb]", sub, sql), names
 
 
 async def generic_plan(conn: Conn, name: str, literals: dict[str, str]) -> str:

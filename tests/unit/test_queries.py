@@ -20,6 +20,18 @@ def test_every_query_has_a_description() -> None:
         assert re.match(r"^[A-Z][a-zA-Z]+$", name), name
 
 
+def test_array_parameters_are_sent_in_binary() -> None:
+    """`%(x)b::type[]`, never `%(x)s::type[]`: in text format psycopg dumps a list element
+    by element in Python, quoting each (a materialisation batch's 12 arrays: 12 us an
+    occurrence, 44 % of the scheduler's CPU at 10,000 per-second jobs); in binary 2 us."""
+    text = [
+        (name, m.group(0))
+        for name, sql in queries().items()
+        for m in re.finditer(r"%\(\w+\)s::[a-z ]+\[\]", sql)
+    ]
+    assert not text, text
+
+
 _SOURCES = ("cronwell/**/*.py", "worker/**/*.py", "operator/**/*.py", "bench/*.py")
 _STORE = ROOT / "cronwell" / "store"
 # The Database methods whose first argument is a query name (`rows`/`row`: the second).
