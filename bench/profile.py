@@ -122,7 +122,7 @@ def shape(sql: str) -> tuple[str, ...]:
     query and its pg_stat_statements row (which drops leading comments and shows every
     constant, true, false and NULL included, and parameter as $n)."""
     sql = re.sub(r"--[^\n]*", " ", sql)
-    sql = re.sub(r"'(?:[^']|'')*'|%\(\w+\)s|\$\d+", " ", sql)
+    sql = re.sub(r"'(?:[^']|'')*'|%\(\w+\)[sb]|\$\d+", " ", sql)
     words = re.findall(r"[A-Za-z_][A-Za-z_0-9]*", sql.lower())
     return tuple(w for w in words if w not in CONSTANTS)
 
