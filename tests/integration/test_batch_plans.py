@@ -43,14 +43,17 @@ def prepared(sql: str) -> tuple[str, list[str]]:
     return re.sub(r"%\((\w+)\)[sb]", sub, sql), names
 
 
-async def generic_plan(conn: Conn, name: str, literals: dict[str, str]) -> str:
-    """EXPLAIN of the named query's generic plan (as psycopg's prepared statement runs it
-    after five executions), executed with these SQL literals (by parameter name): its
-    parameters' types are inferred from the query, as the server infers them."""
+async def generic_plan(
+    conn: Conn, name: str, literals: dict[str, str], explain: str = "EXPLAIN"
+) -> str:
+    """`explain` (EXPLAIN and its options) of the named query's generic plan (as psycopg's
+    prepared statement runs it after five executions), executed with these SQL literals
+    (by parameter name): its parameters' types are inferred from the query, as the server
+    infers them."""
     body, params = prepared(q(name))
     await conn.execute("SET plan_cache_mode = force_generic_plan")
     await conn.execute(f"PREPARE generic AS {body}")
-    cur = await conn.execute(f"EXPLAIN EXECUTE generic({', '.join(literals[p] for p in params)})")
+    cur = await conn.execute(f"{explain} EXECUTE generic({', '.join(literals[p] for p in params)})")
     plan = "\n".join(str(next(iter(r.values()))) for r in await cur.fetchall())
     await conn.execute("DEALLOCATE generic")
     await conn.execute("RESET plan_cache_mode")
@@ -266,7 +269,8 @@ async def test_a_looks_farther_window_starts_its_range_scan_after_the_nearer_one
 
 
 async def seed_a_backlog_unseen(db: Database) -> None:
-    """20,000 pending occurrences due already (4 of each of 5,000 jobs, the last 4 minutes),
+    """20,000 pending occurrences due already (4 of each of 5,000 jobs in the last 4
+    minutes, each at an instant of its own, so that every reader meets them in one order),
     materialised after the statistics were taken, while every partition was empty (a new
     store; a day's partition in its first minute, before autovacuum's ANALYZE)."""
     now = datetime.now(UTC)
@@ -274,11 +278,15 @@ async def seed_a_backlog_unseen(db: Database) -> None:
     async with db.connection() as conn:
         await conn.execute(JOBS)
         await conn.execute("ANALYZE cronwell_occurrences")  # every partition empty
-        for minutes in range(1, 5):
-            at = now - timedelta(minutes=minutes)
-            await conn.execute(
-                OCCURRENCES.replace("now()", "%s"), (f"-{minutes}", at, at, "pending")
-            )
+        await conn.execute(
+            "INSERT INTO cronwell_occurrences (idempotency_key, job_id, pool, scheduled_for,"
+            " run_at, state, overlap, delivery, max_attempts, timeout_seconds)"
+            " SELECT id::text || '-' || m, id, 'default', t, t, 'pending', 'Skip',"
+            " 'AtLeastOnce', 1, 60"
+            " FROM (SELECT id, m, now() - make_interval(mins => m)"
+            "        + make_interval(secs => row_number() OVER (ORDER BY id) / 1000.0) AS t"
+            "       FROM cronwell_jobs, generate_series(1, 4) m) x"
+        )
 
 
 async def explain_in_index_order(
@@ -287,21 +295,14 @@ async def explain_in_index_order(
     """EXPLAIN ANALYZE of the named query as the worker runs it: after InIndexOrder, in
     its transaction (rolled back: nothing stays locked); `generic`: its generic plan (as
     psycopg's prepared statement runs it after five executions)."""
-    explain = "EXPLAIN (ANALYZE, COSTS OFF) "
+    explain = "EXPLAIN (ANALYZE, COSTS OFF)"
     async with conn.transaction(force_rollback=True):
         await conn.execute(q("InIndexOrder"))
         if generic:
-            body, names = prepared(q(name))
-            await conn.execute("SET LOCAL plan_cache_mode = force_generic_plan")
-            await conn.execute(f"PREPARE generic AS {body}")
-            args = ", ".join(literal(params[n]) for n in names)
-            cur = await conn.execute(f"{explain}EXECUTE generic({args})")
-        else:
-            cur = await conn.execute(explain + q(name), params)
-        plan = "\n".join(str(next(iter(r.values()))) for r in await cur.fetchall())
-    if generic:
-        await conn.execute("DEALLOCATE generic")
-    return plan
+            literals = {k: literal(v) for k, v in params.items()}
+            return await generic_plan(conn, name, literals, explain)
+        cur = await conn.execute(f"{explain} {q(name)}", params)
+        return "\n".join(str(next(iter(r.values()))) for r in await cur.fetchall())
 
 
 def rows_read(plan: str) -> list[int]:
