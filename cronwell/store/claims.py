@@ -141,13 +141,9 @@ async def candidates(
 async def _in_index_order(db: Database, conn: Conn | None) -> AsyncIterator[Conn]:
     """`conn` (a transaction), or a transaction of its own, planning no sort from here on
     (InIndexOrder)."""
-    if conn is not None:
-        await db.execute("InIndexOrder", None, conn)
-        yield conn
-        return
-    async with db.transaction() as own:
-        await db.execute("InIndexOrder", None, own)
-        yield own
+    async with db.within(conn) as c:
+        await db.execute("InIndexOrder", None, c)
+        yield c
 
 
 async def lock_jobs(

@@ -211,6 +211,16 @@ class Database:
         ):
             yield conn
 
+    @contextlib.asynccontextmanager
+    async def within(self, conn: Conn | None) -> AsyncIterator[Conn]:
+        """`conn`, a transaction the caller holds, or else a transaction of its own: for
+        statements that must share one, whoever began it."""
+        if conn is not None:
+            yield conn
+            return
+        async with self.transaction() as own:
+            yield own
+
     async def rows(
         self,
         row: type[R],

@@ -268,13 +268,9 @@ async def insert_trigger(
         "max_attempts": max_attempts,
         "timeout_seconds": timeout_seconds,
     }
-    if conn is None:
-        async with db.transaction() as c:
-            await db.fetch("OccurrenceTriggerLock", {"key": key}, c)
-            created = await db.scalar("OccurrenceTriggerInsert", params, c)
-    else:
-        await db.fetch("OccurrenceTriggerLock", {"key": key}, conn)
-        created = await db.scalar("OccurrenceTriggerInsert", params, conn)
+    async with db.within(conn) as c:
+        await db.fetch("OccurrenceTriggerLock", {"key": key}, c)
+        created = await db.scalar("OccurrenceTriggerInsert", params, c)
     return created is not None
 
 
