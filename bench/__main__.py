@@ -172,6 +172,14 @@ def _table(title: str, cols: dict[str, dict[str, Any]]) -> None:
     print(f"{'load avg 1 min, before->after':<32}{loads}")
 
 
+def at_size(results: dict[str, Any], prefix: str, n: int) -> dict[str, Any]:
+    """The figures of the section whose key starts with `prefix`, run at n occurrences."""
+    return next(
+        (f for k, f in results.items() if k.startswith(prefix) and f.get("occurrences") == n),
+        {},
+    )
+
+
 def report(results: dict[str, Any], aheads: list[float]) -> None:
     """The side-by-side tables (before = the first --claim-ahead value, after = the last;
     peer and ceiling at the same N), the issue's goals, then every figure."""
@@ -188,14 +196,7 @@ def report(results: dict[str, Any], aheads: list[float]) -> None:
         noop = handler == "noop"
         p = peer if noop and peer.get("occurrences") == n else {}
         q = pgq_ if noop and pgq_.get("occurrences") == n else {}
-        c: dict[str, Any] = next(
-            (
-                f
-                for k, f in results.items()
-                if noop and k.startswith("ceiling") and f.get("occurrences") == n
-            ),
-            {},
-        )
+        c, fl = (at_size(results, name, n) if noop else {} for name in ("ceiling ", "floor "))
         deep_key = burst_key(handler, n, after_a) + " concurrency="
         deeper = {
             f"after c={k.removeprefix(deep_key)}": f
@@ -208,7 +209,7 @@ def report(results: dict[str, Any], aheads: list[float]) -> None:
             " pgqueuer's handler)",
             {"before": before, "after": after}
             | deeper
-            | {"procrastinate": p, "pgqueuer": q, "ceiling": c},
+            | {"procrastinate": p, "pgqueuer": q, "ceiling": c, "floor": fl},
         )
         for label, run in ({"after": after} | deeper if noop else {}).items():
             p99, mx = run.get("handler_start_lag_p99_s"), run.get("handler_start_lag_max_s")
@@ -540,6 +541,10 @@ async def main() -> None:
                     await section(
                         f"ceiling n={n}",
                         ceiling.ceiling(db, url, n, args.workers, args.ceiling_batch),
+                    )
+                    await section(
+                        f"floor n={n}",
+                        ceiling.floor(db, url, n, args.workers, args.ceiling_batch),
                     )
             if ("peer" in only or "pgqueuer" in only) and (
                 peer_n != args.jobs or "burst" not in only

@@ -10,7 +10,16 @@ W plain processes, each a minimal synchronous psycopg loop:
 starting at T. What cronwell itself adds on top (overlap locking, asyncio tasks per attempt,
 spec validation, heartbeats, metrics) is the difference to the `burst` figure.
 
-    python -m bench.ceiling --loop URL BATCH     # one driver process (internal)
+Floor: PostgreSQL's own cost of an occurrence's three writes on this machine. The same N
+rows inserted into a bare table (`bench_floor`: a primary key and the claim's partial
+index, no attempt rows, no idempotency key, no triggers, no other index), then claimed and
+completed from T by the same loop with the same SQL shapes. Its PostgreSQL CPU per
+occurrence, beside the ceiling's (cronwell's schema, minimal SQL) and the burst's
+(cronwell), splits PostgreSQL's cost into the writes themselves, what the schema adds
+(indexes, the attempt row that arbitrates a success, counters) and what cronwell's
+statements add (overlap locks, fences, claim ahead).
+
+    python -m bench.ceiling --loop URL BATCH [floor]    # one driver process (internal)
 """
 
 from __future__ import annotations
@@ -21,6 +30,8 @@ import subprocess
 import sys
 import time
 from typing import Any
+
+from bench.common import postgres_cpu_seconds, postmaster_pid
 
 CLAIM = """
 UPDATE cronwell_occurrences o
@@ -48,34 +59,84 @@ FROM done
 """
 
 
-def loop(url: str, batch: int) -> None:
+FLOOR_TABLE = """
+DROP TABLE IF EXISTS bench_floor;
+DROP SEQUENCE IF EXISTS bench_floor_fence;
+CREATE SEQUENCE bench_floor_fence AS bigint;
+CREATE TABLE bench_floor (
+    id               bigint      GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    run_at           timestamptz NOT NULL,
+    state            text        NOT NULL,
+    fence            bigint,
+    worker_id        text,
+    lease_expires_at timestamptz,
+    started_at       timestamptz,
+    finished_at      timestamptz
+);
+CREATE INDEX bench_floor_claim ON bench_floor (run_at) WHERE state = 'pending';
+"""
+
+FLOOR_INSERT = """
+INSERT INTO bench_floor (run_at, state)
+SELECT t, 'pending' FROM unnest(%(at)s::timestamptz[]) AS t
+"""
+
+FLOOR_CLAIM = """
+UPDATE bench_floor o
+SET state = 'running', fence = nextval('bench_floor_fence'), worker_id = %(w)s,
+    started_at = now(), lease_expires_at = now() + interval '60 seconds'
+WHERE o.id IN (SELECT id FROM bench_floor WHERE state = 'pending' AND run_at <= now()
+               ORDER BY run_at LIMIT %(b)s FOR UPDATE SKIP LOCKED)
+RETURNING o.id, o.fence
+"""
+
+FLOOR_COMPLETE = """
+UPDATE bench_floor o
+SET state = 'succeeded', finished_at = now(), lease_expires_at = NULL
+FROM unnest(%(k)s::bigint[], %(f)s::bigint[]) AS t(k, f)
+WHERE o.id = t.k AND o.fence = t.f AND o.state = 'running'
+"""
+
+FLOOR_LEAD_S = 3.0
+"""The floor's T after its insert (50,000 rows take well under a second here)."""
+
+SHAPES = {
+    "ceiling": ("cronwell_occurrences", CLAIM, COMPLETE),
+    "floor": ("bench_floor", FLOOR_CLAIM, FLOOR_COMPLETE),
+}
+
+
+def loop(url: str, batch: int, shape: str = "ceiling") -> None:
     import psycopg
 
+    table, claim, complete = SHAPES[shape]
     with psycopg.connect(url, autocommit=True) as conn:
         # Wait for T on the database's clock, as a worker does.
         row = conn.execute(
-            "SELECT extract(epoch FROM min(run_at) - now()) FROM cronwell_occurrences"
-            " WHERE state = 'pending'"
+            f"SELECT extract(epoch FROM min(run_at) - now()) FROM {table} WHERE state = 'pending'"
         ).fetchone()
         if row and row[0] and row[0] > 0:
             time.sleep(float(row[0]))
-        w = f"ceiling-{os.getpid()}"
+        w = f"{shape}-{os.getpid()}"
         idle = 0
         while idle < 3:
-            rows = conn.execute(CLAIM, {"w": w, "b": batch}).fetchall()
+            rows = conn.execute(claim, {"w": w, "b": batch}).fetchall()
             if not rows:
                 idle += 1
                 time.sleep(0.05)
                 continue
             idle = 0
-            conn.execute(COMPLETE, {"k": [r[0] for r in rows], "f": [r[1] for r in rows]})
+            conn.execute(complete, {"k": [r[0] for r in rows], "f": [r[1] for r in rows]})
 
 
-async def ceiling(db: Any, url: str, n: int, workers: int, batch: int) -> dict[str, Any]:
-    """Run after the burst's seeding + materialisation (occurrences pending, due at T)."""
+async def _drive(db: Any, url: str, workers: int, batch: int, shape: str) -> float:
+    """W driver processes until the rows are done; PostgreSQL's CPU seconds meanwhile
+    (the wait for T included: an idle server's few milliseconds)."""
+    postmaster = await postmaster_pid(db)
+    cpu0 = postgres_cpu_seconds(postmaster)
     procs = [
         subprocess.Popen(  # noqa: ASYNC220
-            [sys.executable, "-m", "bench.ceiling", "--loop", url, str(batch)],
+            [sys.executable, "-m", "bench.ceiling", "--loop", url, str(batch), shape],
             start_new_session=True,
         )
         for _ in range(workers)
@@ -86,14 +147,20 @@ async def ceiling(db: Any, url: str, n: int, workers: int, batch: int) -> dict[s
         if time.monotonic() - t0 > 600:
             for p in procs:
                 p.kill()
+    return postgres_cpu_seconds(postmaster) - cpu0
+
+
+async def _figures(
+    db: Any, table: str, instant: str, n: int, workers: int, batch: int, pg_cpu: float
+) -> dict[str, Any]:
     async with db.connection() as conn:
         cur = await conn.execute(
-            "SELECT count(*) AS n, extract(epoch FROM max(finished_at) - min(scheduled_for))"
+            f"SELECT count(*) AS n, extract(epoch FROM max(finished_at) - min({instant}))"
             " AS total, percentile_disc(0.99) WITHIN GROUP"
-            " (ORDER BY extract(epoch FROM started_at - scheduled_for)) AS p99,"
+            f" (ORDER BY extract(epoch FROM started_at - {instant})) AS p99,"
             " percentile_disc(0.5) WITHIN GROUP"
-            " (ORDER BY extract(epoch FROM started_at - scheduled_for)) AS p50"
-            " FROM cronwell_occurrences WHERE state = 'succeeded'"
+            f" (ORDER BY extract(epoch FROM started_at - {instant})) AS p50"
+            f" FROM {table} WHERE state = 'succeeded'"
         )
         r = await cur.fetchone()
     total = float(r["total"])
@@ -106,8 +173,50 @@ async def ceiling(db: Any, url: str, n: int, workers: int, batch: int) -> dict[s
         "start_lag_p99_s": round(float(r["p99"]), 3),
         "all_succeeded_after_s": round(total, 3),
         "per_second": round(r["n"] / max(total, 1e-3)),
+        "postgres_cpu_ms_per_occurrence": round(1000 * pg_cpu / max(r["n"], 1), 3),
     }
 
 
-if __name__ == "__main__" and len(sys.argv) == 4 and sys.argv[1] == "--loop":
-    loop(sys.argv[2], int(sys.argv[3]))
+async def ceiling(db: Any, url: str, n: int, workers: int, batch: int) -> dict[str, Any]:
+    """Run after the burst's seeding + materialisation (occurrences pending, due at T)."""
+    pg_cpu = await _drive(db, url, workers, batch, "ceiling")
+    return await _figures(db, "cronwell_occurrences", "scheduled_for", n, workers, batch, pg_cpu)
+
+
+async def _floor_once(db: Any, url: str, n: int, workers: int, batch: int) -> dict[str, Any]:
+    async with db.connection() as conn:
+        await conn.execute(FLOOR_TABLE)
+        cur = await conn.execute(
+            "SELECT date_trunc('second', now()) + make_interval(secs => %s) AS t",
+            (FLOOR_LEAD_S,),
+        )
+        at = (await cur.fetchone())["t"]
+        postmaster = await postmaster_pid(db)
+        cpu0 = postgres_cpu_seconds(postmaster)
+        for i in range(0, n, 2_500):
+            await conn.execute(FLOOR_INSERT, {"at": [at] * min(2_500, n - i)})
+        insert_cpu = postgres_cpu_seconds(postmaster) - cpu0
+        await conn.execute("ANALYZE bench_floor")
+    pg_cpu = await _drive(db, url, workers, batch, "floor")
+    figs = await _figures(db, "bench_floor", "run_at", n, workers, batch, pg_cpu)
+    async with db.connection() as conn:
+        await conn.execute("DROP TABLE bench_floor; DROP SEQUENCE bench_floor_fence")
+    return figs | {"insert_postgres_cpu_ms_per_occurrence": round(1000 * insert_cpu / n, 3)}
+
+
+async def floor(db: Any, url: str, n: int, workers: int, batch: int) -> dict[str, Any]:
+    """The floor (module docstring): n rows due at T = now + FLOOR_LEAD_S inserted into a
+    bare table in batches of 2,500 (the scheduler's), claimed and completed from T by
+    `workers` drivers; then the same with one driver (`one_claimer_*`: with no other
+    claimer, no SKIP LOCKED skips and every committed claim's index entries soon dead to
+    all, the cost of the writes alone). PostgreSQL CPU per occurrence of each."""
+    figs = await _floor_once(db, url, n, workers, batch)
+    one = await _floor_once(db, url, n, 1, batch)
+    return figs | {
+        "one_claimer_postgres_cpu_ms_per_occurrence": one["postgres_cpu_ms_per_occurrence"],
+        "one_claimer_per_second": one["per_second"],
+    }
+
+
+if __name__ == "__main__" and len(sys.argv) in (4, 5) and sys.argv[1] == "--loop":
+    loop(sys.argv[2], int(sys.argv[3]), *sys.argv[4:])
