@@ -24,7 +24,7 @@ import time
 import uuid
 from collections import defaultdict
 from collections.abc import Container, Sequence
-from dataclasses import dataclass, fields, replace
+from dataclasses import fields, replace
 from datetime import datetime
 from operator import attrgetter
 from typing import Any
@@ -32,14 +32,14 @@ from typing import Any
 from cronwell.models import ConcurrencyPolicy
 from cronwell.store import attempts, claims, dead
 from cronwell.store.claims import Active, Candidate, Started
-from cronwell.store.db import Conn, Database
+from cronwell.store.db import Conn, Database, row_class
 
 SERIAL = {p.value for p in ConcurrencyPolicy} - {ConcurrencyPolicy.ALLOW.value}
 SERIAL_ORDER = sorted(SERIAL)  # as a query parameter
 BUFFERED = {ConcurrencyPolicy.BUFFER_ONE.value, ConcurrencyPolicy.BUFFER_ALL.value}
 
 
-@dataclass(frozen=True, slots=True)
+@row_class
 class Claimed(Started):
     """An occurrence this worker now runs, under `fence`, until `lease` runs out: the row
     the claim started (`spec_hash`: equal hashes are equal specs, so workers cache parsed

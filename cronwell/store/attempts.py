@@ -9,10 +9,9 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Sequence
-from dataclasses import dataclass
 from datetime import UTC, datetime
 
-from cronwell.store.db import Conn, Database
+from cronwell.store.db import Conn, Database, row_class
 
 Within = tuple[datetime, datetime]
 """The earliest and latest instant (scheduled_for) of a write's rows."""
@@ -21,12 +20,12 @@ ALL_TIME: Within = (datetime.min.replace(tzinfo=UTC), datetime.max.replace(tzinf
 """Bounds of a write whose rows' instants are unknown: pruning nothing."""
 
 
-@dataclass(frozen=True, slots=True)
+@row_class
 class Keyed:
     idempotency_key: str
 
 
-@dataclass(frozen=True, slots=True)
+@row_class
 class Restored:
     """A claim a re-assertion restored: its row's id and instant now (the row may have been
     materialised again: another id and, for a trigger, another instant)."""
@@ -36,7 +35,7 @@ class Restored:
     scheduled_for: datetime
 
 
-@dataclass(frozen=True, slots=True)
+@row_class
 class Succeeded:
     """An occurrence a fenced completion ended."""
 
@@ -45,7 +44,7 @@ class Succeeded:
     overlap: str
 
 
-@dataclass(frozen=True, slots=True)
+@row_class
 class Failed:
     """An occurrence a fenced failure sent back to pending, or dead."""
 
@@ -55,7 +54,7 @@ class Failed:
     state: str
 
 
-@dataclass(frozen=True, slots=True)
+@row_class
 class Reaped:
     """An occurrence whose lease expired: pending again (AtLeastOnce) or dead."""
 

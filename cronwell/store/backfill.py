@@ -6,14 +6,13 @@ from __future__ import annotations
 import dataclasses
 import uuid
 from collections.abc import Sequence
-from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from cronwell.store.db import Conn, Database
+from cronwell.store.db import Conn, Database, row_class
 
 
-@dataclass(frozen=True, slots=True)
+@row_class
 class BackfillJob:
     """The live job to backfill, locked while the backfill plans and writes."""
 
@@ -25,7 +24,7 @@ class BackfillJob:
     next_run_at: datetime | None
 
 
-@dataclass(frozen=True, slots=True)
+@row_class
 class RunSettings:
     """How the job's backfilled occurrences run (from its spec)."""
 
@@ -37,13 +36,13 @@ class RunSettings:
     timeout_seconds: int
 
 
-@dataclass(frozen=True, slots=True)
+@row_class
 class _Existing:
     idempotency_key: str
     state: str
 
 
-@dataclass(frozen=True, slots=True)
+@row_class
 class _Key:
     idempotency_key: str
 

@@ -6,15 +6,14 @@ from __future__ import annotations
 import contextlib
 import uuid
 from collections.abc import AsyncIterator, Sequence
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
 from cronwell.store.attempts import ALL_TIME, Within
-from cronwell.store.db import Conn, Database
+from cronwell.store.db import Conn, Database, row_class
 
 
-@dataclass(frozen=True, slots=True)
+@row_class
 class Candidate:
     """A pending occurrence due now or within the claim-ahead window, locked for this
     claim."""
@@ -32,7 +31,7 @@ class Candidate:
     pending in this pool and never attempted; None otherwise."""
 
 
-@dataclass(frozen=True, slots=True)
+@row_class
 class Active:
     """An occurrence of a serialised job that is running, retrying or waiting."""
 
@@ -43,7 +42,7 @@ class Active:
     scheduled_for: datetime
 
 
-@dataclass(frozen=True, slots=True)
+@row_class
 class Started:
     """An occurrence the claim took: its new fence and lease, and its job's spec hash."""
 
@@ -69,7 +68,7 @@ class Started:
     spec_hash: str
 
 
-@dataclass(frozen=True, slots=True)
+@row_class
 class JobSpec:
     """A job's current spec document and its content hash."""
 
@@ -78,7 +77,7 @@ class JobSpec:
     spec: dict[str, Any]
 
 
-@dataclass(frozen=True, slots=True)
+@row_class
 class Due:
     """An occurrence that became claimable: its pool and when."""
 
@@ -86,12 +85,12 @@ class Due:
     run_at: datetime
 
 
-@dataclass(frozen=True, slots=True)
+@row_class
 class StrandedJob:
     job_id: uuid.UUID
 
 
-@dataclass(frozen=True, slots=True)
+@row_class
 class Coming:
     """An instant at which `n` pending occurrences of a pool become due (None: nothing
     pending), and the database's clock to measure the wait against."""

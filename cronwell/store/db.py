@@ -19,7 +19,7 @@ import os
 import re
 import socket
 from collections.abc import AsyncIterator, Iterator, Mapping
-from typing import TYPE_CHECKING, Any, LiteralString, TypeVar
+from typing import TYPE_CHECKING, Any, LiteralString, TypeVar, dataclass_transform
 
 import psycopg
 from psycopg.conninfo import conninfo_to_dict
@@ -94,6 +94,17 @@ def dataclass_row(cls: type[R]) -> BaseRowFactory[R]:
         return by_name(cursor)
 
     return factory
+
+
+@dataclass_transform(frozen_default=True)
+def row_class(cls: type[R]) -> type[R]:
+    """A row type: frozen to the type checker (PEP 681), hashed and compared as a frozen
+    dataclass, built at a plain slots dataclass's speed. A frozen dataclass's `__init__`
+    sets each field through `object.__setattr__` (its guard against assignment): 1.9 us for
+    a claim's 19-field row against 0.22 us unguarded (Python 3.11), and a claim builds three
+    rows per occurrence (candidate, started, claimed). mypy rejects an assignment to a
+    field as it would for a frozen dataclass; at run time nothing checks it."""
+    return dataclasses.dataclass(slots=True, unsafe_hash=True)(cls)
 
 
 class Database:

@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from datetime import datetime
 
 import psycopg
 
-from cronwell.store.db import Conn, Database
+from cronwell.store.db import Conn, Database, row_class
 
 
-@dataclass(frozen=True, slots=True)
+@row_class
 class Dead:
     """A dead-lettered occurrence with its reason and last error."""
 
@@ -30,7 +29,7 @@ class Dead:
     finished_at: datetime | None
 
 
-@dataclass(frozen=True, slots=True)
+@row_class
 class Replayed:
     """A dead occurrence pending again: when, in which pool, and its new attempt budget."""
 
@@ -41,12 +40,12 @@ class Replayed:
     max_attempts: int
 
 
-@dataclass(frozen=True, slots=True)
+@row_class
 class Purged:
     idempotency_key: str
 
 
-@dataclass(frozen=True, slots=True)
+@row_class
 class DeadCount:
     """Dead occurrences matching a filter, and how many of them a replay (without
     include_ambiguous) would take: what a bulk action is confirmed against."""

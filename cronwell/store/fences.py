@@ -4,10 +4,9 @@ resources (cronwell_fences: a stale writer is refused); what a commit's durabili
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
 
 from cronwell.errors import DatabaseError, DatabaseUnavailable
-from cronwell.store.db import Conn, Database
+from cronwell.store.db import Conn, Database, row_class
 
 log = logging.getLogger(__name__)
 
@@ -40,7 +39,7 @@ async def next_generation(db: Database) -> int:
     return int(await db.scalar("StoreGenerationNext"))
 
 
-@dataclass(frozen=True, slots=True)
+@row_class
 class Epoch:
     generation: int
     timeline: int
@@ -52,7 +51,7 @@ async def epoch(db: Database) -> Epoch | None:
     return await db.primary.row(Epoch, "FenceEpoch")
 
 
-@dataclass(frozen=True, slots=True)
+@row_class
 class Durability:
     standby_names: str
     synchronous_commit: str

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from datetime import datetime
 
-from cronwell.store.db import Database
+from cronwell.store.db import Database, row_class
 
 
-@dataclass(frozen=True, slots=True)
+@row_class
 class PoolDepth:
     """Due occurrences not yet started in one pool."""
 
@@ -16,7 +15,7 @@ class PoolDepth:
     n: int
 
 
-@dataclass(frozen=True, slots=True)
+@row_class
 class StateCount:
     """Occurrences in one state."""
 
@@ -24,7 +23,7 @@ class StateCount:
     n: int
 
 
-@dataclass(frozen=True, slots=True)
+@row_class
 class Backlog:
     """Status changes not yet written back, and the database clock they were counted at."""
 

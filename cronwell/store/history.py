@@ -4,13 +4,12 @@ statement its own short transaction over finished rows only."""
 from __future__ import annotations
 
 import uuid
-from dataclasses import dataclass
 from datetime import datetime
 
-from cronwell.store.db import Database
+from cronwell.store.db import Database, row_class
 
 
-@dataclass(frozen=True, slots=True)
+@row_class
 class LimitPruned:
     """One HistoryLimitPrune batch: the last job examined (None: the sweep is over) and the
     occurrences deleted."""

@@ -19,7 +19,7 @@ from typing import TypeVar
 import psycopg
 
 from cronwell.errors import DatabaseError, LockTimeout
-from cronwell.store.db import Conn, Database
+from cronwell.store.db import Conn, Database, row_class
 
 log = logging.getLogger(__name__)
 
@@ -61,7 +61,7 @@ _STEP1_DROP = {
 T = TypeVar("T")
 
 
-@dataclass(frozen=True, slots=True)
+@row_class
 class Shape:
     """relkind of each history table: 'p' partitioned, 'r' legacy, None missing."""
 
@@ -73,7 +73,7 @@ class Shape:
         return self.occurrences == "p"
 
 
-@dataclass(frozen=True, slots=True)
+@row_class
 class Partition:
     """One partition; lo None = MINVALUE, lo and hi None = the DEFAULT partition."""
 
@@ -85,7 +85,7 @@ class Partition:
     """reltuples: the planner's estimate (0 before the first ANALYZE)."""
 
 
-@dataclass(frozen=True, slots=True)
+@row_class
 class _Checks:
     occurrences: bool | None
     attempts: bool | None

@@ -4,13 +4,12 @@ resolves and writes them, a worker reads them for each attempt so a rotation lan
 from __future__ import annotations
 
 import uuid
-from dataclasses import dataclass
 from typing import Any
 
-from cronwell.store.db import Database
+from cronwell.store.db import Database, row_class
 
 
-@dataclass(frozen=True, slots=True)
+@row_class
 class SecretJob:
     """A live job whose spec has Secret-backed headers."""
 

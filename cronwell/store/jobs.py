@@ -6,14 +6,13 @@ from __future__ import annotations
 import json
 import uuid
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from cronwell.store.db import Conn, Database
+from cronwell.store.db import Conn, Database, row_class
 
 
-@dataclass(frozen=True, slots=True)
+@row_class
 class LiveJob:
     """A live job locked for an upsert, a delete or a trigger."""
 
@@ -26,7 +25,7 @@ class LiveJob:
     labels: dict[str, str]
 
 
-@dataclass(frozen=True, slots=True)
+@row_class
 class StoredJob:
     """A job by uid, live or tombstoned (`deleted_at`), locked for an upsert."""
 
@@ -42,7 +41,7 @@ class StoredJob:
     labels: dict[str, str]
 
 
-@dataclass(frozen=True, slots=True)
+@row_class
 class JobSummary:
     """A live job with its counters, as `cronwell jobs` lists it."""
 
@@ -58,7 +57,7 @@ class JobSummary:
     missed_total: int
 
 
-@dataclass(frozen=True, slots=True)
+@row_class
 class JobName:
     """A job changed by pause or resume."""
 
@@ -66,7 +65,7 @@ class JobName:
     name: str
 
 
-@dataclass(frozen=True, slots=True)
+@row_class
 class JobRef:
     """A live job's uid and name (drift repair)."""
 
@@ -75,7 +74,7 @@ class JobRef:
     name: str
 
 
-@dataclass(frozen=True, slots=True)
+@row_class
 class ScheduleUse:
     """A cron (None: one-shots) and how many live jobs of a namespace keep running it."""
 
@@ -83,7 +82,7 @@ class ScheduleUse:
     jobs: int
 
 
-@dataclass(frozen=True, slots=True)
+@row_class
 class JobDuration:
     """A live job of a pool with the p90 duration of its last successful runs."""
 
@@ -298,7 +297,7 @@ async def forecast_list(db: Database, *, pool: str | None, history: int) -> list
     return await db.rows(JobDuration, "ForecastJobList", {"pool": pool, "history": history})
 
 
-@dataclass(frozen=True, slots=True)
+@row_class
 class PoolJobKeys:
     """A pool's live jobs to forecast: ids (text) and their spec hashes, in the same order."""
 
@@ -307,13 +306,13 @@ class PoolJobKeys:
     hashes: list[str]
 
 
-@dataclass(frozen=True, slots=True)
+@row_class
 class HashedSpec:
     spec_hash: str
     spec: dict[str, Any]
 
 
-@dataclass(frozen=True, slots=True)
+@row_class
 class JobP90:
     id: str
     p90_seconds: float | None

@@ -4,13 +4,12 @@ time; a takeover increments the epoch, which fences the previous holder's writes
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
 from datetime import datetime
 
-from cronwell.store.db import Database
+from cronwell.store.db import Database, row_class
 
 
-@dataclass(frozen=True, slots=True)
+@row_class
 class Lease:
     """A partition held at an epoch."""
 
@@ -18,7 +17,7 @@ class Lease:
     epoch: int
 
 
-@dataclass(frozen=True, slots=True)
+@row_class
 class Owner:
     """A lease row as `cronwell status` shows it."""
 

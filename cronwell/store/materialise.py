@@ -9,10 +9,10 @@ from dataclasses import dataclass, field, fields
 from datetime import datetime
 from typing import Any
 
-from cronwell.store.db import Conn, Database
+from cronwell.store.db import Conn, Database, row_class
 
 
-@dataclass(frozen=True, slots=True)
+@row_class
 class DueJob:
     """A due job claimed (locked) for this batch; `db_now` is the transaction's clock."""
 

@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import logging
 import re
-from dataclasses import dataclass
 from importlib import resources
 
 from cronwell.errors import SchemaMissing, SchemaTooNew
 from cronwell.store import fences, history_partitions
 from cronwell.store import partitions as store_partitions
-from cronwell.store.db import Conn, Database
+from cronwell.store.db import Conn, Database, row_class
 
 log = logging.getLogger(__name__)
 _FILE = re.compile(r"^(\d{4})_(\w+)\.sql$")
@@ -103,7 +102,7 @@ async def check_schema(db: Database) -> None:
     await fences.identify(db)
 
 
-@dataclass(frozen=True, slots=True)
+@row_class
 class AppliedMigration:
     """A row of cronwell_migrations (only the version is read)."""
 

@@ -5,14 +5,13 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from cronwell.store.db import Conn, Database
+from cronwell.store.db import Conn, Database, row_class
 
 
-@dataclass(frozen=True, slots=True)
+@row_class
 class Message:
     """An unpublished outbox message, locked by the relay that read it."""
 

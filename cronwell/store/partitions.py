@@ -5,12 +5,11 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Sequence
-from dataclasses import dataclass
 
-from cronwell.store.db import Conn, Database
+from cronwell.store.db import Conn, Database, row_class
 
 
-@dataclass(frozen=True, slots=True)
+@row_class
 class JobPartition:
     """A job's uid and the partition it is in."""
 

@@ -5,13 +5,12 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
-from cronwell.store.db import Database
+from cronwell.store.db import Database, row_class
 
 
-@dataclass(frozen=True, slots=True)
+@row_class
 class NamespacePolicy:
     """A Namespace's labels and egress annotations, as written (None: no annotation)."""
 
@@ -21,7 +20,7 @@ class NamespacePolicy:
     egress_deny: str | None
 
 
-@dataclass(frozen=True, slots=True)
+@row_class
 class PoolPolicyRow:
     """One WorkerPool's rules as stored (cronwell.tenancy.PoolPolicy is what workers check)."""
 
@@ -32,7 +31,7 @@ class PoolPolicyRow:
     handlers: list[str] | None
 
 
-@dataclass(frozen=True, slots=True)
+@row_class
 class PoolKey:
     """Which WorkerPool a policy row is of."""
 

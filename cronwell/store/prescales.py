@@ -4,16 +4,16 @@ only the latest; the dashboard's forecast shows these, after the fact."""
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from datetime import datetime
 
 import psycopg
 
 from cronwell.errors import DatabaseError
-from cronwell.store.db import Database
+from cronwell.store.db import Database, row_class
 
 
-@dataclass(frozen=True, slots=True)
+@row_class
 class PreScaleRecord:
     """One pre-scale of a WorkerPool, as its status.lastPreScale reports it."""
 
@@ -29,7 +29,7 @@ class PreScaleRecord:
     """Ready before the burst (None: not known yet)."""
 
 
-@dataclass(frozen=True, slots=True)
+@row_class
 class RecentPreScale(PreScaleRecord):
     """A recorded pre-scale with the lead it achieved: burst - Ready in seconds, negative
     when late (None while either is unknown)."""

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from datetime import datetime
 
-from cronwell.store.db import Database
+from cronwell.store.db import Database, row_class
 
 
-@dataclass(frozen=True, slots=True)
+@row_class
 class ProcessEntry:
     """What a process says about itself at each heartbeat."""
 
@@ -22,7 +21,7 @@ class ProcessEntry:
     running: int
 
 
-@dataclass(frozen=True, slots=True)
+@row_class
 class Process:
     """A registry row as `cronwell status` / `cronwell workers` show it."""
 

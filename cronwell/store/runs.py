@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import uuid
-from dataclasses import dataclass
 from datetime import datetime
 from decimal import Decimal
 
-from cronwell.store.db import Database
+from cronwell.store.db import Database, row_class
 
 
-@dataclass(frozen=True, slots=True)
+@row_class
 class Run:
     """An occurrence of a `runs` listing, with its jitter, lag and duration.
 
@@ -35,7 +34,7 @@ class Run:
     duration_seconds: Decimal | None
 
 
-@dataclass(frozen=True, slots=True)
+@row_class
 class Occurrence:
     """One occurrence with everything `dlq show` prints, and whether its job is deleted."""
 
@@ -63,7 +62,7 @@ class Occurrence:
     created_at: datetime
 
 
-@dataclass(frozen=True, slots=True)
+@row_class
 class Attempt:
     """One recorded attempt of a key."""
 

@@ -7,18 +7,17 @@ import asyncio
 import time
 import uuid
 from collections.abc import Sequence
-from dataclasses import dataclass
 from datetime import datetime
 from decimal import Decimal
 
-from cronwell.store.db import Database
+from cronwell.store.db import Database, row_class
 
 #: How often a writer declared after a gap looks whether the transactions that logged
 #: nothing have ended (they are short: a claim or a completion batch).
 GAP_POLL_SECONDS = 0.05
 
 
-@dataclass(frozen=True, slots=True)
+@row_class
 class StatusChange:
     """A logged change of an occurrence (or of the job row itself: no occurrence_id)."""
 
@@ -33,7 +32,7 @@ class StatusChange:
     changed_at: datetime
 
 
-@dataclass(frozen=True, slots=True)
+@row_class
 class JobStatus:
     """Everything the status of one job shows: totals from its counters, the rest from its
     newest occurrences."""

@@ -9,17 +9,16 @@ from __future__ import annotations
 
 import json
 import uuid
-from dataclasses import dataclass
 from datetime import datetime
 from decimal import Decimal
 from typing import Any
 
 from cronwell.store import gauges
-from cronwell.store.db import Database
+from cronwell.store.db import Database, row_class
 from cronwell.store.dead import Dead
 
 
-@dataclass(frozen=True, slots=True)
+@row_class
 class JobRow:
     """A live job as the jobs page lists it."""
 
@@ -47,7 +46,7 @@ JOB_SORTS = {"name": "UiJobPageByName", "next_run": "UiJobPageByNextRun",
 """`?sort=` values and their queries: one per order, so each pages on its own index."""
 
 
-@dataclass(frozen=True, slots=True)
+@row_class
 class JobCursor:
     """Where a jobs page starts: after this job in the sort's order. `key` is the sort
     key as PostgreSQL text ('infinity' for no next run, '-infinity' for never run), None
@@ -90,7 +89,7 @@ async def job_page(
     )
 
 
-@dataclass(frozen=True, slots=True)
+@row_class
 class JobDetail:
     """A live job as its own page shows it."""
 
@@ -109,7 +108,7 @@ async def job_get(db: Database, *, namespace: str, name: str) -> JobDetail | Non
     return await db.row(JobDetail, "UiJobGet", {"namespace": namespace, "name": name})
 
 
-@dataclass(frozen=True, slots=True)
+@row_class
 class RunRow:
     """An occurrence as the runs page lists it (`id` is the keyset cursor's tie-break)."""
 
@@ -167,7 +166,7 @@ LAG_EDGES = (0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0)
 """Start-lag bucket edges in seconds: bucket 0 is below 50 ms, the last is a minute or more."""
 
 
-@dataclass(frozen=True, slots=True)
+@row_class
 class LagHistogram:
     """A job's start lags over a window: runs started, p50/p99 (None without runs) and
     the count per LAG_EDGES bucket (len(LAG_EDGES) + 1 of them)."""
@@ -189,7 +188,7 @@ async def lag_histogram(db: Database, *, job_id: uuid.UUID, window_seconds: int)
     return found
 
 
-@dataclass(frozen=True, slots=True)
+@row_class
 class DeadRow(Dead):
     """A dead letter as the dashboard lists it: with its job's zone (None: UTC), where its
     instants are shown when the viewer picks the job's zone."""
@@ -230,7 +229,7 @@ EXACT_COUNT_BELOW = 1_000_000
 above, the final states are estimates (a count over 10M rows took seconds)."""
 
 
-@dataclass(frozen=True, slots=True)
+@row_class
 class StateCount:
     """Occurrences in one state; `estimate`: from the planner's statistics, not counted."""
 
@@ -255,7 +254,7 @@ BACKLOG_CAP = 10_000
 """Due occurrences counted per pool on /status; beyond, "more than" (a bounded count)."""
 
 
-@dataclass(frozen=True, slots=True)
+@row_class
 class Backlog:
     """A pool's occurrences due and not started: how many (at most `BACKLOG_CAP`, `more`
     when there are more) and how late the oldest is."""
@@ -272,7 +271,7 @@ async def backlog(db: Database, *, cap: int = BACKLOG_CAP) -> list[Backlog]:
     return await db.rows(Backlog, "UiBacklog", {"cap": cap})
 
 
-@dataclass(frozen=True, slots=True)
+@row_class
 class TableSize:
     """One of the store's tables on disk (indexes and TOAST included)."""
 
