@@ -255,6 +255,14 @@ async def burst(
             " FROM cronwell_occurrences WHERE true" + mine
         )
         ahead_share = (await cur.fetchone() or {"share": 0.0})["share"]
+        # The most one worker ran of the burst (1 / workers when they shared it evenly).
+        cur = await conn.execute(
+            "SELECT coalesce(max(n), 0) AS n FROM (SELECT count(*) AS n FROM cronwell_attempts"
+            " WHERE outcome = 'succeeded'"
+            + (" AND worker_id <> 'w'" if history else "")
+            + " GROUP BY worker_id) w"
+        )
+        largest = (await cur.fetchone() or {"n": 0})["n"]
     if done_after is None:
         return {"occurrences": n, "handler": handler, "claim_ahead_s": claim_ahead, "succeeded": 0}
     offset = await wall_clock_offset(db)
@@ -275,6 +283,7 @@ async def burst(
         "db_minus_wall_clock_s": round(offset, 4),
         "workers_ready_before_t_s": None if ready is None else round(ready, 2),
         "claimed_before_t_share": round(ahead_share, 4),
+        "largest_worker_share": round(largest / max(successes, 1), 4),
         "all_succeeded_after_s": round(done_after, 3),
         "worker_cpu_ms_per_occurrence": round(1000 * worker_cpu / n, 3),
         "worker_rss_mb_max": round(rss, 1),

@@ -22,7 +22,7 @@ from cronwell.models import RetryPolicy
 from cronwell.schedule import format_instant
 from cronwell.sdk import Context
 from cronwell.settings import WorkerSettings
-from cronwell.store import claims
+from cronwell.store import claims, processes
 from cronwell.store.db import Database
 from cronwell_worker.runtime import Worker, backoff_seconds, plan_claims, self_fence_margin
 from tests.helpers.wait import wait_for
@@ -859,6 +859,30 @@ async def test_two_workers_of_a_pool_share_a_burst_ahead(db: Database, db_url: s
         await wait_for(
             lambda: _succeeded(db, "shared", 400), timeout=BURST_LEAD + 30, what="all ran"
         )
+
+
+async def test_a_worker_that_joins_shrinks_the_share_at_the_next_look(
+    db: Database, db_url: str
+) -> None:
+    """A burst coming and one live worker: its look plans the whole burst as its share.
+    A second worker registers: the next look counts two, so the first claims no more than
+    half (plus slack). The count was reused for 2 s, in which a worker claiming ahead at
+    tens of thousands a second took most of a 50,000 burst meant for two."""
+    await handler_job(db, "joined", "t-noop")
+    await burst_in(db, "joined", 100, 20.0)
+
+    def entry(worker_id: str) -> processes.ProcessEntry:
+        return processes.ProcessEntry(worker_id, "worker", "default", "h", 1, "v", 8, 0)
+
+    async with Database(db_url, max_size=2) as wdb:
+        await processes.heartbeat(db, entry("first"))
+        w = Worker(wdb, WorkerSettings())
+        assert await w._look()
+        assert w._coming is not None and w._coming.workers == 1
+        await processes.heartbeat(db, entry("joined"))
+        w._coming = None  # look again at once (not within LOOK_MIN_SECONDS)
+        assert await w._look()
+        assert w._coming is not None and w._coming.workers == 2
 
 
 async def _registered(db: Database, n: int) -> bool:

@@ -145,8 +145,6 @@ stream (per-second jobs) its plan stops there, and reading the whole widest wind
 up to claim_ahead_max rows per worker) cost 100 ms a look at 5,000 per-second jobs."""
 LOOK_REACH_FACTOR = 4.0
 """Each further window a look reads reaches this many times farther, up to the widest."""
-WORKERS_MAX_AGE_SECONDS = 2.0
-"""How long the count of the pool's live workers is reused (the registry moves slowly)."""
 
 
 @dataclass(frozen=True)
@@ -347,7 +345,7 @@ class Worker:
         self._unstarted: list[Claimed] = []  # claimed ahead, stopped before their start
         self._claim_rate = CLAIM_RATE_GUESS  # occurrences per second, measured
         self._coming: _Coming | None = None
-        self._workers, self._workers_at = 1, -math.inf  # the pool's live workers, when read
+        self._workers = 1  # the pool's live workers at the last look that counted them
         self._seen: dict[datetime, int] = {}  # instant -> most occurrences seen due at it
         self._held: dict[datetime, int] = {}  # instant -> claimed ahead here, not started
         self._specs: OrderedDict[str, ScheduledJobSpec] = OrderedDict()  # by spec hash
@@ -521,11 +519,6 @@ class Worker:
         now = time.monotonic()
         if self._coming is not None and now - self._coming.at < LOOK_MIN_SECONDS:
             return False
-        if now - self._workers_at > WORKERS_MAX_AGE_SECONDS:
-            self._workers = await processes.live_count(
-                self.db, role="worker", ttl_seconds=REGISTRY_TTL_SECONDS, pool=s.pool
-            )
-            self._workers_at = now
         live = self._workers
         widest = max(s.claim_ahead_seconds, s.claim_ahead_max_seconds)
         reach = min(widest, s.claim_ahead_seconds + LOOK_NEAR_SECONDS)
@@ -535,6 +528,7 @@ class Worker:
         due_rows = s.claim_batch_size * max(1, live)
         pending: dict[datetime, int] = {}
         after: datetime | None = None
+        counted = False
         while True:
             rows = await claims.coming(
                 self.db,
@@ -550,6 +544,18 @@ class Worker:
                 if r.run_at is not None:
                     pending[r.run_at] = r.n or 0
                     budget -= r.n or 0
+            if not counted and any(r.run_at is not None and r.run_at > r.db_now for r in rows):
+                # Something to claim ahead: the pool's live workers counted at this look, not
+                # reused. A worker that joins while another claims a burst ahead shrinks the
+                # other's share at its next look (ahead claims run at tens of thousands a
+                # second here: a count reused for 2 s could let one worker take most of a
+                # burst meant for two). What it claimed before the other registered it keeps.
+                # Only then: a look at due work only (a share bounds ahead claims) adds no
+                # statement to a claim loop waiting on rows another claimer holds.
+                live = self._workers = await processes.live_count(
+                    self.db, role="worker", ttl_seconds=REGISTRY_TTL_SECONDS, pool=s.pool
+                )
+                counted = True
             # A burst's size is the most seen of it: pending ones plus those held here
             # (others' claims shrink what is pending, not the burst each worker takes a
             # share of).
