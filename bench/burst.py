@@ -243,11 +243,16 @@ async def burst(
     mine = " AND claimed_at IS NOT NULL" if history else ""
     async with db.connection() as conn:
         lags, done_after = await succeeded_lags(conn, mine)
+        # Success rows, and the most one worker ran of them (1 / workers when they shared
+        # the burst evenly).
         cur = await conn.execute(
-            "SELECT count(*) AS n FROM cronwell_attempts WHERE outcome = 'succeeded'"
+            "SELECT coalesce(sum(n), 0) AS n, coalesce(max(n), 0) AS largest"
+            " FROM (SELECT count(*) AS n FROM cronwell_attempts WHERE outcome = 'succeeded'"
             + (" AND worker_id <> 'w'" if history else "")
+            + " GROUP BY worker_id) w"
         )
-        successes = (await cur.fetchone() or {"n": 0})["n"]
+        found = await cur.fetchone() or {"n": 0, "largest": 0}
+        successes, largest = int(found["n"]), int(found["largest"])
         # Claimed before its instant (its last claim): how much of the burst the claim
         # ahead moved before T.
         cur = await conn.execute(
@@ -255,14 +260,6 @@ async def burst(
             " FROM cronwell_occurrences WHERE true" + mine
         )
         ahead_share = (await cur.fetchone() or {"share": 0.0})["share"]
-        # The most one worker ran of the burst (1 / workers when they shared it evenly).
-        cur = await conn.execute(
-            "SELECT coalesce(max(n), 0) AS n FROM (SELECT count(*) AS n FROM cronwell_attempts"
-            " WHERE outcome = 'succeeded'"
-            + (" AND worker_id <> 'w'" if history else "")
-            + " GROUP BY worker_id) w"
-        )
-        largest = (await cur.fetchone() or {"n": 0})["n"]
     if done_after is None:
         return {"occurrences": n, "handler": handler, "claim_ahead_s": claim_ahead, "succeeded": 0}
     offset = await wall_clock_offset(db)

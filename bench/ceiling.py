@@ -129,10 +129,9 @@ def loop(url: str, batch: int, shape: str = "ceiling") -> None:
             conn.execute(complete, {"k": [r[0] for r in rows], "f": [r[1] for r in rows]})
 
 
-async def _drive(db: Any, url: str, workers: int, batch: int, shape: str) -> float:
-    """W driver processes until the rows are done; PostgreSQL's CPU seconds meanwhile
-    (the wait for T included: an idle server's few milliseconds)."""
-    postmaster = await postmaster_pid(db)
+async def _drive(url: str, workers: int, batch: int, shape: str, postmaster: int) -> float:
+    """W driver processes until the rows are done; the CPU seconds of the server under
+    `postmaster` meanwhile (the wait for T included: an idle server's few milliseconds)."""
     cpu0 = postgres_cpu_seconds(postmaster)
     procs = [
         subprocess.Popen(  # noqa: ASYNC220
@@ -179,7 +178,7 @@ async def _figures(
 
 async def ceiling(db: Any, url: str, n: int, workers: int, batch: int) -> dict[str, Any]:
     """Run after the burst's seeding + materialisation (occurrences pending, due at T)."""
-    pg_cpu = await _drive(db, url, workers, batch, "ceiling")
+    pg_cpu = await _drive(url, workers, batch, "ceiling", await postmaster_pid(db))
     return await _figures(db, "cronwell_occurrences", "scheduled_for", n, workers, batch, pg_cpu)
 
 
@@ -197,7 +196,7 @@ async def _floor_once(db: Any, url: str, n: int, workers: int, batch: int) -> di
             await conn.execute(FLOOR_INSERT, {"at": [at] * min(2_500, n - i)})
         insert_cpu = postgres_cpu_seconds(postmaster) - cpu0
         await conn.execute("ANALYZE bench_floor")
-    pg_cpu = await _drive(db, url, workers, batch, "floor")
+    pg_cpu = await _drive(url, workers, batch, "floor", postmaster)
     figs = await _figures(db, "bench_floor", "run_at", n, workers, batch, pg_cpu)
     async with db.connection() as conn:
         await conn.execute("DROP TABLE bench_floor; DROP SEQUENCE bench_floor_fence")
