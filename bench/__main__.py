@@ -99,10 +99,13 @@ GOAL_P99_S, GOAL_MAX_S, GOAL_PEER_RATIO = 1.0, 2.0, 20.0
 throughput >= 20x Procrastinate's at 10k."""
 
 
-def burst_key(handler: str, n: int, ahead: float, concurrency: int | None = None) -> str:
+def burst_key(
+    handler: str, n: int, ahead: float, concurrency: int | None = None, join_after: float = 0
+) -> str:
     """The results key of one burst run (`concurrency`: the --deep-concurrency run)."""
     deep = f" concurrency={concurrency}" if concurrency else ""
-    return f"burst {handler} n={n} claim_ahead={ahead:g}s{deep}"
+    joined = f" join_after={join_after:g}s" if join_after else ""
+    return f"burst {handler} n={n} claim_ahead={ahead:g}s{deep}{joined}"
 
 
 SCALING = (
@@ -311,6 +314,13 @@ async def main() -> None:
     )
     ap.add_argument("--handler-jobs", type=int, default=10_000)
     ap.add_argument(
+        "--join-after",
+        type=float,
+        default=0.0,
+        help="burst: start the workers but the first this many seconds after the first"
+        " registered (a pool's workers joining while one claims a burst ahead)",
+    )
+    ap.add_argument(
         "--deep-concurrency",
         type=int,
         default=0,
@@ -499,8 +509,20 @@ async def main() -> None:
         runs += [(aheads[-1], deepest)] if deep and deepest > args.concurrency else []
         for a, conc in runs:
             await section(
-                burst_key(handler, n, a, conc if conc != args.concurrency else None),
-                burst.burst(db, url, n, args.workers, conc, lead, handler=handler, claim_ahead=a),
+                burst_key(
+                    handler, n, a, conc if conc != args.concurrency else None, args.join_after
+                ),
+                burst.burst(
+                    db,
+                    url,
+                    n,
+                    args.workers,
+                    conc,
+                    lead,
+                    handler=handler,
+                    claim_ahead=a,
+                    join_after=args.join_after,
+                ),
             )
 
     t_all = time.perf_counter()

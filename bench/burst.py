@@ -139,6 +139,7 @@ async def burst(
     statements: bool = False,
     history: bool = False,
     at_t: Callable[[], Awaitable[dict[str, Any]]] | None = None,
+    join_after: float = 0.0,
 ) -> dict[str, Any]:
     """Materialise n occurrences due at T = now + lead, then let worker processes run them
     with `handler` (a key of HANDLERS) and `claim_ahead` seconds of least claim-ahead window
@@ -148,7 +149,10 @@ async def burst(
     with `profile` or `statements`, pg_stat_statements counts from the same instant.
     `history`: the store keeps its (finished, never claimed) history; the figures read only
     the occurrences claimed by a worker. `at_t`: started at T beside the burst (a retention
-    pass), its result under `at_t` (awaited after the burst if it lasts longer)."""
+    pass), its result under `at_t` (awaited after the burst if it lasts longer).
+    `join_after`: the other workers start this many seconds after the first registered
+    (workers joining a pool while one claims the burst ahead: the shares; CPU is counted
+    from when all registered, so the first one's claims before that are not)."""
     await prepare_burst(db, n, lead, handler, truncate=not history)
     starts_dir = Path(tempfile.mkdtemp(prefix="cronwell-bench-starts-"))
     env = worker_env(url) | {"CRONWELL_BENCH_STARTS": str(starts_dir)}
@@ -156,14 +160,13 @@ async def burst(
         env["CRONWELL_CLAIM_AHEAD_SECONDS"] = f"{claim_ahead:g}"
     if claim_ahead == 0:
         env["CRONWELL_CLAIM_AHEAD_MAX_SECONDS"] = "0"
-    procs = [
-        subprocess.Popen(  # noqa: ASYNC220 - started once, before timing
-            worker_argv(concurrency, "cronwell_bench_noop"),
-            env=env,
-            start_new_session=True,
+
+    def start() -> subprocess.Popen[bytes]:
+        return subprocess.Popen(
+            worker_argv(concurrency, "cronwell_bench_noop"), env=env, start_new_session=True
         )
-        for _ in range(workers)
-    ]
+
+    procs = [start() for _ in range(1 if join_after > 0 else workers)]
     spies: list[subprocess.Popen[bytes]] = []
     beside: asyncio.Task[dict[str, Any]] | None = None
     try:
@@ -173,6 +176,10 @@ async def burst(
         t_mono = time.monotonic() + due_in
         if due_in < 1:
             print(f"warning: materialisation left only {due_in:.2f}s before T", file=sys.stderr)
+        if join_after > 0:
+            await registered(db, [procs[0].pid], time.monotonic() + due_in)
+            await asyncio.sleep(join_after)
+            procs += [start() for _ in range(workers - 1)]
         # CPU is counted (and py-spy samples, and pg_stat_statements counts) from when every
         # worker registered, before its first claim: start-up (imports) is not the burst's
         # cost, the claims ahead of T (up to claim_ahead_max_seconds early) are.

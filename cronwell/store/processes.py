@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
-from datetime import datetime
+import json
+from datetime import UTC, datetime, timedelta
 
 from cronwell.store.db import Database, row_class
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_MICROSECOND = timedelta(microseconds=1)
 
 
 @row_class
@@ -66,6 +70,33 @@ async def live_count(
     """Processes of `role` (in `pool`, if given) that heartbeat within `ttl_seconds`."""
     n: int = await db.scalar("ProcessLiveCount", {"role": role, "ttl": ttl_seconds, "pool": pool})
     return n
+
+
+@row_class
+class _PoolView:
+    n: int
+    bursts: dict[str, int] | None
+
+
+async def pool_view(
+    db: Database,
+    *,
+    worker_id: str,
+    pool: str,
+    ttl_seconds: float,
+    publish: dict[datetime, int] | None,
+) -> tuple[int, dict[datetime, int]]:
+    """The pool's live workers and the most occurrences any of them has seen due at each
+    coming instant; `publish`: this worker's own view, written first (None: unchanged)."""
+
+    def key(t: datetime) -> str:
+        return str((t - _EPOCH) // _MICROSECOND)
+
+    bursts = None if publish is None else json.dumps({key(t): n for t, n in publish.items()})
+    params = {"id": worker_id, "pool": pool, "ttl": ttl_seconds, "bursts": bursts}
+    (view,) = await db.rows(_PoolView, "ProcessPoolView", params)
+    seen = {_EPOCH + int(k) * _MICROSECOND: int(n) for k, n in (view.bursts or {}).items()}
+    return view.n, seen
 
 
 async def list_all(db: Database, *, ttl_seconds: float) -> list[Process]:

@@ -19,6 +19,25 @@ SELECT count(*) AS n FROM cronwell_processes
 WHERE role = %(role)s AND heartbeat_at > now() - make_interval(secs => %(ttl)s)
   AND (%(pool)s::text IS NULL OR pool = %(pool)s);
 
+-- name: ProcessPoolView
+-- A worker's look at its pool (Worker._look): the live workers of the pool (heartbeat
+-- within the TTL), and the most occurrences any of them has seen due at each coming
+-- instant (the burst sizes shares are planned from: {epoch microseconds: count}). Writes
+-- this worker's own view first when `bursts` is not NULL (it changed since the last
+-- write); the read sees the views as they were before that write (one snapshot), the
+-- worker merges its own.
+WITH published AS (
+    UPDATE cronwell_processes SET bursts = %(bursts)s::jsonb
+    WHERE id = %(id)s AND %(bursts)s::jsonb IS NOT NULL),
+live AS (
+    SELECT bursts FROM cronwell_processes
+    WHERE role = 'worker' AND pool = %(pool)s
+      AND heartbeat_at > now() - make_interval(secs => %(ttl)s))
+SELECT (SELECT count(*) FROM live) AS n,
+       (SELECT jsonb_object_agg(e.key, e.n) FROM (
+            SELECT b.key, max(b.value::bigint) AS n
+            FROM live, jsonb_each_text(live.bursts) b GROUP BY b.key) e) AS bursts;
+
 -- name: ProcessList
 -- Live and recently seen processes for `cronwell status` / `cronwell workers`.
 SELECT id, role, pool, hostname, pid, version, concurrency, running, started_at, heartbeat_at,

@@ -9,7 +9,7 @@ import contextlib
 import random
 import socket
 import time
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import psycopg
@@ -883,6 +883,79 @@ async def test_a_worker_that_joins_shrinks_the_share_at_the_next_look(
         w._coming = None  # look again at once (not within LOOK_MIN_SECONDS)
         assert await w._look()
         assert w._coming is not None and w._coming.workers == 2
+
+
+async def test_a_worker_gives_back_its_surplus_when_a_peer_joins(db: Database, db_url: str) -> None:
+    """One live worker claims all of a coming burst ahead (alone, all of it is its share).
+    A second joins: the first's next look counts two and gives back, unstarted, what it
+    holds over half the burst plus slack; the second, told the burst's size by the first's
+    published view (what is pending says only what is left), claims all the rest ahead.
+    Each occurrence then runs once, by the worker that held it at the instant. Before, the
+    first kept what it had claimed and the second ran none of the burst."""
+    await handler_job(db, "given-back", "t-noop")
+    opts = AHEAD | {"concurrency": 8, "claim_batch_size": 20}
+    async with running_worker(db_url, worker_id="w-first", **opts):
+        await wait_for(lambda: _registered(db, 1), what="the first worker registered")
+        await burst_in(db, "given-back", 400, BURST_LEAD)
+        seen = await _all_claimed_ahead(db, "given-back", 400)
+        assert seen["by_worker"] == {"w-first": 400}
+        async with running_worker(db_url, worker_id="w-joined", **opts):
+            split = await wait_for(
+                lambda: _held_by_two(db, "given-back", 400),
+                timeout=BURST_LEAD,
+                what="the burst held ahead by both workers",
+            )
+            assert split["before_t"] and split["pending"] == 0, split
+            assert split["by_worker"]["w-first"] == 400 // 2 + 10, split  # share + 5 % slack
+            await wait_for(
+                lambda: _succeeded(db, "given-back", 400), timeout=BURST_LEAD + 30, what="ran"
+            )
+    ran = await sql(
+        db,
+        "SELECT a.worker_id, count(*) AS n, count(DISTINCT a.occurrence_id) AS occurrences"
+        " FROM cronwell_attempts a GROUP BY a.worker_id ORDER BY a.worker_id",
+    )
+    assert [(r["worker_id"], r["n"], r["occurrences"]) for r in ran] == [
+        ("w-first", 210, 210),
+        ("w-joined", 190, 190),
+    ]
+
+
+async def test_the_pool_view_merges_the_live_workers_bursts(db: Database) -> None:
+    """Each worker publishes the burst sizes it has seen; a look reads the most any live
+    worker of its pool has seen at each instant: not a silent worker's, not another pool's,
+    and a view left unchanged (None) is not overwritten."""
+    t1 = datetime(2026, 12, 5, 12, 0, 0, 123456, tzinfo=UTC)
+    t2 = t1 + timedelta(seconds=1)
+
+    def entry(worker_id: str, pool: str = "default") -> processes.ProcessEntry:
+        return processes.ProcessEntry(worker_id, "worker", pool, "h", 1, "v", 8, 0)
+
+    for worker_id, pool in (("a", "default"), ("b", "default"), ("gone", "default"), ("o", "x")):
+        await processes.heartbeat(db, entry(worker_id, pool))
+
+    async def view(
+        worker_id: str, publish: dict[datetime, int] | None, pool: str = "default"
+    ) -> tuple[int, dict[datetime, int]]:
+        return await processes.pool_view(
+            db, worker_id=worker_id, pool=pool, ttl_seconds=15.0, publish=publish
+        )
+
+    await view("gone", {t1: 900})
+    await view("o", {t1: 700})
+    await sql(
+        db,
+        "UPDATE cronwell_processes SET heartbeat_at = now() - interval '1 min' WHERE id = 'gone'",
+    )
+    await view("a", {t1: 400, t2: 5})
+    await view("b", {t1: 300, t2: 50})
+    assert await view("a", None) == (2, {t1: 400, t2: 50})
+    assert await view("o", None, pool="x") == (1, {t1: 700})
+
+
+async def _held_by_two(db: Database, name: str, n: int) -> dict[str, Any] | None:
+    row = await _ahead(db, name)
+    return row if row["ahead"] == n and len(row["by_worker"]) == 2 else None
 
 
 async def _registered(db: Database, n: int) -> bool:

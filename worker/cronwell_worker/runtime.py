@@ -14,7 +14,10 @@ local monotonic timer aligned to the database clock at the claim. What is due wi
 `claim_ahead_seconds` is always claimed ahead; a coming burst is claimed from early enough
 that this worker's share of it (the burst / the pool's live workers, plus 5 %) is
 claimed before its instant at the claim rate it measures, at most `claim_ahead_max_seconds`
-early and `claim_ahead_max` occurrences at once. A claimed-ahead occurrence waiting for its
+early and `claim_ahead_max` occurrences at once. A burst's size is the most any live worker
+of the pool has seen due at its instant (each publishes its view in the registry). A worker
+that holds more than its share when the pool's live count rises gives the surplus back,
+unstarted, for the newcomer to claim ahead. A claimed-ahead occurrence waiting for its
 instant holds no handler slot: it takes one at its instant (first come, first served, so
 in instant order). The wait is part of the attempt's lease (heartbeats renew it; the
 watchdog fences it). Stopping gives back the ones not started yet, in one statement.
@@ -96,6 +99,9 @@ ABORT_LEASE_LOST = "lease_lost"  # a heartbeat renewed nothing: someone else own
 ABORT_SELF_FENCE = "self_fenced"  # no renewal within the lease: it may be someone else's
 ABORT_SHUTDOWN = "shutdown"  # forced shutdown (second signal, or grace period over)
 ABORT_RELEASE = "release"  # claimed ahead, not started, and the worker is stopping
+ABORT_GIVE_BACK = "give_back"  # claimed ahead, not started, over the share when a peer joined
+UNSTARTED_ABORTS = (ABORT_SHUTDOWN, ABORT_RELEASE, ABORT_GIVE_BACK)
+"""Aborts of a claimed-ahead attempt before its start that give it back unstarted."""
 
 
 @dataclass
@@ -145,6 +151,18 @@ stream (per-second jobs) its plan stops there, and reading the whole widest wind
 up to claim_ahead_max rows per worker) cost 100 ms a look at 5,000 per-second jobs."""
 LOOK_REACH_FACTOR = 4.0
 """Each further window a look reads reaches this many times farther, up to the widest."""
+HELD_LOOK_SECONDS = 1.0
+"""Longest sleep of the claim loop while it holds claims ahead: its next look counts the
+pool's live workers again, and gives back its surplus if one joined."""
+GIVE_BACK_LEAD_SECONDS = 1.0
+GIVE_BACK_WINDOW_SECONDS = 5.0
+"""How long after the pool's live count rose a worker's looks give back its surplus. Only
+then: in a steady stream a worker may hold more than its share of one instant and less of
+the next (its quota is the window's), and giving that back would only churn claims."""
+"""A surplus is given back only from instants at least this far ahead: a nearer one would
+be claimed by a peer only once due, later than it starts here."""
+PUBLISHED_INSTANTS = 64
+"""Most coming instants a worker publishes burst sizes for (the earliest)."""
 
 
 @dataclass(frozen=True)
@@ -156,6 +174,13 @@ class ClaimPlan:
     window: float
     quota: int
     next_in: float | None
+
+
+def share_of(n: int, workers: int, slack: int) -> int:
+    """One worker's share of `n` occurrences due at one instant: n / workers, plus a slack
+    of 5 % of that (at least 1, at most `slack`), at most n."""
+    base = math.ceil(n / max(1, workers))
+    return min(n, base + min(slack, max(1, base // 20)))
 
 
 def plan_claims(
@@ -178,8 +203,7 @@ def plan_claims(
     handlers, 36 of them waiting for its 64 slots while another worker idled."""
     window, quota, cum = min_window, 0, 0
     for until, n in coming:
-        base = math.ceil(n / max(1, workers))
-        share = min(n, base + min(slack, max(1, base // 20)))
+        share = share_of(n, workers, slack)
         cum += share
         lead = min(max_window, cum / rate + margin)
         if until > min_window and until > lead:
@@ -347,6 +371,8 @@ class Worker:
         self._coming: _Coming | None = None
         self._workers = 1  # the pool's live workers at the last look that counted them
         self._seen: dict[datetime, int] = {}  # instant -> most occurrences seen due at it
+        self._published: dict[datetime, int] = {}  # the view of _seen last written
+        self._give_back_until = 0.0  # monotonic: looks give back a surplus until then
         self._held: dict[datetime, int] = {}  # instant -> claimed ahead here, not started
         self._specs: OrderedDict[str, ScheduledJobSpec] = OrderedDict()  # by spec hash
         self._m = _PoolMetrics(self.metrics, settings.pool)
@@ -527,6 +553,7 @@ class Worker:
         # reads what the pool's next claims take of it, not a backlog (see the query).
         due_rows = s.claim_batch_size * max(1, live)
         pending: dict[datetime, int] = {}
+        peers: dict[datetime, int] = {}  # the most each live worker of the pool has seen
         after: datetime | None = None
         counted = False
         while True:
@@ -544,23 +571,28 @@ class Worker:
                 if r.run_at is not None:
                     pending[r.run_at] = r.n or 0
                     budget -= r.n or 0
-            if not counted and any(r.run_at is not None and r.run_at > r.db_now for r in rows):
-                # Something to claim ahead: the pool's live workers counted at this look, not
-                # reused. A worker that joins while another claims a burst ahead shrinks the
-                # other's share at its next look (ahead claims run at tens of thousands a
-                # second here: a count reused for 2 s could let one worker take most of a
-                # burst meant for two). What it claimed before the other registered it keeps.
-                # Only then: a look at due work only (a share bounds ahead claims) adds no
-                # statement to a claim loop waiting on rows another claimer holds.
-                live = self._workers = await processes.live_count(
-                    self.db, role="worker", ttl_seconds=REGISTRY_TTL_SECONDS, pool=s.pool
-                )
+            if not counted and (
+                self._held or any(r.run_at is not None and r.run_at > r.db_now for r in rows)
+            ):
+                # Something to claim ahead, or held ahead: the pool's live workers counted at
+                # this look, not reused. A worker that joins while another claims a burst
+                # ahead shrinks the other's share at its next look (ahead claims run at tens
+                # of thousands a second here: a count reused for 2 s let one worker take most
+                # of a burst meant for two), and what the other holds over it is given back
+                # (_give_back). Only then: a look at due work only (a share bounds ahead
+                # claims) adds no statement to a claim loop waiting on rows another holds.
+                live, peers = await self._pool_view()
                 counted = True
-            # A burst's size is the most seen of it: pending ones plus those held here
-            # (others' claims shrink what is pending, not the burst each worker takes a
-            # share of).
+            # A burst's size is the most seen of it: pending ones plus those held here (others'
+            # claims shrink what is pending, not the burst each worker takes a share of), or
+            # the most a live peer has seen (one that joined after claims began, or after a
+            # peer gave back its surplus, sees only what is left pending).
             seen = {
-                t: max(self._seen.get(t, 0), pending.get(t, 0) + self._held.get(t, 0))
+                t: max(
+                    self._seen.get(t, 0),
+                    pending.get(t, 0) + self._held.get(t, 0),
+                    peers.get(t, 0),
+                )
                 for t in pending.keys() | self._held.keys()
             }
             self._coming = _Coming(sorted(seen.items()), pending, rows[0].db_now, at, max(1, live))
@@ -569,9 +601,70 @@ class Worker:
             read_to = rows[0].db_now + timedelta(seconds=reach)
             if reach >= widest or budget <= 0 or self._plan(read_to).next_in is not None:
                 self._seen = seen
+                if counted and time.monotonic() < self._give_back_until:
+                    await self._give_back(live)
                 return True
             after = read_to
             reach = min(widest, reach * LOOK_REACH_FACTOR)
+
+    async def _pool_view(self) -> tuple[int, dict[datetime, int]]:
+        """The pool's live workers and the burst sizes they have seen; publishes this
+        worker's own (its earliest PUBLISHED_INSTANTS instants) when it changed."""
+        view = dict(sorted(self._seen.items())[:PUBLISHED_INSTANTS])
+        live, peers = await processes.pool_view(
+            self.db,
+            worker_id=self.id,
+            pool=self.settings.pool,
+            ttl_seconds=REGISTRY_TTL_SECONDS,
+            publish=None if view == self._published else view,
+        )
+        self._published = view
+        if live > self._workers:
+            self._give_back_until = time.monotonic() + GIVE_BACK_WINDOW_SECONDS
+        self._workers = live
+        return live, peers
+
+    async def _give_back(self, live: int) -> None:
+        """Give back, unstarted, what this worker holds claimed ahead over its share of each
+        burst, for GIVE_BACK_WINDOW_SECONDS after the pool's live count rose (a peer joined:
+        what it claimed before the peer registered was planned for fewer workers). Only
+        attempts still sleeping until an instant at least GIVE_BACK_LEAD_SECONDS away:
+        pending again, attempt not consumed, for the peer to claim ahead. Why: two workers
+        registering a second apart before a 50,000-occurrence burst split it 70/30, and a
+        1 ms CPU handler burst then took as long as the larger part on one core."""
+        slack = self.settings.claim_batch_size
+        surplus = {
+            t: over
+            for t, held in self._held.items()
+            if (over := held - share_of(self._seen.get(t, held), live, slack)) > 0
+        }
+        if not surplus:
+            return
+        after = time.monotonic() + GIVE_BACK_LEAD_SECONDS
+        chosen: list[asyncio.Task[None]] = []
+        for r in list(self.running.values()):
+            t = r.claimed.run_at
+            if (
+                surplus.get(t, 0) > 0
+                and r.waiting
+                and r.starting
+                and r.abort is None
+                and r.task is not None
+                and r.claimed.due_monotonic > after
+            ):
+                surplus[t] -= 1
+                r.abort = ABORT_GIVE_BACK
+                r.task.cancel()
+                chosen.append(r.task)
+        if not chosen:
+            return
+        await asyncio.wait(chosen, timeout=5.0)  # each ends in _begin: added to _unstarted
+        given, self._unstarted = self._unstarted, []
+        log.info(
+            "giving back claims ahead over this worker's share",
+            extra={"action": ABORT_GIVE_BACK, "n": len(given), "workers": live},
+        )
+        await self._release(given)
 
     def _until(self) -> datetime | None:
         """The latest instant a claim or a look reads (their `until`: the partitions after
@@ -653,6 +746,8 @@ class Worker:
                 delay = max(delay, BUSY_RETRY_SECONDS)
         if plan.next_in is not None:
             delay = min(delay, max(plan.next_in, BUSY_RETRY_SECONDS))
+        if self._held:
+            delay = min(delay, HELD_LOOK_SECONDS)  # a peer that joins: give back the surplus
         return delay
 
     def _free_slots(self) -> int:
@@ -737,8 +832,12 @@ class Worker:
                 extra={"action": "release_failed", "error": str(e), "n": len(claimed)},
             )
             released = set()
+        log.info(
+            "released unstarted occurrences",
+            extra={"action": "released", "n": len(claimed), "released": len(released)},
+        )
         for c in claimed:
-            log.info(
+            log.debug(
                 "released unstarted occurrence",
                 extra={"action": "released", "key": c.key, "fence": c.fence},
             )
@@ -877,8 +976,8 @@ class Worker:
                     self._report(Outcome(c, "lease_lost", error="start not recorded"))
                     return False
         except asyncio.CancelledError:
-            if r.abort in (ABORT_SHUTDOWN, ABORT_RELEASE):
-                self._unstarted.append(c)  # given back in one statement when the worker stops
+            if r.abort in UNSTARTED_ABORTS:
+                self._unstarted.append(c)  # given back in one statement (_run, _give_back)
             else:
                 self._report(Outcome(c, "lease_lost", error=r.abort))
             return False
