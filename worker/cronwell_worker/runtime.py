@@ -163,6 +163,10 @@ the next (its quota is the window's), and giving that back would only churn clai
 be claimed by a peer only once due, later than it starts here."""
 PUBLISHED_INSTANTS = 64
 """Most coming instants a worker publishes burst sizes for (the earliest)."""
+PUBLISH_MIN_SECONDS = 1.0
+"""Least time between two writes of a worker's burst view: under a per-second stream the
+view changes at every look (up to ten a second), and a joiner needs a burst's size, which
+only grows, not every count in between."""
 
 
 @dataclass(frozen=True)
@@ -372,6 +376,7 @@ class Worker:
         self._workers = 1  # the pool's live workers at the last look that counted them
         self._seen: dict[datetime, int] = {}  # instant -> most occurrences seen due at it
         self._published: dict[datetime, int] = {}  # the view of _seen last written
+        self._published_at = -math.inf  # monotonic: when it was written
         self._give_back_until = 0.0  # monotonic: looks give back a surplus until then
         self._held: dict[datetime, int] = {}  # instant -> claimed ahead here, not started
         self._specs: OrderedDict[str, ScheduledJobSpec] = OrderedDict()  # by spec hash
@@ -609,16 +614,23 @@ class Worker:
 
     async def _pool_view(self) -> tuple[int, dict[datetime, int]]:
         """The pool's live workers and the burst sizes they have seen; publishes this
-        worker's own (its earliest PUBLISHED_INSTANTS instants) when it changed."""
-        view = dict(sorted(self._seen.items())[:PUBLISHED_INSTANTS])
+        worker's own (its earliest PUBLISHED_INSTANTS instants) when it changed, at most
+        every PUBLISH_MIN_SECONDS."""
+        now = time.monotonic()
+        view = None
+        if now - self._published_at >= PUBLISH_MIN_SECONDS:
+            view = dict(sorted(self._seen.items())[:PUBLISHED_INSTANTS])
+            if view == self._published:
+                view = None
         live, peers = await processes.pool_view(
             self.db,
             worker_id=self.id,
             pool=self.settings.pool,
             ttl_seconds=REGISTRY_TTL_SECONDS,
-            publish=None if view == self._published else view,
+            publish=view,
         )
-        self._published = view
+        if view is not None:
+            self._published, self._published_at = view, now
         if live > self._workers:
             self._give_back_until = time.monotonic() + GIVE_BACK_WINDOW_SECONDS
         self._workers = live
