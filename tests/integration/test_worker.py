@@ -919,6 +919,9 @@ async def test_a_worker_gives_back_its_surplus_when_a_peer_joins(db: Database, d
         ("w-first", 210, 210),
         ("w-joined", 190, 190),
     ]
+    # Given back unstarted: the attempt was not consumed (each ran as its first attempt).
+    (attempts,) = await sql(db, "SELECT array_agg(DISTINCT attempt) AS a FROM cronwell_occurrences")
+    assert attempts["a"] == [1]
 
 
 async def test_the_pool_view_merges_the_live_workers_bursts(db: Database) -> None:
