@@ -177,7 +177,11 @@ async def test_jitter_moves_run_at_not_identity(db: Database) -> None:
 
 async def test_spec_change_neither_loses_nor_duplicates(db: Database) -> None:
     await make_job(db, "chg", schedule="*/10 * * * * *")
-    s = await scheduler(db)
+    # A job is materialised once its next instant is within half the horizon. The new
+    # schedule's first instant (the first */7 at or after the first */10 dropped) can be up
+    # to 16 s away: half of the default 30 s left it unmaterialised about one run in sixty
+    # (whenever the clock read :40 to :41 s, the first */7 was :56), and `future` empty.
+    s = await scheduler(db, horizon_seconds=60.0)
     await s.materialise_until_idle()
     first = await occurrences(db, "chg")
     # same schedule, new message: future occurrences are re-created with the same keys
