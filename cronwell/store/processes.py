@@ -64,11 +64,9 @@ async def delete(db: Database, process_id: str) -> None:
     await db.execute("ProcessDelete", {"id": process_id})
 
 
-async def live_count(
-    db: Database, *, role: str, ttl_seconds: float, pool: str | None = None
-) -> int:
-    """Processes of `role` (in `pool`, if given) that heartbeat within `ttl_seconds`."""
-    n: int = await db.scalar("ProcessLiveCount", {"role": role, "ttl": ttl_seconds, "pool": pool})
+async def live_count(db: Database, *, role: str, ttl_seconds: float) -> int:
+    """Processes of `role` that heartbeat within `ttl_seconds`."""
+    n: int = await db.scalar("ProcessLiveCount", {"role": role, "ttl": ttl_seconds})
     return n
 
 

@@ -13,11 +13,10 @@ SET heartbeat_at = now(), running = excluded.running, concurrency = excluded.con
 DELETE FROM cronwell_processes WHERE id = %(id)s;
 
 -- name: ProcessLiveCount
--- Live processes of a role (heartbeat within the TTL), of one pool if `pool` is not NULL:
--- schedulers balance partitions on it, workers take their share of a coming burst by it.
+-- Live processes of a role (heartbeat within the TTL): schedulers balance partitions on it
+-- (a worker counts its pool's with ProcessPoolView).
 SELECT count(*) AS n FROM cronwell_processes
-WHERE role = %(role)s AND heartbeat_at > now() - make_interval(secs => %(ttl)s)
-  AND (%(pool)s::text IS NULL OR pool = %(pool)s);
+WHERE role = %(role)s AND heartbeat_at > now() - make_interval(secs => %(ttl)s);
 
 -- name: ProcessPoolView
 -- A worker's look at its pool (Worker._look): the live workers of the pool (heartbeat

@@ -155,12 +155,12 @@ HELD_LOOK_SECONDS = 1.0
 """Longest sleep of the claim loop while it holds claims ahead: its next look counts the
 pool's live workers again, and gives back its surplus if one joined."""
 GIVE_BACK_LEAD_SECONDS = 1.0
+"""A surplus is given back only from instants at least this far ahead: a nearer one would
+be claimed by a peer only once due, later than it starts here."""
 GIVE_BACK_WINDOW_SECONDS = 5.0
 """How long after the pool's live count rose a worker's looks give back its surplus. Only
 then: in a steady stream a worker may hold more than its share of one instant and less of
 the next (its quota is the window's), and giving that back would only churn claims."""
-"""A surplus is given back only from instants at least this far ahead: a nearer one would
-be claimed by a peer only once due, later than it starts here."""
 PUBLISHED_INSTANTS = 64
 """Most coming instants a worker publishes burst sizes for (the earliest)."""
 PUBLISH_MIN_SECONDS = 1.0
@@ -660,14 +660,12 @@ class Worker:
                 surplus.get(t, 0) > 0
                 and r.waiting
                 and r.starting
-                and r.abort is None
-                and r.task is not None
                 and r.claimed.due_monotonic > after
             ):
-                surplus[t] -= 1
-                r.abort = ABORT_GIVE_BACK
-                r.task.cancel()
-                chosen.append(r.task)
+                self._cancel(r, ABORT_GIVE_BACK, "over this worker's share")
+                if r.abort == ABORT_GIVE_BACK and r.task is not None:
+                    surplus[t] -= 1
+                    chosen.append(r.task)
         if not chosen:
             return
         await asyncio.wait(chosen, timeout=5.0)  # each ends in _begin: added to _unstarted
@@ -1495,7 +1493,9 @@ class Worker:
         (a sync handler's thread also gets LeaseLost raised inside it)."""
         if r.task is None or r.task.done() or r.abort is not None or r.completing:
             return
-        log.warning(
+        # A give-back cancels thousands at once: _give_back logs one line for them.
+        log.log(
+            logging.DEBUG if why == ABORT_GIVE_BACK else logging.WARNING,
             "cancelling attempt"
             if why in (ABORT_SHUTDOWN, ABORT_RELEASE)
             else ("LeaseLost: aborting attempt"),
