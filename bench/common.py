@@ -255,17 +255,17 @@ async def timed_claim(
     candidates, job row locks, active occurrences, the claim. Milliseconds of each step
     (`claim.<step>`) and of all four (`claim`), and the started occurrences."""
     t0 = time.perf_counter()
-    cands = await claims.candidates(
+    found = await claims.candidates(
         db, pool="default", limit=limit, serial=dispatch.SERIAL_ORDER, conn=conn
     )
     t1 = time.perf_counter()
-    ids = sorted({c.job_id for c in cands})
+    ids = list({j for j in found.job_ids if j is not None})
     await claims.lock_jobs(db, ids, conn=conn)
     t2 = time.perf_counter()
     await claims.active(db, ids, conn=conn)
     t3 = time.perf_counter()
     started = await claims.start(
-        db, [c.id for c in cands], worker_id="w", lease_seconds=60, conn=conn
+        db, found.ids, worker_id="w", lease_seconds=60, row=claims.Started, conn=conn
     )
     t4 = time.perf_counter()
     steps = {

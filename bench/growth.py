@@ -20,6 +20,7 @@ import time
 from typing import Any
 
 from bench.common import BenchError, timed, timed_claim, timed_due_scan
+from cronwell import dispatch
 from cronwell.store import Database, attempts, partitions
 
 HOLDER = "bench-growth"
@@ -89,9 +90,14 @@ async def measure(db: Database, reps: int) -> dict[str, float]:
                 times.setdefault(step, []).append(ms)
             assert len(claimed) == 500, len(claimed)
             ms, done = await timed(
-                attempts.succeed(db, [(s.id, s.fence) for s in claimed], conn=conn)
+                attempts.succeed(
+                    db,
+                    [(s.id, s.fence) for s in claimed],
+                    buffered=dispatch.BUFFERED_ORDER,
+                    conn=conn,
+                )
             )
-            assert len(done) == 500, len(done)
+            assert len(done.keys) == 500, len(done.keys)
             times["complete"].append(ms)
     return {f"{k}_ms": round(statistics.median(v), 2) for k, v in times.items()}
 

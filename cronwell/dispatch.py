@@ -22,21 +22,21 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Container, Sequence
-from dataclasses import fields, replace
+from dataclasses import replace
 from datetime import datetime
-from operator import attrgetter
 from typing import Any
 
 from cronwell.models import ConcurrencyPolicy
 from cronwell.store import attempts, claims, dead
-from cronwell.store.claims import Active, Candidate, Started
+from cronwell.store.claims import Active, Candidate, Candidates, Started
 from cronwell.store.db import Conn, Database, row_class
 
 SERIAL = {p.value for p in ConcurrencyPolicy} - {ConcurrencyPolicy.ALLOW.value}
 SERIAL_ORDER = sorted(SERIAL)  # as a query parameter
 BUFFERED = {ConcurrencyPolicy.BUFFER_ONE.value, ConcurrencyPolicy.BUFFER_ALL.value}
+BUFFERED_ORDER = sorted(BUFFERED)  # as a query parameter
 
 
 @row_class
@@ -65,27 +65,29 @@ class Claimed(Started):
         return self.idempotency_key
 
 
-def claimed_from_row(
-    r: Started, spec: dict[str, Any] | None = None, received: float | None = None
+_set = object.__setattr__
+
+
+def arrived(
+    c: Claimed, received: float | None = None, spec: dict[str, Any] | None = None
 ) -> Claimed:
-    """A Claimed from a claimed occurrence (and the spec fetched for it, if any); `received`:
-    the monotonic instant the claim statement returned (default: now)."""
+    """`c` as it arrived (`received`: the monotonic instant the claim statement returned;
+    default now), with its instant and its lease's start on this process's clock, and its
+    spec. Set on the row the claim built, before anyone else sees it (a row class is frozen
+    to the type checker; a copy of each claimed row was measurable in a burst)."""
     at = time.monotonic() if received is None else received
-    due = at + (r.run_at - r.db_now).total_seconds()
-    lease_from = at + (r.claimed_at - r.db_now).total_seconds()
-    return Claimed(*_started_values(r), spec, due, lease_from)  # type: ignore[call-arg]
+    _set(c, "due_monotonic", at + (c.run_at - c.db_now).total_seconds())
+    _set(c, "lease_from_monotonic", at + (c.claimed_at - c.db_now).total_seconds())
+    if spec is not None:
+        _set(c, "spec", spec)
+    return c
 
 
-# Started's fields in order, as one tuple: Claimed's fields begin with them (a burst
-# converts every claimed row; a dict per row was measurable there).
-_started_values = attrgetter(*(f.name for f in fields(Started)))
-
-
-def hold_back(cands: list[Candidate]) -> list[Candidate]:
+def hold_back(cands: list[Candidate], locked: Container[int] | None = None) -> list[Candidate]:
     """The candidates this claim may decide: without those of a serialised job at or after
-    one whose previous occurrence is still pending but not among `cands` (another claimer
-    holds it)."""
-    ids = {c.id for c in cands}
+    one whose previous occurrence is still pending but not among the ids this claim locked
+    (`locked`; default: those of `cands`): another claimer holds it."""
+    ids = {c.id for c in cands} if locked is None else locked
     first_held: dict[uuid.UUID, datetime] = {}
     for c in cands:
         if c.pending_before is not None and c.pending_before not in ids:
@@ -202,31 +204,27 @@ async def claim(
     jobs sharing a spec, one spec is read and parsed, not one per occurrence. `until`:
     candidates' instants before it only (claims.candidates; None: no bound)."""
     async with db.transaction() as conn:
-        cands = hold_back(
-            await claims.candidates(
-                db,
-                pool=pool,
-                limit=limit,
-                serial=SERIAL_ORDER,
-                ahead_seconds=ahead_seconds,
-                until=until,
-                conn=conn,
-            )
+        found = await claims.candidates(
+            db,
+            pool=pool,
+            limit=limit,
+            serial=SERIAL_ORDER,
+            ahead_seconds=ahead_seconds,
+            until=until,
+            conn=conn,
         )
-        if not cands:
+        if not found.ids:
             return []
-        serial_jobs = sorted({c.job_id for c in cands if c.overlap in SERIAL})
+        jobs = list({j for j in found.job_ids if j is not None})  # serialised jobs
         active: list[Active] = []
-        if serial_jobs:
-            await claims.lock_jobs(db, serial_jobs, conn=conn)
-            active = await claims.active(db, serial_jobs, conn=conn)
-        due = [c for c in cands if c.due]
-        run, settle = decide_overlap(due[:due_limit], active)
-        # The due ones left over still make their serialised jobs busy for plan_ahead.
-        run += plan_ahead([c for c in cands if not c.due], due, active)
+        if jobs:
+            await claims.lock_jobs(db, jobs, conn=conn)
+            active = await claims.active(db, jobs, conn=conn)
+        run, settle = decide(found, active, due_limit)
         # The bounds of the candidates' instants (and of the active rows a Replace may
         # cancel): the writes by id prune a partitioned history to their partitions.
-        within = bounds([c.scheduled_for for c in cands])
+        assert found.lo is not None and found.hi is not None  # there are candidates
+        within = (found.lo, found.hi)
         if settle:
             if active:
                 within = bounds([*within, *(a.scheduled_for for a in active)])
@@ -234,10 +232,59 @@ async def claim(
         if not run:
             return []
         started = await claims.start(
-            db, run, worker_id=worker_id, lease_seconds=lease_seconds, within=within, conn=conn
+            db,
+            run,
+            worker_id=worker_id,
+            lease_seconds=lease_seconds,
+            within=within,
+            row=Claimed,
+            conn=conn,
         )
         received = time.monotonic()
         return await attach_specs(db, conn, started, known_specs, received)
+
+
+def decide(
+    found: Candidates, active: list[Active], due_limit: int | None
+) -> tuple[list[int], list[tuple[int, str, str]]]:
+    """A claim's decisions over its candidates (after lock_jobs and active): the ids to
+    claim and the overlap decisions to settle, at most `due_limit` due ones (None: no
+    limit). One of a job that allows overlap, or the only candidate of a serialised job with
+    nothing active and no earlier occurrence pending, is claimed from the arrays alone:
+    every policy runs it (decide_overlap, plan_ahead) and hold_back keeps it. The others
+    become objects for hold_back, decide_overlap and plan_ahead."""
+    locked = set(found.ids)
+    per_job = Counter(j for j in found.job_ids if j is not None)
+    busy = {a.job_id for a in active if a.id not in locked}
+    involved = [
+        k
+        for k, j in enumerate(found.job_ids)
+        if j is not None and (per_job[j] > 1 or j in busy or found.pending_before[k] is not None)
+    ]
+    serial = hold_back([found.candidate(k) for k in involved], locked)
+    kept = {c.id: c for c in serial}
+    left_out = {found.ids[k] for k in involved} - kept.keys()  # held back
+    run: list[int] = []
+    due: list[Candidate] = []
+    ahead: list[Candidate] = []
+    room = len(found.ids) if due_limit is None else due_limit
+    for cid, is_due in zip(found.ids, found.due, strict=True):
+        if cid in left_out:
+            continue
+        if is_due:
+            if room <= 0:
+                continue
+            room -= 1
+        c = kept.get(cid)
+        if c is None:
+            run.append(cid)
+        elif is_due:
+            due.append(c)
+        else:
+            ahead.append(c)
+    decided, settle = decide_overlap(due, active)
+    # The serialised due ones past the limit still make their jobs busy for plan_ahead.
+    return run + decided + plan_ahead(ahead, [c for c in serial if c.due], active), settle
 
 
 def bounds(instants: Sequence[datetime]) -> attempts.Within:
@@ -249,11 +296,12 @@ def bounds(instants: Sequence[datetime]) -> attempts.Within:
 async def attach_specs(
     db: Database,
     conn: Conn,
-    rows: Sequence[Started],
+    rows: Sequence[Claimed],
     known: Container[str],
     received: float | None = None,
 ) -> list[Claimed]:
-    """Claimed occurrences, each with the spec document it runs unless its hash is known.
+    """Claimed occurrences as they arrived (`arrived`), each with the spec document it
+    runs unless its hash is known.
 
     A job whose spec changed between the claim and the fetch (its hash differs now) runs
     the spec whose hash was claimed if the fetch still finds it (on another job of the
@@ -262,6 +310,7 @@ async def attach_specs(
     materialised, and the current spec is what the claim would have read had the change
     committed an instant earlier (a spec change never takes back an occurrence already
     due, so it cannot undo this one)."""
+    at = time.monotonic() if received is None else received
     by_hash: dict[str, dict[str, Any]] = {}  # hash -> spec document
     by_job: dict[uuid.UUID, tuple[str, dict[str, Any]]] = {}  # job -> (current hash, spec)
     out: list[Claimed] = []
@@ -282,12 +331,12 @@ async def attach_specs(
     for r in rows:
         h = r.spec_hash
         if h and h in known:
-            out.append(claimed_from_row(r, None, received))
+            out.append(arrived(r, at))
         elif h and h in by_hash:
-            out.append(claimed_from_row(r, by_hash[h], received))
+            out.append(arrived(r, at, by_hash[h]))
         else:
             now_hash, doc = by_job[r.job_id]
-            out.append(replace(claimed_from_row(r, doc, received), spec_hash=now_hash))
+            out.append(arrived(replace(r, spec_hash=now_hash), at, doc))
     return out
 
 
@@ -368,9 +417,11 @@ async def succeed_in(
     """Fenced completion inside the caller's transaction (the worker's batch, or a
     handler's `ctx.transaction()`), promoting the next waiting occurrence of each buffered
     job in the same transaction: every completion path goes through here."""
-    rows = await attempts.succeed(db, done, starts, within=within, conn=conn)
-    await promote_waiting(db, conn, [r.job_id for r in rows if r.overlap in BUFFERED])
-    return {r.idempotency_key for r in rows}
+    ended = await attempts.succeed(
+        db, done, starts, buffered=BUFFERED_ORDER, within=within, conn=conn
+    )
+    await promote_waiting(db, conn, ended.buffered_jobs)
+    return set(ended.keys)
 
 
 async def fail(

@@ -37,11 +37,11 @@ class Restored:
 
 @row_class
 class Succeeded:
-    """An occurrence a fenced completion ended."""
+    """What a fenced completion ended: the keys, and the jobs among them of buffered
+    policies."""
 
-    idempotency_key: str
-    job_id: uuid.UUID
-    overlap: str
+    keys: list[str]
+    buffered_jobs: list[uuid.UUID]
 
 
 @row_class
@@ -144,12 +144,16 @@ async def succeed(
     done: Sequence[tuple[int, int]],
     starts: Sequence[datetime | None] | None = None,
     *,
+    buffered: Sequence[str],
     within: Within = ALL_TIME,
     conn: Conn | None = None,
-) -> list[Succeeded]:
+) -> Succeeded:
     """Complete (id, fence) pairs whose fence is current, recording each one's start from
-    `starts` if not recorded yet; a stale one completes nothing."""
-    return await db.rows(Succeeded, "OccurrenceSucceedBatch", _ids(done, starts, within), conn)
+    `starts` if not recorded yet; a stale one completes nothing. `buffered`: the overlap
+    policies whose jobs' waiting occurrences a completion promotes."""
+    params = {**_ids(done, starts, within), "buffered": list(buffered)}
+    (done_,) = await db.rows(Succeeded, "OccurrenceSucceedBatch", params, conn)
+    return done_  # an aggregate: always one row
 
 
 async def fail(

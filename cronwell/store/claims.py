@@ -7,7 +7,7 @@ import contextlib
 import uuid
 from collections.abc import AsyncIterator, Sequence
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, TypeVar
 
 from cronwell.store.attempts import ALL_TIME, Within
 from cronwell.store.db import Conn, Database, row_class
@@ -29,6 +29,40 @@ class Candidate:
     pending_before: int | None = None
     """Serialised jobs: the job's previous occurrence (nominal order) when it is still
     pending in this pool and never attempted; None otherwise."""
+
+
+@row_class
+class Candidates:
+    """A claim's candidates in claim order, as arrays (OccurrenceClaimCandidates): each
+    one's id and whether it is due; the columns of an overlap decision only for those of
+    serialised jobs (None for the others, which need no decision)."""
+
+    ids: list[int]
+    due: list[bool]
+    job_ids: list[Any]
+    overlaps: list[Any]
+    """The job's overlap policy if it serialises its occurrences, else None."""
+    attempts: list[Any]
+    scheduled_for: list[Any]
+    run_at: list[Any]
+    pending_before: list[Any]
+    lo: datetime | None
+    """The earliest instant of all candidates (None: there are none)."""
+    hi: datetime | None
+    """The latest."""
+
+    def candidate(self, k: int) -> Candidate:
+        """The `k`th candidate as an object (one of a serialised job's)."""
+        return Candidate(
+            self.ids[k],
+            self.job_ids[k],
+            self.overlaps[k],
+            self.attempts[k],
+            self.scheduled_for[k],
+            self.run_at[k],
+            self.due[k],
+            self.pending_before[k],
+        )
 
 
 @row_class
@@ -66,6 +100,9 @@ class Started:
     namespace: str
     name: str
     spec_hash: str
+
+
+S = TypeVar("S", bound=Started)
 
 
 @row_class
@@ -118,13 +155,13 @@ async def candidates(
     ahead_seconds: float = 0.0,
     until: datetime | None = None,
     conn: Conn | None = None,
-) -> list[Candidate]:
+) -> Candidates:
     """Pending occurrences of `pool` due within `ahead_seconds`, oldest first, locked
-    against other claimers; `serial`: the overlap policies that serialise a job's
-    occurrences (their candidates carry `pending_before`); `until`: only instants before
-    it (see the query: it keeps the partitions created ahead out of the plan). `conn`: the
-    claim's transaction (the rest of it plans no sort: InIndexOrder); without one, a
-    transaction of its own."""
+    against other claimers, as arrays; `serial`: the overlap policies that serialise a
+    job's occurrences (only their candidates carry `Candidate`'s columns); `until`: only
+    instants before it (see the query: it keeps the partitions created ahead out of the
+    plan). `conn`: the claim's transaction (the rest of it plans no sort: InIndexOrder);
+    without one, a transaction of its own."""
     params = {
         "pool": pool,
         "limit": limit,
@@ -133,7 +170,8 @@ async def candidates(
         "until": LATEST if until is None else until,
     }
     async with _in_index_order(db, conn) as c:
-        return await db.rows(Candidate, "OccurrenceClaimCandidates", params, c)
+        (found,) = await db.rows(Candidates, "OccurrenceClaimCandidates", params, c)
+    return found  # an aggregate: always one row
 
 
 @contextlib.asynccontextmanager
@@ -187,14 +225,16 @@ async def start(
     *,
     worker_id: str,
     lease_seconds: float,
+    row: type[S],
     within: Within = ALL_TIME,
     conn: Conn | None = None,
-) -> list[Started]:
+) -> list[S]:
     """Claim these occurrences (their instants `within` these bounds) for `worker_id`: a new
     fence each, attempt + 1, a lease; those already due start now, the others when the
-    worker records their start."""
+    worker records their start. Each as a `row`: Started, or a subclass whose further
+    fields have defaults (the claimer's own, built from the row without a copy)."""
     return await db.rows(
-        Started,
+        row,
         "OccurrenceClaimBatch",
         {
             "ids": ids,

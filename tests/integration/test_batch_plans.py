@@ -18,6 +18,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
+from cronwell import dispatch
 from cronwell.store import history_partitions
 from cronwell.store._queries import q
 from cronwell.store.claims import EARLIEST, LATEST
@@ -143,6 +144,7 @@ async def run_after_a_burst_unseen(db: Database, name: str) -> tuple[str, int]:
             "delay": 1.0,
             "outcome": "failed",
             "started": None,
+            "buffered": dispatch.BUFFERED_ORDER,
         }
         cur = await conn.execute("EXPLAIN (ANALYZE, BUFFERS, COSTS OFF) " + q(name), values)
         plan = "\n".join(str(next(iter(r.values()))) for r in await cur.fetchall())

@@ -32,8 +32,10 @@ async def claim(db: Database, name: str) -> Claimed:
     key = await trigger(db, name)
     (row,) = await sql(db, "SELECT id FROM cronwell_occurrences WHERE idempotency_key = %s", key)
     oid = row["id"]
-    (started,) = await claims.start(db, [oid], worker_id="w", lease_seconds=60)
-    return dispatch.claimed_from_row(started)
+    (started,) = await claims.start(
+        db, [oid], worker_id="w", lease_seconds=60, row=dispatch.Claimed
+    )
+    return dispatch.arrived(started)
 
 
 async def test_a_fence_carries_the_epoch_of_generation_and_timeline(db: Database) -> None:

@@ -506,8 +506,10 @@ async def test_every_attempt_row_carries_its_occurrences_instant(fresh: Database
         (row,) = await sql(
             fresh, "SELECT id FROM cronwell_occurrences WHERE idempotency_key = %s", key
         )
-        (s,) = await claims.start(fresh, [row["id"]], worker_id="w", lease_seconds=60)
-        return dispatch.claimed_from_row(s)
+        (s,) = await claims.start(
+            fresh, [row["id"]], worker_id="w", lease_seconds=60, row=dispatch.Claimed
+        )
+        return dispatch.arrived(s)
 
     ok, bad, lost = await claim("ok"), await claim("bad"), await claim("lost")
     held = await claim("held")

@@ -40,7 +40,9 @@ async def _claim_then_lose(db: Database, name: str, **spec: Any) -> dict[str, An
             "SELECT id FROM cronwell_occurrences WHERE idempotency_key = %s", (key,)
         )
         oid = (await cur.fetchone())["id"]
-        await claims.start(db, [oid], worker_id="killed", lease_seconds=60, conn=conn)
+        await claims.start(
+            db, [oid], worker_id="killed", lease_seconds=60, row=claims.Started, conn=conn
+        )
         await conn.execute(
             "UPDATE cronwell_occurrences SET lease_expires_at = now() - interval '1 second'"
             " WHERE id = %s",
@@ -62,7 +64,9 @@ async def test_a_job_target_whose_worker_was_lost_stays_pending_for_a_successor(
     )
     assert [a["outcome"] for a in await attempts(db, o["idempotency_key"])] == ["lease_expired"]
     # The successor's claim is attempt 2 of 1: it only adopts (kubejob.next_step).
-    (started,) = await claims.start(db, [o["id"]], worker_id="successor", lease_seconds=60)
+    (started,) = await claims.start(
+        db, [o["id"]], worker_id="successor", lease_seconds=60, row=claims.Started
+    )
     assert (started.attempt, started.max_attempts) == (2, 1)
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import random
 import uuid
 from datetime import datetime
 
@@ -13,6 +14,7 @@ import pytest
 from cronwell import dispatch
 from cronwell.dispatch import Active, Candidate, decide_overlap, plan_ahead
 from cronwell.scheduler import Scheduler
+from cronwell.store.claims import Candidates
 from cronwell.store.db import Database
 from tests.helpers.store import fail_dead
 
@@ -287,6 +289,86 @@ def test_hold_back_leaves_a_job_behind_the_earlier_occurrence_another_claimer_ho
         cand(6, allow, "Allow", before=None),
     ]
     assert [c.id for c in dispatch.hold_back(cands)] == [5, 4, 6]
+
+
+def _decide_per_object(
+    cands: list[Candidate], active: list[Active], due_limit: int | None
+) -> tuple[list[int], list[tuple[int, str, str]]]:
+    """A claim's decisions with an object per candidate (before its candidates came as
+    arrays): hold_back over all, the first `due_limit` due ones decided, the rest planned."""
+    kept = dispatch.hold_back(cands)
+    due = [c for c in kept if c.due]
+    run, settle = decide_overlap(due[:due_limit], active)
+    return run + plan_ahead([c for c in kept if not c.due], due, active), settle
+
+
+def _as_arrays(cands: list[Candidate]) -> Candidates:
+    """The candidates as OccurrenceClaimCandidates returns them: a serialised job's columns
+    only, None for a job that allows overlap."""
+
+    def col(f: str) -> list[object]:
+        return [getattr(c, f) if c.overlap in dispatch.SERIAL else None for c in cands]
+
+    at = [c.scheduled_for for c in cands]
+    return Candidates(
+        [c.id for c in cands],
+        [c.due for c in cands],
+        *(col(f) for f in ("job_id", "overlap", "attempt", "scheduled_for", "run_at")),
+        col("pending_before"),
+        min(at),
+        max(at),
+    )
+
+
+def test_a_claim_decides_from_its_arrays_as_with_an_object_per_candidate() -> None:
+    """Random claims (policies, retries, due or ahead, earlier occurrences pending here or
+    held by another claimer, active occurrences, due limits): deciding from the arrays, with
+    objects only for the candidates that need them, runs, skips and buffers the same
+    occurrences as an object per candidate did. A candidate claimed from the arrays alone
+    that needed a decision (a second of its job, one behind an active run or a held earlier
+    occurrence) would differ."""
+    rng = random.Random(20261205)
+    policies = [*dispatch.SERIAL_ORDER, "Allow"]
+    fast = 0
+    for _ in range(2000):
+        jobs = [uuid.UUID(int=rng.getrandbits(128)) for _ in range(rng.randint(1, 5))]
+        policy = {j: rng.choice(policies) for j in jobs}
+        cands = []
+        for i in range(1, rng.randint(1, 10) + 1):
+            job = rng.choice(jobs)
+            before = rng.choice([None, None, i - 1, 100 + i])  # here, or another claimer's
+            at = datetime(2026, 1, 1, 0, 0, i)
+            serial = policy[job] in dispatch.SERIAL
+            cands.append(
+                Candidate(
+                    i,
+                    job,
+                    policy[job],
+                    rng.choice([0, 0, 1]),
+                    at,
+                    at,
+                    rng.random() < 0.6,
+                    before if serial else None,
+                )
+            )
+        # Active: a run of its own, or one of its job's candidates (a retry backing off).
+        active = [
+            Active(rng.choice([200 + n, *own]), job, state, f"k{n}", AT)
+            for n, job in enumerate(jobs)
+            for own in [[c.id for c in cands if c.job_id == job]]
+            if policy[job] in dispatch.SERIAL and rng.random() < 0.3
+            for state in [rng.choice(["running", "waiting", "pending"])]
+        ]
+        due_limit = rng.choice([None, 0, 1, 3])
+        run, settle = dispatch.decide(_as_arrays(cands), active, due_limit)
+        want_run, want_settle = _decide_per_object(cands, active, due_limit)
+        assert (sorted(run), sorted(settle)) == (sorted(want_run), sorted(want_settle)), (
+            cands,
+            active,
+            due_limit,
+        )
+        fast += bool(run)
+    assert fast > 500  # most trials claim something
 
 
 @pytest.mark.parametrize("due", [False, True], ids=["ahead", "due"])

@@ -1248,11 +1248,11 @@ async def test_a_spec_changed_after_the_claim_runs_the_claimed_spec_if_found_els
 ) -> None:
     await _twins(db)
     async with db.transaction() as conn:
-        cands = await claims.candidates(
+        found = await claims.candidates(
             db, pool="default", limit=10, serial=dispatch.SERIAL_ORDER, conn=conn
         )
         rows = await claims.start(
-            db, [c.id for c in cands], worker_id="w", lease_seconds=30, conn=conn
+            db, found.ids, worker_id="w", lease_seconds=30, row=dispatch.Claimed, conn=conn
         )
     rows = [r for r in rows if r.name in ("twin-a", "twin-b")]
     claimed_hash = rows[0].spec_hash

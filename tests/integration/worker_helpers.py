@@ -110,8 +110,10 @@ async def steal(db: Database, key: str, worker_id: str = "thief") -> dispatch.Cl
     new fence, in one transaction (so the worker under test cannot claim it back between)."""
     async with db.transaction() as conn:
         oid = await _expire_and_reap(db, conn, key)
-        (r,) = await claims.start(db, [oid], worker_id=worker_id, lease_seconds=60, conn=conn)
-    return dispatch.claimed_from_row(r)
+        (r,) = await claims.start(
+            db, [oid], worker_id=worker_id, lease_seconds=60, row=dispatch.Claimed, conn=conn
+        )
+    return dispatch.arrived(r)
 
 
 async def started(key: str, timeout: float = 10.0) -> dict[str, Any]:
