@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
+from typing import Any
 
 import pytest
 import uvloop
@@ -20,9 +21,9 @@ LOOPS: dict[str, Callable[[], asyncio.AbstractEventLoop]] = {
 }
 
 
-def _run(loop: str, coro: Callable[[], object]) -> None:
+def _run(loop: str, coro: Callable[[], Coroutine[Any, Any, None]]) -> None:
     with asyncio.Runner(loop_factory=LOOPS[loop]) as runner:
-        runner.run(coro())  # type: ignore[arg-type]
+        runner.run(coro())
 
 
 @pytest.mark.parametrize("loop", sorted(LOOPS))

@@ -342,8 +342,9 @@ class Instants:
         return fut
 
     def _came(self, due: float) -> None:
-        """The timer of `due` fired: its waiters go, unless the loop woke it early (uvloop's
-        timers count whole milliseconds): then once more, for what is left."""
+        """The timer of `due` fired: its waiters go, never before `due`: a loop that woke it
+        early (uvloop's timers count whole milliseconds; asyncio's by up to its clock
+        resolution, seen: 56 us) arms it once more, for what is left."""
         if (left := due - time.monotonic()) > 0:
             asyncio.get_running_loop().call_later(left, self._came, due)
             return
@@ -1053,12 +1054,10 @@ class Worker:
                 r.admitted = e
         r.starting = True
         heapq.heappush(self._upcoming, (c.due_monotonic, next(self._seq), r))
+        # Until the instant, never before it (Instants waits again when the loop wakes its
+        # timer early): the start, with no write in front of it, is the handler's.
         if c.due_monotonic > time.monotonic():
             await self._instants.at(c.due_monotonic)
-        # Until the instant, never before it: the event loop may wake a timer a little early
-        # (seen: 56 us), and the start, with no write in front of it, is the handler's.
-        while (wait := c.due_monotonic - time.monotonic()) > 0:  # noqa: ASYNC110 - a timer
-            await asyncio.sleep(wait)
 
     @staticmethod
     def _durable_start(r: _Running) -> bool:
