@@ -66,16 +66,19 @@ CREATE UNIQUE INDEX CONCURRENTLY IF NOT EXISTS cronwell_attempts_one_success_ins
 -- name: HistoryCutover
 -- Step 2: the cutover instant C, read back from the validated (or half-done) CHECK of an
 -- interrupted run, else the later of the start of the day after tomorrow (UTC) and the day
--- after the newest instant (an index scan of cronwell_occurrences_recent).
+-- after the newest instant (each job's newest: a probe of cronwell_occurrences_job a job).
 SELECT coalesce(
     (SELECT obj_description(oid, 'pg_constraint')::timestamptz FROM pg_constraint
      WHERE conrelid = 'cronwell_occurrences'::regclass
        AND conname = 'cronwell_occurrences_before_cutover'),
     greatest((date_trunc('day', now() AT TIME ZONE 'UTC') + interval '2 days')
                  AT TIME ZONE 'UTC',
-             (SELECT (date_trunc('day', max(scheduled_for) AT TIME ZONE 'UTC')
+             (SELECT (date_trunc('day', max(l.latest) AT TIME ZONE 'UTC')
                       + interval '1 day') AT TIME ZONE 'UTC'
-              FROM cronwell_occurrences))) AS cutover;
+              FROM cronwell_jobs j
+              CROSS JOIN LATERAL (SELECT max(o.scheduled_for) AS latest
+                                  FROM cronwell_occurrences o WHERE o.job_id = j.id) l)))
+    AS cutover;
 
 -- name: HistoryCheckState
 -- Step 2's progress: each cutover CHECK and whether it is validated (NULL: not added yet).

@@ -1,10 +1,12 @@
 -- Occurrence history as `runs` and `dlq show` read it.
 
 -- name: RunsList
--- Recent occurrences (optionally of one job) with lag and attempts, newest first. Lag is
--- measured from run_at (the jittered instant); the jitter is its own column.
-SELECT j.namespace, j.name, o.idempotency_key, o.scheduled_for, o.run_at, o.state, o.reason,
-       o.origin, o.attempt, o.fence, o.started_at, o.finished_at, o.last_error,
+-- Recent occurrences (optionally of one job, or one pool) with lag and attempts, newest
+-- first. Lag is measured from run_at (the jittered instant); the jitter is its own column.
+-- Without a job, state of cronwell_occurrences_rare or pool, runs.newest_first asks for
+-- each pool's page (a range of cronwell_occurrences_pool) and merges them.
+SELECT o.id, j.namespace, j.name, o.idempotency_key, o.scheduled_for, o.run_at, o.state,
+       o.reason, o.origin, o.attempt, o.fence, o.started_at, o.finished_at, o.last_error,
        extract(epoch FROM o.run_at - o.scheduled_for) AS jitter_seconds,
        extract(epoch FROM o.started_at - o.run_at) AS lag_seconds,
        extract(epoch FROM o.finished_at - o.started_at) AS duration_seconds
@@ -12,14 +14,27 @@ FROM cronwell_occurrences o JOIN cronwell_jobs j ON j.id = o.job_id
 WHERE (%(namespace)s::text IS NULL OR j.namespace = %(namespace)s)
   AND (%(name)s::text IS NULL OR j.name = %(name)s)
   AND (%(state)s::text IS NULL OR o.state = %(state)s)
+  AND (%(pool)s::text IS NULL OR o.pool = %(pool)s)
 ORDER BY o.scheduled_for DESC, o.id DESC
 LIMIT %(limit)s;
+
+-- name: RunPools
+-- The pools that have runs, by a loose index scan of cronwell_occurrences_pool (one probe
+-- a pool): the listings of every pool's runs read each pool's newest.
+WITH RECURSIVE pools(pool) AS (
+    (SELECT pool FROM cronwell_occurrences ORDER BY pool LIMIT 1)
+    UNION ALL
+    SELECT (SELECT o.pool FROM cronwell_occurrences o
+            WHERE o.pool > pools.pool ORDER BY o.pool LIMIT 1)
+    FROM pools WHERE pools.pool IS NOT NULL
+)
+SELECT pool FROM pools WHERE pool IS NOT NULL;
 
 -- name: RunsListForJob
 -- Recent occurrences of one job by uid (the kubectl plugin resolves the CR to it), as
 -- RunsList shows them.
-SELECT j.namespace, j.name, o.idempotency_key, o.scheduled_for, o.run_at, o.state, o.reason,
-       o.origin, o.attempt, o.fence, o.started_at, o.finished_at, o.last_error,
+SELECT o.id, j.namespace, j.name, o.idempotency_key, o.scheduled_for, o.run_at, o.state,
+       o.reason, o.origin, o.attempt, o.fence, o.started_at, o.finished_at, o.last_error,
        extract(epoch FROM o.run_at - o.scheduled_for) AS jitter_seconds,
        extract(epoch FROM o.started_at - o.run_at) AS lag_seconds,
        extract(epoch FROM o.finished_at - o.started_at) AS duration_seconds

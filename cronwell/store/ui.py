@@ -13,7 +13,7 @@ from datetime import datetime
 from decimal import Decimal
 from typing import Any
 
-from cronwell.store import gauges
+from cronwell.store import gauges, runs
 from cronwell.store.db import Database, row_class
 from cronwell.store.dead import Dead
 
@@ -144,22 +144,26 @@ async def run_page(
 ) -> list[RunRow]:
     """Up to `limit` occurrences older than the (scheduled_for, id) cursor, newest first,
     nominally scheduled in [since, until) when given."""
-    return await db.rows(
-        RunRow,
-        "UiRunPage",
-        {
-            "namespaces": namespaces,
-            "namespace": namespace,
-            "name": name,
-            "state": state,
-            "pool": pool,
-            "since": since,
-            "until": until,
-            "after_at": after[0] if after else None,
-            "after_id": after[1] if after else None,
-            "limit": limit,
-        },
-    )
+
+    async def page(of: str | None) -> list[RunRow]:
+        return await db.rows(
+            RunRow,
+            "UiRunPage",
+            {
+                "namespaces": namespaces,
+                "namespace": namespace,
+                "name": name,
+                "state": state,
+                "pool": of,
+                "since": since,
+                "until": until,
+                "after_at": after[0] if after else None,
+                "after_id": after[1] if after else None,
+                "limit": limit,
+            },
+        )
+
+    return await runs.newest_first(db, page, pool=pool, name=name, state=state, limit=limit)
 
 
 LAG_EDGES = (0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0)

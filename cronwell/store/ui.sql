@@ -152,11 +152,12 @@ WHERE namespace = %(namespace)s AND name = %(name)s AND deleted_at IS NULL;
 -- One page of occurrences, newest first, after the (scheduled_for, id) cursor, filtered by
 -- namespace, job name, state, pool and a window of nominal instants [since, until); columns
 -- as RunsList plus the id the cursor needs. The window bounds the column the page is
--- ordered by, so it narrows the same index range scan. Pages walk
--- cronwell_occurrences_recent (0010); a pool's runs are a range of cronwell_occurrences_pool
--- (0011); a job's runs those of its jobs by name, live or deleted (cronwell_jobs_name, 0010:
--- the name index of live jobs did not serve `j.name = X`, a scan of every job), each a range
--- of cronwell_occurrences_job.
+-- ordered by, so it narrows the same index range scan. A pool's runs are a range of
+-- cronwell_occurrences_pool (0011); every pool's, each pool's page merged
+-- (runs.newest_first: 0017 dropped the index of all runs newest first); a job's runs those
+-- of its jobs by name, live or deleted (cronwell_jobs_name, 0010: the name index of live
+-- jobs did not serve `j.name = X`, a scan of every job), each a range of
+-- cronwell_occurrences_job; a rare state's a range of cronwell_occurrences_rare (0010).
 SELECT o.id, j.namespace, j.name, j.spec->>'timeZone' AS time_zone, o.idempotency_key,
        o.scheduled_for, o.pool, o.state, o.attempt, o.fence, o.last_error,
        extract(epoch FROM o.run_at - o.scheduled_for) AS jitter_seconds,

@@ -30,6 +30,8 @@ JOB_FILTERS = {"namespaces": None, "namespace": None, "pool": None, "text": None
 RUN_FILTERS = {"namespaces": None, "namespace": None, "name": None, "state": None,
                "pool": None, "since": None, "until": None, "after_at": None,
                "after_id": None, "limit": 51}  # fmt: skip
+POOL_RUNS = RUN_FILTERS | {"pool": "pool-1"}
+"""A page of every pool's runs is one of these per pool (runs.newest_first)."""
 
 
 def _cases(job_id: str, key: str) -> list[tuple[str, str, dict[str, Any]]]:
@@ -46,13 +48,18 @@ def _cases(job_id: str, key: str) -> list[tuple[str, str, dict[str, Any]]]:
         ]
         cases += [(f"jobs {sort} {s}", name, JOB_FILTERS | {"state": s}) for s in ui.JOB_STATES]
     cases += [
-        ("runs", "UiRunPage", RUN_FILTERS),
+        # Every pool's runs: the pools, then each pool's page (runs.newest_first).
+        ("runs: pools", "RunPools", {}),
+        ("runs", "UiRunPage", POOL_RUNS),
         ("runs page 2", "UiRunPage",
-         RUN_FILTERS | {"after_at": "2026-01-01T00:00Z", "after_id": 5000}),
+         POOL_RUNS | {"after_at": "2026-01-01T00:00Z", "after_id": 5000}),
         ("runs job", "UiRunPage", RUN_FILTERS | {"namespace": "team-3", "name": "job-3"}),
-        ("runs namespace", "UiRunPage", RUN_FILTERS | {"namespace": "team-3"}),
-        ("runs dead", "UiRunPage", RUN_FILTERS | {"state": "dead"}),
-        ("runs running", "UiRunPage", RUN_FILTERS | {"state": "running"}),
+        ("runs namespace", "UiRunPage", POOL_RUNS | {"namespace": "team-3"}),
+        ("runs dead", "UiRunPage", POOL_RUNS | {"state": "dead"}),
+        ("runs running", "UiRunPage", POOL_RUNS | {"state": "running"}),
+        ("runs cancelled", "UiRunPage", RUN_FILTERS | {"state": "cancelled"}),
+        ("cli runs", "RunsList", {"namespace": None, "name": None, "state": None,
+                                  "pool": "pool-1", "limit": 50}),
         ("job", "UiJobGet", {"namespace": "team-3", "name": "job-3"}),
         ("job runs", "RunsListForJob", {"job_id": job_id, "state": None, "limit": 25}),
         ("job histogram", "UiJobLagHistogram",

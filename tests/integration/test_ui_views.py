@@ -282,14 +282,13 @@ SORT_MAX_ROWS = 1000
 """A sort of more rows than this (estimated, of 120,000) sorts a large part of the runs."""
 
 
-POOL, RECENT = "cronwell_occurrences_pool", "cronwell_occurrences_recent"
-"""A pool's runs: its own index (0011); for a large pool, walking every run newest first
-(0010, the bench branch's) and keeping the pool's is as good, and the planner may pick it."""
+POOL = "cronwell_occurrences_pool"
+"""A pool's runs: its own index (0011)."""
 
 
 async def test_new_queries_plan_index_range_scans(db: Database) -> None:
-    """A pool's runs (with or without a window) are a range of cronwell_occurrences_pool
-    (a large pool's may walk every run newest first instead), a job's window one of
+    """A pool's runs (with or without a window) are a range of cronwell_occurrences_pool,
+    the pools a loose scan of it, a job's window one of
     cronwell_occurrences_job, the backlog probes of cronwell_occurrences_claim and the
     oldest finished run one of _finished: no sequential scan of the runs and no sort of
     many of them."""
@@ -316,8 +315,9 @@ async def test_new_queries_plan_index_range_scans(db: Database) -> None:
     cases = {
         "runs small pool": ("UiRunPage", RUNS | {"pool": "small"}, {POOL}),
         "runs small pool window": ("UiRunPage", RUNS | {"pool": "small"} | window, {POOL}),
-        "runs pool": ("UiRunPage", RUNS | {"pool": "pool-3"}, {POOL, RECENT}),
-        "runs pool window": ("UiRunPage", RUNS | {"pool": "pool-3"} | window, {POOL, RECENT}),
+        "runs pool": ("UiRunPage", RUNS | {"pool": "pool-3"}, {POOL}),
+        "runs pool window": ("UiRunPage", RUNS | {"pool": "pool-3"} | window, {POOL}),
+        "run pools": ("RunPools", {}, {POOL}),
         "runs job window": (
             "UiRunPage", RUNS | {"namespace": "default", "name": "job-7"} | window,
             {"cronwell_occurrences_job"},
