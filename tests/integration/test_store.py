@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import re
 from dataclasses import dataclass
 from typing import Any
@@ -11,6 +12,7 @@ import psycopg
 import pytest
 
 from cronwell import dispatch, partitions
+from cronwell.embedded import EmbeddedPostgres
 from cronwell.errors import DatabaseUnavailable, PartitionMismatch, SchemaMissing, SchemaTooNew
 from cronwell.store import Database, claims, leases, migrate
 from cronwell.store._queries import q
@@ -189,3 +191,36 @@ async def test_rows_are_built_by_field_name_whatever_the_column_order(db: Databa
                     continue
                 await cur.execute(sql)
                 assert await cur.fetchall() == [want], sql
+
+
+@pytest.mark.parametrize(("collation", "keys"), [("C.UTF-8", "C"), ("C", "default")])
+async def test_keys_and_pools_compare_in_byte_order_whatever_the_database(
+    pg_server: EmbeddedPostgres, collation: str, keys: str
+) -> None:
+    """Migration 0018: on a database whose default collation is linguistic, the columns
+    every hot write indexes by text (occurrence keys and pools, attempt keys) compare
+    byte by byte ("C"), in the partitioned history's every partition too; on a database
+    that is "C" already nothing is altered (no index rebuilt for nothing)."""
+    name = f"coll_{keys.lower()}_{os.getpid()}"
+    admin = f"postgresql://postgres@127.0.0.1:{pg_server.port}/postgres"
+    with psycopg.connect(admin, autocommit=True) as conn:
+        conn.execute(f"DROP DATABASE IF EXISTS {name}")
+        conn.execute(
+            f"CREATE DATABASE {name} TEMPLATE template0 LOCALE_PROVIDER libc"
+            f" LC_COLLATE '{collation}' LC_CTYPE '{collation}'"
+        )
+    async with Database(f"postgresql://postgres@127.0.0.1:{pg_server.port}/{name}") as db:
+        await migrate(db)
+        rows = await sql(
+            db,
+            "SELECT c.relname || '.' || a.attname AS col, l.collname AS coll"
+            " FROM pg_attribute a JOIN pg_class c ON c.oid = a.attrelid"
+            " JOIN pg_collation l ON l.oid = a.attcollation"
+            " WHERE (c.relname LIKE 'cronwell_occurrences%%' AND a.attname IN"
+            "        ('idempotency_key', 'pool')"
+            "     OR c.relname LIKE 'cronwell_attempts%%' AND a.attname = 'idempotency_key')"
+            "  AND c.relkind IN ('r', 'p')",
+        )
+    parts = {r["col"].split(".")[0] for r in rows}
+    assert {"cronwell_occurrences", "cronwell_attempts"} < parts and len(parts) > 2, parts
+    assert {r["coll"] for r in rows} == {keys}, rows
