@@ -160,16 +160,16 @@ FAST_LEASE_ARGS = (
 )  # fmt: skip
 
 
-def create_database(server_port: int, template: str | None, name: str) -> str:
+def create_database(server_port: int, template: str | None, name: str, options: str = "") -> str:
     """A new database on a local PostgreSQL, cloned from a migrated template (empty when
-    `template` is None); its URL."""
+    `template` is None), with CREATE DATABASE `options` (a collation, say); its URL."""
     import psycopg
 
     admin = f"postgresql://postgres@127.0.0.1:{server_port}/postgres"
     clone = f" TEMPLATE {template}" if template else ""
     with psycopg.connect(admin, autocommit=True) as conn:
         conn.execute(f"DROP DATABASE IF EXISTS {name}")
-        conn.execute(f"CREATE DATABASE {name}{clone}")
+        conn.execute(f"CREATE DATABASE {name}{clone} {options}".rstrip())
     return f"postgresql://postgres@127.0.0.1:{server_port}/{name}"
 
 

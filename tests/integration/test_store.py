@@ -18,6 +18,7 @@ from cronwell.store import Database, claims, leases, migrate
 from cronwell.store._queries import q
 from cronwell.store.db import dataclass_row
 from cronwell.store.migrate import SCHEMA_VERSION, check_schema, record, schema_present
+from cronwell_operator.testing import create_database
 
 from .helpers import sql
 
@@ -201,15 +202,13 @@ async def test_keys_and_pools_compare_in_byte_order_whatever_the_database(
     every hot write indexes by text (occurrence keys and pools, attempt keys) compare
     byte by byte ("C"), in the partitioned history's every partition too; on a database
     that is "C" already nothing is altered (no index rebuilt for nothing)."""
-    name = f"coll_{keys.lower()}_{os.getpid()}"
-    admin = f"postgresql://postgres@127.0.0.1:{pg_server.port}/postgres"
-    with psycopg.connect(admin, autocommit=True) as conn:
-        conn.execute(f"DROP DATABASE IF EXISTS {name}")
-        conn.execute(
-            f"CREATE DATABASE {name} TEMPLATE template0 LOCALE_PROVIDER libc"
-            f" LC_COLLATE '{collation}' LC_CTYPE '{collation}'"
-        )
-    async with Database(f"postgresql://postgres@127.0.0.1:{pg_server.port}/{name}") as db:
+    url = create_database(
+        pg_server.port,
+        "template0",
+        f"coll_{keys.lower()}_{os.getpid()}",
+        f"LOCALE_PROVIDER libc LC_COLLATE '{collation}' LC_CTYPE '{collation}'",
+    )
+    async with Database(url) as db:
         await migrate(db)
         rows = await sql(
             db,
