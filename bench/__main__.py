@@ -348,6 +348,11 @@ async def main() -> None:
     )
     ap.add_argument("--ceiling-batch", type=int, default=500)
     ap.add_argument("--sustained-jobs", default="5000,10000", help="per-second jobs, per run")
+    ap.add_argument(
+        "--sustained-policies",
+        default=",".join(sustained.POLICIES),
+        help="sustained: the jobs' concurrencyPolicy, one run each (Skip: cronwell's default)",
+    )
     ap.add_argument("--sustained-seconds", type=float, default=60.0)
     ap.add_argument("--sustained-warmup", type=float, default=10.0)
     ap.add_argument(
@@ -439,6 +444,7 @@ async def main() -> None:
                 f" {','.join(HANDLERS)}"
             )
         sustained_jobs = [int(x) for x in _floats(args.sustained_jobs, "--sustained-jobs")]
+        sustained_policies = [p for p in args.sustained_policies.split(",") if p]
         if "growth" in only:
             growth.check(growth_sizes)
         if "retention" in only:
@@ -450,7 +456,7 @@ async def main() -> None:
         if "prescale" in only:
             prescale.check(args.prescale_max_workers)
         if "sustained" in only:
-            sustained.check(args.sustained_seconds, args.sustained_warmup)
+            sustained.check(args.sustained_seconds, args.sustained_warmup, sustained_policies)
         if "soak" in only and len(only) > 1:
             raise BenchError(
                 "the soak runs alone (its store has partitions of minutes): --only soak"
@@ -598,19 +604,23 @@ async def main() -> None:
                 )
             if "sustained" in only:
                 for n in sustained_jobs:
-                    await section(
-                        f"sustained n={n}",
-                        sustained.sustained(
-                            db,
-                            worker_env(url),
-                            n,
-                            args.workers,
-                            args.concurrency,
-                            args.sustained_seconds,
-                            args.sustained_warmup,
-                            args.sustained_horizon,
-                        ),
-                    )
+                    for policy in sustained_policies:
+                        # Skip keeps the section's name of earlier runs (comparable figures).
+                        suffix = "" if policy == "Skip" else f" policy={policy}"
+                        await section(
+                            f"sustained n={n}{suffix}",
+                            sustained.sustained(
+                                db,
+                                worker_env(url),
+                                n,
+                                args.workers,
+                                args.concurrency,
+                                args.sustained_seconds,
+                                args.sustained_warmup,
+                                args.sustained_horizon,
+                                policy,
+                            ),
+                        )
             if "growth" in only:
                 spec = jobs.spec_document(
                     ScheduledJobSpec.model_validate(

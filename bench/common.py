@@ -133,12 +133,14 @@ async def seed(
     schedule: str = "0 0 1 1 *",
     *,
     truncate: bool = True,
+    policy: str = "Skip",
 ) -> None:
     """n jobs whose next_run_at is the same instant (bulk SQL: seeding is not measured);
-    `truncate`: empty the store first (False: beside its history, `retention`)."""
+    `truncate`: empty the store first (False: beside its history, `retention`); `policy`:
+    their concurrencyPolicy (Skip: cronwell's default)."""
     spec = jobs.spec_document(
         ScheduledJobSpec.model_validate(
-            {"schedule": schedule, "target": target, "concurrencyPolicy": "Skip"}
+            {"schedule": schedule, "target": target, "concurrencyPolicy": policy}
         )
     )
     async with db.connection() as conn:

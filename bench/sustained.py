@@ -11,9 +11,15 @@ Where the ceiling is: CPU seconds of the scheduler, the workers and PostgreSQL o
 same steady window, per occurrence handled in it (finished or skipped), and the rate those
 costs allow on this machine's cores with nothing else running (`cpu_bound_per_second`):
 when it is below the target, no scheduling order holds the target here. Jobs are seeded
-with concurrencyPolicy Skip: once behind, a job's next occurrence is skipped while the
-last one waits (`skipped_overlap`), so a box past its ceiling sheds load rather than
-queueing it without end.
+with concurrencyPolicy Skip (cronwell's default): once behind, a job's next occurrence is
+skipped while the last one waits (`skipped_overlap`), so a box past its ceiling sheds load
+rather than queueing it without end; the section runs once more with Allow (no overlap
+decision: no job lock, no wait for the previous run's completion), side by side.
+
+`claimed_after_instant_share`: of the occurrences started in the window, those claimed only
+after their instant (not claimed ahead). A serialised job's occurrence can be claimed ahead
+only once its previous run's completion is recorded; one claimed late finishes late, so its
+successor is claimed late too (bench/README.md, "Serialised per-second jobs").
 """
 
 from __future__ import annotations
@@ -36,11 +42,21 @@ from bench.common import (
     stop_all,
     worker_argv,
 )
+from cronwell.models import ConcurrencyPolicy
 from cronwell.store import clock
 
+POLICIES = ("Skip", "Allow")
+"""The overlap policies the section runs with, by default: cronwell's default, and none."""
 
-def check(duration: float, warmup: float) -> None:
+
+def check(duration: float, warmup: float, policies: list[str]) -> None:
     """Settings the section can measure (raises BenchError before anything is seeded)."""
+    known = {p.value for p in ConcurrencyPolicy}
+    if not policies or set(policies) - known:
+        raise BenchError(
+            f"--sustained-policies: unknown {', '.join(sorted(set(policies) - known)) or '(none)'};"
+            f" any of {','.join(sorted(known))}"
+        )
     if duration <= warmup:
         raise BenchError(
             f"sustained counts after its warm-up: --sustained-seconds ({duration:g}) must"
@@ -57,8 +73,9 @@ async def sustained(
     duration: float,
     warmup: float,
     horizon: float,
+    policy: str = "Skip",
 ) -> dict[str, Any]:
-    check(duration, warmup)
+    check(duration, warmup, [policy])
     await enable_statements(db, planning=True)
     await seed(
         db,
@@ -66,6 +83,7 @@ async def sustained(
         "date_trunc('second', now()) + interval '2 seconds'",
         {"handler": {"name": "bench.noop"}},
         schedule="* * * * * *",
+        policy=policy,
     )
     cw = [sys.executable, "-m", "cronwell"]
     procs = [
@@ -126,12 +144,21 @@ async def sustained(
             params,
         )
         lags = [float(x["lag"]) for x in await cur.fetchall()]
+        cur = await conn.execute(
+            "SELECT count(*) FILTER (WHERE claimed_at > scheduled_for) AS late, count(*) AS n"
+            " FROM cronwell_occurrences WHERE started_at IS NOT NULL"
+            " AND scheduled_for >= %(a)s + make_interval(secs => %(w)s)"
+            " AND scheduled_for < %(b)s - interval '5 seconds'",
+            params,
+        )
+        claimed = await cur.fetchone()
     window = float(r["window"])
     handled = max(1, r["finished"] + r["skipped_in_window"])
     sched_ms, worker_ms, pg_ms = (1000 * (b - a) / handled for a, b in zip(cpu0, cpu1, strict=True))
     cpu_ms = sched_ms + worker_ms + pg_ms
     out = {
         "jobs_per_second_cron": n_jobs,
+        "concurrency_policy": policy,
         "workers": workers,
         "concurrency_per_worker": concurrency,
         "duration_s": duration,
@@ -143,6 +170,7 @@ async def sustained(
         "backlog_at_end": r["backlog_at_end"],
         "skipped_overlap": r["skipped"],
         "skipped_per_second": round(r["skipped_in_window"] / window),
+        "claimed_after_instant_share": round(claimed["late"] / max(1, claimed["n"]), 3),
         "scheduler_cpu_ms_per_occurrence": round(sched_ms, 3),
         "worker_cpu_ms_per_occurrence": round(worker_ms, 3),
         "postgres_cpu_ms_per_occurrence": round(pg_ms, 3),
