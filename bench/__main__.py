@@ -606,7 +606,7 @@ async def main() -> None:
                 for n in sustained_jobs:
                     for policy in sustained_policies:
                         # Skip keeps the section's name of earlier runs (comparable figures).
-                        suffix = "" if policy == "Skip" else f" policy={policy}"
+                        suffix = "" if policy == sustained.POLICIES[0] else f" policy={policy}"
                         await section(
                             f"sustained n={n}{suffix}",
                             sustained.sustained(

@@ -20,7 +20,7 @@ import psutil
 
 from cronwell import dispatch, jobs
 from cronwell.embedded import EmbeddedPostgres
-from cronwell.models import ScheduledJobSpec
+from cronwell.models import ConcurrencyPolicy, ScheduledJobSpec
 from cronwell.store import Database, claims, clock, materialise
 from cronwell.store.db import Conn
 
@@ -133,7 +133,7 @@ async def seed(
     schedule: str = "0 0 1 1 *",
     *,
     truncate: bool = True,
-    policy: str = "Skip",
+    policy: str = ConcurrencyPolicy.SKIP.value,
 ) -> None:
     """n jobs whose next_run_at is the same instant (bulk SQL: seeding is not measured);
     `truncate`: empty the store first (False: beside its history, `retention`); `policy`:

@@ -45,7 +45,7 @@ from bench.common import (
 from cronwell.models import ConcurrencyPolicy
 from cronwell.store import clock
 
-POLICIES = ("Skip", "Allow")
+POLICIES = (ConcurrencyPolicy.SKIP.value, ConcurrencyPolicy.ALLOW.value)
 """The overlap policies the section runs with, by default: cronwell's default, and none."""
 
 
@@ -73,7 +73,7 @@ async def sustained(
     duration: float,
     warmup: float,
     horizon: float,
-    policy: str = "Skip",
+    policy: str = POLICIES[0],
 ) -> dict[str, Any]:
     check(duration, warmup, [policy])
     await enable_statements(db, planning=True)
@@ -137,21 +137,16 @@ async def sustained(
         )
         r = await cur.fetchone()
         cur = await conn.execute(
-            "SELECT extract(epoch FROM started_at - scheduled_for) AS lag"
+            "SELECT extract(epoch FROM started_at - scheduled_for) AS lag,"
+            " claimed_at > scheduled_for AS late"
             " FROM cronwell_occurrences WHERE started_at IS NOT NULL"
             " AND scheduled_for >= %(a)s + make_interval(secs => %(w)s)"
             " AND scheduled_for < %(b)s - interval '5 seconds'",
             params,
         )
-        lags = [float(x["lag"]) for x in await cur.fetchall()]
-        cur = await conn.execute(
-            "SELECT count(*) FILTER (WHERE claimed_at > scheduled_for) AS late, count(*) AS n"
-            " FROM cronwell_occurrences WHERE started_at IS NOT NULL"
-            " AND scheduled_for >= %(a)s + make_interval(secs => %(w)s)"
-            " AND scheduled_for < %(b)s - interval '5 seconds'",
-            params,
-        )
-        claimed = await cur.fetchone()
+        started = await cur.fetchall()
+        lags = [float(x["lag"]) for x in started]
+        late = sum(1 for x in started if x["late"])
     window = float(r["window"])
     handled = max(1, r["finished"] + r["skipped_in_window"])
     sched_ms, worker_ms, pg_ms = (1000 * (b - a) / handled for a, b in zip(cpu0, cpu1, strict=True))
@@ -170,7 +165,7 @@ async def sustained(
         "backlog_at_end": r["backlog_at_end"],
         "skipped_overlap": r["skipped"],
         "skipped_per_second": round(r["skipped_in_window"] / window),
-        "claimed_after_instant_share": round(claimed["late"] / max(1, claimed["n"]), 3),
+        "claimed_after_instant_share": round(late / max(1, len(started)), 3),
         "scheduler_cpu_ms_per_occurrence": round(sched_ms, 3),
         "worker_cpu_ms_per_occurrence": round(worker_ms, 3),
         "postgres_cpu_ms_per_occurrence": round(pg_ms, 3),
