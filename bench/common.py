@@ -264,7 +264,7 @@ async def timed_claim(
     ids = list({j for j in found.job_ids if j is not None})
     await claims.lock_jobs(db, ids, conn=conn)
     t2 = time.perf_counter()
-    await claims.active(db, ids, conn=conn)
+    await claims.active(db, ids, pool="default", conn=conn)
     t3 = time.perf_counter()
     started = await claims.start(
         db, found.ids, worker_id="w", lease_seconds=60, row=claims.Started, conn=conn

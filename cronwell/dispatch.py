@@ -8,7 +8,16 @@ database clock at the claim) and records the start (AtLeastOnce: with its ending
 worker runtime's docstring). Overlap must be decided at the instant,
 so an occurrence of a serialised job is claimed ahead only when nothing of its job is active
 or due before it: claimed, it is itself the job's active occurrence, so nothing of the job
-can start before it. Otherwise it stays pending and is decided when it is due.
+can start before it. Otherwise it stays pending and is decided when it is due, except one
+of a Skip job whose active occurrences are all running (and earlier): it is claimed ahead
+*conditionally* and decided at its instant by its worker (`gate`): skipped if an earlier
+occurrence of its job is still active then, given back if the one just before it is
+pending and never attempted, started otherwise. Without it a Skip job's next
+occurrence could be claimed only once the previous run's completion was recorded: at
+fleet scale a run started late made the next late too (bench/README.md, "Serialised
+per-second jobs: the late phase"). Until its instant it has not run, so a claim of the
+occurrence just before it (given back by a stopping worker, or a retry of it) decides as
+if it were not there, and the later one, at its gate, sees that one and steps aside.
 
 Claimers skip each other's locked candidates (SKIP LOCKED), so one may see a serialised
 job's later occurrence while another holds the earlier one; deciding the later one then
@@ -99,16 +108,33 @@ def hold_back(cands: list[Candidate], locked: Container[int] | None = None) -> l
     ]
 
 
-def plan_ahead(ahead: list[Candidate], due: list[Candidate], active: list[Active]) -> list[int]:
+def plan_ahead(
+    ahead: list[Candidate],
+    due: list[Candidate],
+    active: list[Active],
+    conditional: set[int] | None = None,
+) -> list[int]:
     """Which candidates not yet due to claim ahead: every one of a job that allows overlap;
     of a serialised job, only its earliest, and only when nothing of the job is active or
     due (the others stay pending: their overlap is decided at their instant). A retry
     (attempt > 0) counts as earliest whatever its run_at, as at `decide_overlap`: a newer
     occurrence due before the retry's backoff ends was claimed ahead of it, ran, and left
-    the retry waiting behind it (Skip: for as long as the newer one ran)."""
+    the retry waiting behind it (Skip: for as long as the newer one ran).
+
+    Of a Skip job whose active occurrences are all running and earlier, nothing of it due:
+    its earliest fresh one too, added to `conditional` (see the module's docstring)."""
     cand_ids = {c.id for c in ahead} | {c.id for c in due}
-    busy = {a.job_id for a in active if a.id not in cand_ids}
-    busy |= {c.job_id for c in due if c.overlap in SERIAL}
+    others = [a for a in active if a.id not in cand_ids]
+    busy = {a.job_id for a in others}
+    due_jobs = {c.job_id for c in due if c.overlap in SERIAL}
+    busy |= due_jobs
+    # Per job, the latest instant of its running occurrences (None: one is not running).
+    running: dict[uuid.UUID, datetime | None] = {}
+    for a in others:
+        last = running.get(a.job_id, a.scheduled_for)
+        running[a.job_id] = (
+            None if a.state != "running" or last is None else max(last, a.scheduled_for)
+        )
     run: list[int] = []
     for c in sorted(ahead, key=lambda c: (c.attempt == 0, c.run_at, c.id)):
         if c.overlap not in SERIAL:
@@ -116,7 +142,23 @@ def plan_ahead(ahead: list[Candidate], due: list[Candidate], active: list[Active
         elif c.job_id not in busy:
             run.append(c.id)
             busy.add(c.job_id)
+        elif conditional is not None and _conditional(c, running.get(c.job_id), due_jobs):
+            run.append(c.id)
+            conditional.add(c.id)
+            running[c.job_id] = None  # one a job per claim
     return run
+
+
+def _conditional(c: Candidate, running_until: datetime | None, due_jobs: set[uuid.UUID]) -> bool:
+    """Whether a busy job's candidate may be claimed conditionally: a fresh occurrence of a
+    Skip job, nothing of it due, its active ones all running and before it."""
+    return (
+        c.overlap == ConcurrencyPolicy.SKIP.value
+        and c.attempt == 0
+        and c.job_id not in due_jobs
+        and running_until is not None
+        and running_until < c.scheduled_for
+    )
 
 
 def decide_overlap(
@@ -141,7 +183,9 @@ def decide_overlap(
         if a.id not in cand_ids:
             act[a.job_id].append(a)
     for job_id, cands in by_job.items():
-        others = act[job_id]
+        # The next occurrence, claimed conditionally, its instant not come, has not run:
+        # its gate (`gate`) reads the one just before it, this one, and steps aside.
+        others = [a for a in act[job_id] if a.prev is None or a.prev != cands[0].id]
         if not others and len(cands) == 1:
             run.append(cands[0].id)  # nothing active, one candidate: every policy runs it
             continue
@@ -219,8 +263,9 @@ async def claim(
         active: list[Active] = []
         if jobs:
             await claims.lock_jobs(db, jobs, conn=conn)
-            active = await claims.active(db, jobs, conn=conn)
-        run, settle = decide(found, active, due_limit)
+            active = await claims.active(db, jobs, pool=pool, conn=conn)
+        conditional: set[int] = set()
+        run, settle = decide(found, active, due_limit, conditional)
         # The bounds of the candidates' instants (and of the active rows a Replace may
         # cancel): the writes by id prune a partitioned history to their partitions.
         assert found.lo is not None and found.hi is not None  # there are candidates
@@ -238,6 +283,7 @@ async def claim(
             lease_seconds=lease_seconds,
             within=within,
             row=Claimed,
+            conditional=sorted(conditional),
             conn=conn,
         )
         received = time.monotonic()
@@ -245,12 +291,16 @@ async def claim(
 
 
 def decide(
-    found: Candidates, active: list[Active], due_limit: int | None
+    found: Candidates,
+    active: list[Active],
+    due_limit: int | None,
+    conditional: set[int] | None = None,
 ) -> tuple[list[int], list[tuple[int, str, str]]]:
     """A claim's decisions over its candidates (after lock_jobs and active): the ids to
     claim and the overlap decisions to settle, at most `due_limit` due ones (None: no
-    limit). One of a job that allows overlap, or the only candidate of a serialised job with
-    nothing active and no earlier occurrence pending, is claimed from the arrays alone:
+    limit); those to claim conditionally are added to `conditional` (plan_ahead). One of
+    a job that allows overlap, or the only candidate of a serialised job with nothing
+    active and no earlier occurrence pending, is claimed from the arrays alone:
     every policy runs it (decide_overlap, plan_ahead) and hold_back keeps it. The others
     become objects for hold_back, decide_overlap and plan_ahead."""
     locked = set(found.ids)
@@ -284,7 +334,8 @@ def decide(
             ahead.append(c)
     decided, settle = decide_overlap(due, active)
     # The serialised due ones past the limit still make their jobs busy for plan_ahead.
-    return run + decided + plan_ahead(ahead, [c for c in serial if c.due], active), settle
+    ahead_run = plan_ahead(ahead, [c for c in serial if c.due], active, conditional)
+    return run + decided + ahead_run, settle
 
 
 def bounds(instants: Sequence[datetime]) -> attempts.Within:
@@ -516,3 +567,50 @@ async def release(
     if not claimed:
         return set()
     return await attempts.release(db, claimed, within=within)
+
+
+GATE_START, GATE_SKIP, GATE_BACK = "start", "skip", "back"
+"""The verdicts of `gate` (ConditionalDecide spells them the same)."""
+
+
+async def gate(
+    db: Database, held: Sequence[Claimed], *, pool: str, over: Sequence[int] = ()
+) -> dict[int, str]:
+    """Decide conditional claims of `pool` at their instant: skipped when an earlier
+    occurrence of the job is still active (Skip's rule, as `decide_overlap` would decide
+    it due now), given back when the one just before it is pending and never attempted (it
+    is decided first, as `hold_back` would have it), started otherwise (no write: as for any
+    occurrence claimed ahead, its worker's judgement of its lease decides). The verdict of
+    each but those to skip or give back whose fence no longer held (they must not run
+    either).
+
+    No job lock (one per instant was too dear: p99 1.6 s at 10,000 per-second jobs): only
+    a claim of the occurrence just before the conditional one, reading the job before the
+    instant, decides as if the conditional one were not there (`decide_overlap`), and this
+    read, at the instant, sees that occurrence pending (its claim not committed yet: given
+    back) or running (skipped); a claim that reads after the instant counts the
+    conditional one as active. `over`: occurrences the caller saw succeed, their completion
+    not written yet: not active."""
+    if not held:
+        return {}
+    found = await claims.earlier(
+        db,
+        [(c.id, c.job_id, c.scheduled_for) for c in held],
+        pool=pool,
+        until=max(c.scheduled_for for c in held),
+        over=over,
+    )
+    verdict = {
+        e.id: GATE_SKIP if e.overlapped else GATE_BACK if e.behind else GATE_START for e in found
+    }
+    stop = [c for c in held if verdict[c.id] != GATE_START]
+    if stop:
+        kept = await claims.decide_conditional(
+            db,
+            [(c.id, c.fence, verdict[c.id]) for c in stop],
+            within=bounds([c.scheduled_for for c in stop]),
+        )
+        for c in stop:
+            if c.id not in kept:
+                del verdict[c.id]
+    return verdict

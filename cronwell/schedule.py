@@ -47,6 +47,11 @@ def trigger_key(job_id: uuid.UUID | str, trigger_id: str) -> str:
     return f"{job_id}:trigger:{trigger_id}"
 
 
+def key_job(key: str) -> str:
+    """The job uid an occurrence's key begins with (occurrence_key, trigger_key)."""
+    return key.split(":", 1)[0]
+
+
 def format_instant(t: datetime) -> str:
     return t.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 

@@ -74,6 +74,10 @@ class Active:
     state: str  # running | pending (retry backoff) | waiting
     idempotency_key: str
     scheduled_for: datetime
+    prev: int | None = None
+    """Claimed conditionally, its instant not come (it has not run: dispatch.gate): the
+    occurrence just before it, which a claim may decide as if this one were not there.
+    None for every other."""
 
 
 @row_class
@@ -95,6 +99,9 @@ class Started:
     origin: str
     claimed_at: datetime
     """The claim's transaction start: its lease runs from here (`lease_expires_at`)."""
+    conditional: bool
+    """Claimed ahead while an earlier occurrence of its Skip job ran: it may start only
+    once its gate (dispatch.gate) says so at its instant."""
     db_now: datetime
     """The database clock when the claim statement ran (the worker's timer aligns to it)."""
     namespace: str
@@ -191,10 +198,12 @@ async def lock_jobs(
 
 
 async def active(
-    db: Database, job_ids: Sequence[uuid.UUID], *, conn: Conn | None = None
+    db: Database, job_ids: Sequence[uuid.UUID], *, pool: str, conn: Conn | None = None
 ) -> list[Active]:
-    """Running, retrying and waiting occurrences of these jobs (after `lock_jobs`)."""
-    return await db.rows(Active, "JobActiveOccurrences", {"ids": job_ids}, conn)
+    """Running, retrying and waiting occurrences of these jobs (after `lock_jobs`), for a
+    claim of `pool` (only a conditional claim of its own pool may be passed over: the
+    gate, which must see the earlier one, reads its own pool's)."""
+    return await db.rows(Active, "JobActiveOccurrences", {"ids": job_ids, "pool": pool}, conn)
 
 
 async def settle(
@@ -219,6 +228,68 @@ async def settle(
     )
 
 
+@row_class
+class Earlier:
+    """What stands before a conditional claim at its instant (ConditionalEarlier)."""
+
+    id: int
+    overlapped: bool
+    """An earlier occurrence of its job is active: the claim is skipped."""
+    behind: bool
+    """The one just before it is pending in its pool, never attempted: it steps aside."""
+
+
+async def earlier(
+    db: Database,
+    held: Sequence[tuple[int, uuid.UUID, datetime]],
+    *,
+    pool: str,
+    until: datetime,
+    over: Sequence[int] = (),
+    conn: Conn | None = None,
+) -> list[Earlier]:
+    """For conditional claims of `pool`, (id, job, instant) each, at their instant: what
+    stands before each (`until`: past every instant; `over`: occurrences known to have
+    succeeded, their completion not written yet: not active)."""
+    return await db.rows(
+        Earlier,
+        "ConditionalEarlier",
+        {
+            "ids": [h[0] for h in held],
+            "jobs": [h[1] for h in held],
+            "instants": [h[2] for h in held],
+            "pool": pool,
+            "until": until,
+            "over": list(over),
+        },
+        conn,
+    )
+
+
+async def decide_conditional(
+    db: Database,
+    verdicts: Sequence[tuple[int, int, str]],
+    *,
+    within: Within,
+    conn: Conn | None = None,
+) -> set[int]:
+    """Apply the gate's verdicts on conditional claims not to start, (id, fence, skip |
+    back) each, to claims not started whose instants are `within` these bounds; the ids
+    decided (one missing lost its lease)."""
+    rows = await db.fetch(
+        "ConditionalDecide",
+        {
+            "ids": [v[0] for v in verdicts],
+            "fences": [v[1] for v in verdicts],
+            "verdicts": [v[2] for v in verdicts],
+            "lo": within[0],
+            "hi": within[1],
+        },
+        conn,
+    )
+    return {r["id"] for r in rows}
+
+
 async def start(
     db: Database,
     ids: Sequence[int],
@@ -227,17 +298,20 @@ async def start(
     lease_seconds: float,
     row: type[S],
     within: Within = ALL_TIME,
+    conditional: Sequence[int] = (),
     conn: Conn | None = None,
 ) -> list[S]:
     """Claim these occurrences (their instants `within` these bounds) for `worker_id`: a new
     fence each, attempt + 1, a lease; those already due start now, the others when the
     worker records their start. Each as a `row`: Started, or a subclass whose further
-    fields have defaults (the claimer's own, built from the row without a copy)."""
+    fields have defaults (the claimer's own, built from the row without a copy). Those of
+    `conditional` are claimed conditionally (decided at their instant: dispatch.gate)."""
     return await db.rows(
         row,
         "OccurrenceClaimBatch",
         {
             "ids": ids,
+            "conditional": list(conditional),
             "worker_id": worker_id,
             "lease": lease_seconds,
             "lo": within[0],

@@ -79,9 +79,21 @@ FROM (SELECT id FROM cronwell_jobs WHERE id = ANY(%(ids)b::uuid[]) ORDER BY id F
 -- name: JobActiveOccurrences
 -- Running, retrying and waiting occurrences of the given jobs (read after JobLockBatch),
 -- with their instants (the bounds of OccurrenceSettleBatch, which may cancel them).
-SELECT id, job_id, state, idempotency_key, scheduled_for FROM cronwell_occurrences
-WHERE job_id = ANY(%(ids)b::uuid[])
-  AND (state IN ('running', 'waiting') OR (state = 'pending' AND attempt > 0));
+-- `prev`, for one claimed conditionally (0019) in the claiming pool whose instant has not
+-- come by this statement's clock (read after JobLockBatch): the occurrence just before it
+-- (nominal order). It has not run, its gate is yet to decide it (its worker's timer is
+-- never early: dispatch.Claimed.due_monotonic), and that gate reads the occurrence just
+-- before it (ConditionalEarlier): a claim of that one may pass it over. NULL for the
+-- others: one probe of the job index per conditional row only.
+SELECT o.id, o.job_id, o.state, o.idempotency_key, o.scheduled_for,
+       CASE WHEN o.state = 'running' AND o.conditional_at = o.claimed_at
+                 AND o.run_at > clock_timestamp() AND o.pool = %(pool)s
+            THEN (SELECT p.id FROM cronwell_occurrences p
+                  WHERE p.job_id = o.job_id AND p.scheduled_for < o.scheduled_for
+                  ORDER BY p.scheduled_for DESC LIMIT 1) END AS prev
+FROM cronwell_occurrences o
+WHERE o.job_id = ANY(%(ids)b::uuid[])
+  AND (o.state IN ('running', 'waiting') OR (o.state = 'pending' AND o.attempt > 0));
 
 -- name: OccurrenceSettleBatch
 -- Overlap decisions for claimed candidates: skipped, waiting or cancelled (Replace).
@@ -103,18 +115,22 @@ WHERE o.id = t.id AND o.scheduled_for BETWEEN %(lo)s AND %(hi)s;
 -- unknown ones); the job is read by primary key per row (LIMIT 1 keeps the planner from a
 -- hash join that scanned every job for each batch). Bounded by the candidates' earliest
 -- and latest instant, to prune a partitioned history (see attempts.sql).
+-- `conditional`: the ids claimed conditionally (dispatch.plan_ahead: decided at their
+-- instant by dispatch.gate), marked with this claim's claimed_at (0019).
 WITH epoch AS MATERIALIZED (SELECT cronwell_fence_base() AS base),
 started AS (
     UPDATE cronwell_occurrences o
     SET state = 'running', attempt = o.attempt + 1,
         fence = (SELECT base FROM epoch) + nextval('cronwell_fence'),
         worker_id = %(worker_id)s, claimed_at = now(), reason = NULL,
+        conditional_at = CASE WHEN o.id = ANY(%(conditional)b::bigint[]) THEN now() END,
         started_at = CASE WHEN o.run_at <= now() THEN now() END,
         lease_expires_at = now() + make_interval(secs => %(lease)s)
     WHERE o.id = ANY(%(ids)b::bigint[]) AND o.scheduled_for BETWEEN %(lo)s AND %(hi)s
     RETURNING o.id, o.idempotency_key, o.job_id, o.scheduled_for, o.run_at, o.started_at,
               o.attempt, o.fence, o.delivery, o.max_attempts, o.timeout_seconds, o.origin,
-              o.claimed_at, clock_timestamp() AS db_now)
+              o.claimed_at, o.conditional_at IS NOT NULL AS conditional,
+              clock_timestamp() AS db_now)
 SELECT s.*, j.namespace, j.name, j.spec_hash
 FROM started s
 CROSS JOIN LATERAL (SELECT namespace, name, spec_hash FROM cronwell_jobs
@@ -184,3 +200,53 @@ ORDER BY i.run_at;
 -- name: DueNotify
 -- One notification per materialised batch (never per row): pool -> earliest run_at.
 SELECT pg_notify('cronwell_due', %(payload)s);
+
+-- name: ConditionalEarlier
+-- The gate of conditional claims at their instant (dispatch.gate): per claim, whether an
+-- earlier occurrence of its job is active (running, waiting or retrying, a conditional
+-- one too: the claim is skipped), and whether the one just before it (nominal order) is
+-- pending in the pool and never attempted (the claim steps aside, given back, so that the
+-- earlier one is decided first: dispatch.hold_back's rule). That one is the only earlier
+-- occurrence a claim may decide as if the conditional one were not there
+-- (JobActiveOccurrences' `prev`): while that claim is not committed it is pending here,
+-- and once committed, active. The active ones through the partial index of active
+-- occurrences, once for all the jobs; the one just before as OccurrenceCandidates'
+-- pending_before. `until`: past every claim's instant (a constant: the planner leaves out
+-- the partitions after it). `over`: running ones the worker saw succeed, their completion
+-- not written yet (completions wait while starts go first): not active.
+WITH act AS MATERIALIZED (
+    SELECT job_id, min(scheduled_for) AS first FROM cronwell_occurrences
+    WHERE job_id = ANY(%(jobs)b::uuid[])
+      AND (state IN ('running', 'waiting') OR (state = 'pending' AND attempt > 0))
+      AND id <> ALL(%(over)b::bigint[])
+    GROUP BY job_id)
+SELECT c.id, coalesce(a.first < c.scheduled_for, false) AS overlapped,
+       coalesce((SELECT p.state = 'pending' AND p.attempt = 0 AND p.pool = %(pool)s
+                 FROM cronwell_occurrences p
+                 WHERE p.job_id = c.job_id AND p.scheduled_for < c.scheduled_for
+                   AND p.scheduled_for < %(until)s
+                 ORDER BY p.scheduled_for DESC LIMIT 1), false) AS behind
+FROM unnest(%(ids)b::bigint[], %(jobs)b::uuid[], %(instants)b::timestamptz[])
+     AS c(id, job_id, scheduled_for)
+LEFT JOIN act a ON a.job_id = c.job_id;
+
+-- name: ConditionalDecide
+-- The gate's verdicts on the conditional claims that must not start, by (id, fence) pair,
+-- on claims not started: 'skip' records it skipped, never started, its attempt given back
+-- (as OccurrenceSettleBatch skips a due one); 'back' gives it back pending at its instant,
+-- attempt not consumed (as OccurrenceRelease). Returns the ids decided. Bounded by the
+-- claims' instants.
+UPDATE cronwell_occurrences o
+SET state = CASE WHEN t.verdict = 'skip' THEN 'skipped' ELSE 'pending' END,
+    reason = CASE WHEN t.verdict = 'skip' THEN 'Overlap: an earlier occurrence is still active' END,
+    finished_at = CASE WHEN t.verdict = 'skip' THEN now() END,
+    attempt = o.attempt - 1, lease_expires_at = NULL,
+    worker_id = CASE WHEN t.verdict = 'skip' THEN o.worker_id END,
+    claimed_at = CASE WHEN t.verdict = 'skip' THEN o.claimed_at END,
+    run_at = CASE WHEN t.verdict = 'skip' THEN o.run_at ELSE greatest(o.run_at, now()) END
+FROM unnest(%(ids)b::bigint[], %(fences)b::bigint[], %(verdicts)b::text[])
+     AS t(id, fence, verdict)
+WHERE o.id = ANY(%(ids)b::bigint[]) AND o.id = t.id AND o.fence = t.fence
+  AND coalesce(o.state = 'running', false) AND o.started_at IS NULL
+  AND o.scheduled_for BETWEEN %(lo)s AND %(hi)s
+RETURNING o.id;

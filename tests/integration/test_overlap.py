@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import itertools
 import random
 import uuid
 from datetime import datetime
@@ -17,9 +18,19 @@ from cronwell.scheduler import Scheduler
 from cronwell.store.claims import Candidates
 from cronwell.store.db import Database
 from tests.helpers.store import fail_dead
+from tests.helpers.wait import wait_for
 
 from .helpers import make_job, occurrences, scheduler, set_cursor, sql
-from .worker_helpers import FAR_FUTURE, due_in, state_is, trigger
+from .worker_helpers import (
+    EFFECTS_DDL,
+    FAR_FUTURE,
+    due_in,
+    handler_job,
+    marks_of,
+    running_worker,
+    state_is,
+    trigger,
+)
 
 
 async def _due(db: Database, policy: str, seconds_back: int = 4) -> Scheduler:
@@ -219,34 +230,281 @@ def test_plan_ahead_never_claims_a_newer_occurrence_before_a_pending_retry() -> 
     assert plan_ahead([b, a], [], [Active(2, job, "pending", "a", AT)]) == [2]
 
 
+def test_plan_ahead_claims_a_skip_jobs_next_occurrence_conditionally_behind_a_running_one() -> None:
+    """Of a busy job, the next occurrence is claimed ahead conditionally only when the job
+    is Skip, everything active of it is running and earlier, nothing of it is due and the
+    occurrence is fresh (not a retry); one a job per claim."""
+    jobs = [uuid.uuid4() for _ in range(8)]
+    early = datetime(2025, 12, 31)
+    late = datetime(2026, 2, 1)
+
+    def active(i: int, job: uuid.UUID, state: str, at: datetime = early) -> Active:
+        return Active(100 + i, job, state, f"k{i}", at)
+
+    ahead = [
+        _cand(1, jobs[0], "Skip", due=False),  # behind a running one: conditional
+        _cand(2, jobs[0], "Skip", due=False),  # the job's second: not in this claim
+        _cand(3, jobs[1], "Skip", due=False),  # behind a retry backing off
+        _cand(4, jobs[2], "Skip", due=False),  # behind a waiting one
+        _cand(5, jobs[3], "BufferOne", due=False),  # not Skip
+        _cand(6, jobs[4], "Skip", attempt=1, due=False),  # a retry
+        _cand(7, jobs[5], "Skip", due=False),  # something of its job is due
+        _cand(8, jobs[6], "Skip", due=False),  # the running one is later
+        _cand(9, jobs[7], "Skip", due=False),  # idle: claimed unconditionally
+    ]
+    runs = [
+        active(0, jobs[0], "running"),
+        active(1, jobs[1], "running"),
+        active(2, jobs[1], "pending"),
+        active(3, jobs[2], "waiting"),
+        active(4, jobs[3], "running"),
+        active(5, jobs[4], "running"),
+        active(6, jobs[5], "running"),
+        active(7, jobs[6], "running", late),
+    ]
+    conditional: set[int] = set()
+    run = plan_ahead(ahead, [_cand(10, jobs[5], "Skip")], runs, conditional)
+    assert (sorted(run), conditional) == ([1, 9], {1})
+    assert plan_ahead(ahead, [], runs) == [9]  # no set: nothing conditional
+
+
 async def _claim_ahead(db: Database) -> list[dispatch.Claimed]:
     return await dispatch.claim(
         db, pool="default", worker_id="w", limit=100, lease_seconds=30, ahead_seconds=60
     )
 
 
+async def _retry_in(db: Database, a: dispatch.Claimed, seconds: float) -> None:
+    """A's attempt fails; its retry is due in `seconds`."""
+    state = await dispatch.fail(
+        db,
+        occurrence_id=a.id,
+        fence=a.fence,
+        next_state="pending",
+        reason="Failed",
+        error="boom",
+        delay_seconds=seconds,
+    )
+    assert state == "pending"
+
+
+async def _row(db: Database, key: str) -> dict[str, object]:
+    (row,) = await sql(
+        db,
+        "SELECT state, attempt, reason, started_at,"
+        " coalesce(conditional_at = claimed_at, false) AS conditional"
+        " FROM cronwell_occurrences WHERE idempotency_key = %s",
+        key,
+    )
+    return row
+
+
+async def _running_and_next(db: Database, name: str) -> tuple[dispatch.Claimed, str]:
+    """A Skip job: A runs (claimed when due), B is due in 30 s."""
+    await make_job(db, name, schedule=FAR_FUTURE, concurrencyPolicy="Skip")
+    await trigger(db, name)
+    (a,) = await _claim(db)
+    b_key = await trigger(db, name)
+    await due_in(db, b_key, 30.0)
+    return a, b_key
+
+
 async def test_overlap_of_an_occurrence_claimed_ahead_is_decided_at_its_instant(
     db: Database,
 ) -> None:
-    """Skip: while A runs, B (due later) is neither claimed ahead nor skipped; A done, B is
-    claimed ahead; C, due while B runs, is skipped at its instant, not before."""
-    await make_job(db, "ov", schedule=FAR_FUTURE, concurrencyPolicy="Skip")
-    a_key = await trigger(db, "ov")
-    (a,) = await _claim(db)
-    b_key = await trigger(db, "ov")
-    await due_in(db, b_key, 30.0)
-    assert await _claim_ahead(db) == []
-    assert await state_is(db, b_key, "pending")
-    assert await dispatch.succeed(db, [(a.id, a.fence)]) == {a_key}
+    """Skip: while A runs, B (due later) is claimed ahead conditionally, not skipped; at its
+    instant its gate skips it if A is still active (never started, its attempt given back),
+    and starts it if A is done. A later C, while B runs, is skipped at its gate."""
+    a, b_key = await _running_and_next(db, "ov")
     (b,) = await _claim_ahead(db)
-    assert (b.key, b.started_at) == (b_key, None)
+    assert (b.key, b.started_at, b.conditional) == (b_key, None, True)
+    assert await _claim_ahead(db) == []  # one conditional claim of the job at a time
+    assert await dispatch.gate(db, [b], pool="default") == {b.id: dispatch.GATE_SKIP}
+    assert await _row(db, b_key) == {
+        "state": "skipped",
+        "attempt": 0,
+        "reason": "Overlap: an earlier occurrence is still active",
+        "started_at": None,
+        "conditional": True,
+    }
+
+    b2_key = await trigger(db, "ov")
+    await due_in(db, b2_key, 30.0)
+    (b2,) = await _claim_ahead(db)
+    assert b2.conditional
+    assert await dispatch.succeed(db, [(a.id, a.fence)]) == {a.key}
+    assert await dispatch.gate(db, [b2], pool="default") == {b2.id: dispatch.GATE_START}
+    assert await _row(db, b2_key) == {
+        "state": "running",  # no write: its start is recorded as for any claimed ahead
+        "attempt": 1,
+        "reason": None,
+        "started_at": None,
+        "conditional": True,
+    }
+
     c_key = await trigger(db, "ov")
     await due_in(db, c_key, 40.0)
-    assert await _claim_ahead(db) == []  # B is the job's active occurrence now
-    assert await state_is(db, c_key, "pending")
-    await due_in(db, c_key, 0.0)
-    assert await _claim_ahead(db) == []
+    (c,) = await _claim_ahead(db)
+    assert c.conditional
+    await dispatch.record_starts(db, [(b2.id, b2.fence)])
+    assert await dispatch.gate(db, [c], pool="default") == {c.id: dispatch.GATE_SKIP}
     assert await state_is(db, c_key, "skipped")
+
+
+async def test_a_run_its_worker_saw_succeed_is_not_active_at_the_gate(db: Database) -> None:
+    """A succeeded in B's worker, which has not written A's completion yet (completions
+    wait while starts go first): at B's instant A is over, and B starts, not skipped."""
+    a, _ = await _running_and_next(db, "ov")
+    (b,) = await _claim_ahead(db)
+    assert await dispatch.gate(db, [b], pool="default", over=[a.id]) == {b.id: dispatch.GATE_START}
+
+
+async def test_a_conditional_claim_is_not_decided_under_a_lost_fence(db: Database) -> None:
+    """B's gate, A still running, under a fence B no longer holds (its lease lapsed and
+    another claim holds it under a newer fence) skips nothing: B's worker must not run it,
+    and the newer claim's row is left as it is."""
+    _, b_key = await _running_and_next(db, "ov")
+    (b,) = await _claim_ahead(db)
+    await sql(
+        db,
+        "UPDATE cronwell_occurrences SET fence = fence + 1 WHERE idempotency_key = %s",
+        b_key,
+    )
+    assert await dispatch.gate(db, [b], pool="default") == {}
+    assert (await _row(db, b_key))["state"] == "running"  # untouched: the other fence's
+
+
+async def test_an_earlier_occurrence_given_back_runs_before_a_later_conditional_one(
+    db: Database,
+) -> None:
+    """Skip: A is claimed ahead, B (after A) conditionally behind it; A's worker stops and
+    gives A back unstarted. A, due, runs (B has not run: A is not skipped for overlapping
+    what comes after it) and B's gate skips B. Given back before B's gate decides, A makes
+    B step aside (given back, attempt not consumed); then A runs and B is skipped."""
+    for order in ("a_first", "gate_first"):
+        name = f"gb-{order.replace('_', '-')}"
+        await make_job(db, name, schedule=FAR_FUTURE, concurrencyPolicy="Skip")
+        a_key = await trigger(db, name)
+        await due_in(db, a_key, 20.0)
+        (a,) = await _claim_ahead(db)
+        b_key = await trigger(db, name)
+        await due_in(db, b_key, 30.0)
+        (b,) = await _claim_ahead(db)
+        assert (a.key, b.key, b.conditional) == (a_key, b_key, True)
+        assert await dispatch.release(db, [(a.id, a.fence)]) == {a_key}
+        await due_in(db, a_key, 0.0)
+        if order == "gate_first":
+            assert await dispatch.gate(db, [b], pool="default") == {b.id: dispatch.GATE_BACK}
+            assert await _row(db, b_key) == {
+                "state": "pending",
+                "attempt": 0,
+                "reason": None,
+                "started_at": None,
+                "conditional": False,
+            }
+            await due_in(db, b_key, 0.0)
+            (a2,) = await _claim(db)
+            assert a2.key == a_key
+            assert await state_is(db, b_key, "skipped")
+        else:
+            (a2,) = await _claim(db)
+            assert a2.key == a_key
+            assert await dispatch.gate(db, [b], pool="default") == {b.id: dispatch.GATE_SKIP}
+        assert await state_is(db, a_key, "running")
+
+
+async def test_a_retry_runs_before_a_later_conditional_occurrence(db: Database) -> None:
+    """Skip: A runs, B is claimed conditionally behind it; A fails and its retry is due
+    before B's instant. The retry runs (not waiting behind B, which has not run), and B's
+    gate then skips B."""
+    a, b_key = await _running_and_next(db, "rt")
+    (b,) = await _claim_ahead(db)
+    assert (b.key, b.conditional) == (b_key, True)
+    await _retry_in(db, a, 0.0)
+    (retry,) = await _claim(db)
+    assert (retry.key, retry.attempt) == (a.key, 2)
+    assert await dispatch.gate(db, [b], pool="default") == {b.id: dispatch.GATE_SKIP}
+
+
+async def test_a_worker_skips_a_skip_jobs_next_run_at_its_instant_never_two_at_once(
+    db: Database, db_url: str
+) -> None:
+    """A per-second Skip job whose runs take 1.4 s, under a worker claiming ahead: the next
+    occurrence is claimed (conditionally) while the previous one runs, and at its instant
+    the worker skips it (never started, no effect) or starts it once the previous is done.
+    The runs never overlap, and every occurrence is decided (none left running or
+    pending behind)."""
+    await sql(db, EFFECTS_DDL)
+    await make_job(
+        db,
+        "slow",
+        schedule="* * * * * *",
+        concurrencyPolicy="Skip",
+        target={"handler": {"name": "t-sleepy-effect", "payload": {"sleep": 1.4}}},
+    )
+    await set_cursor(db, "slow", "date_trunc('second', now()) + interval '2 s'")
+    s = await scheduler(db, horizon_seconds=30.0)
+    await s.materialise_until_idle()
+    await set_cursor(db, "slow", "'infinity'")  # nothing more
+    await sql(  # the instants 2-8 s from now: 6 or 7 of them
+        db,
+        "DELETE FROM cronwell_occurrences"
+        " WHERE scheduled_for > date_trunc('second', now()) + interval '8 s'",
+    )
+    keys = [o["idempotency_key"] for o in await occurrences(db, "slow")]
+    assert len(keys) >= 6
+    async with running_worker(db_url, claim_ahead_seconds=3.0, lease_seconds=10.0) as w:
+
+        async def decided() -> bool:
+            states = [o["state"] for o in await occurrences(db, "slow")]
+            return all(st in ("succeeded", "skipped") for st in states)
+
+        await wait_for(decided, 30.0, "every occurrence decided")
+    gated = [o.claimed.key for o in w.outcomes if o.result == "skipped"]
+    assert gated, [(o.claimed.key, o.result) for o in w.outcomes]  # decided at the instant
+    ran = sorted((m["t"], m["key"]) for m in marks_of(None, "start") if m["key"] in keys)
+    done = {m["key"]: m["t"] for m in marks_of(None, "done") if m["key"] in keys}
+    for (_, k1), (t2, k2) in itertools.pairwise(ran):
+        assert t2 >= done[k1], f"{k2} started before {k1} was done"
+    rows = await sql(
+        db,
+        "SELECT o.idempotency_key AS key, o.state, o.attempt, o.started_at,"
+        " (SELECT count(*) FROM test_effects e WHERE e.key = o.idempotency_key) AS effects"
+        " FROM cronwell_occurrences o JOIN cronwell_jobs j ON j.id = o.job_id"
+        " WHERE j.name = 'slow'",
+    )
+    for r in rows:
+        if r["state"] == "skipped":
+            assert (r["attempt"], r["started_at"], r["effects"]) == (0, None, 0), r
+        else:
+            assert (r["state"], r["effects"]) == ("succeeded", 1), r
+    assert {r["key"] for r in rows if r["state"] == "skipped"} >= set(gated)
+
+
+async def test_a_gate_that_cannot_read_starts_nothing(db: Database, db_url: str) -> None:
+    """B, claimed conditionally behind A, which is done by B's instant (its gate would start
+    it): the database refuses the gate's read (a migration holds the history's lock, and
+    the worker's statements give up on a lock after 0.3 s here). B does not start: the
+    worker reports it not run (given back, or left to its lease when the database refuses
+    that too)."""
+    await handler_job(db, "gf", "t-clock", concurrencyPolicy="Skip")
+    await trigger(db, "gf")
+    (a,) = await _claim(db)  # A runs, held by another worker
+    b_key = await trigger(db, "gf")
+    await due_in(db, b_key, 2.0)
+    await sql(
+        db,
+        "DO $$ BEGIN EXECUTE format('ALTER DATABASE %I SET lock_timeout = ''300ms''',"
+        " current_database()); END $$",
+    )
+    async with running_worker(db_url, claim_ahead_seconds=5.0, lease_seconds=10.0) as w:
+        await wait_for(lambda: state_is(db, b_key, "running"), 1.5, "B claimed ahead")
+        assert await dispatch.succeed(db, [(a.id, a.fence)]) == {a.key}
+        async with db.transaction() as stuck:
+            await stuck.execute("LOCK TABLE cronwell_occurrences IN ACCESS EXCLUSIVE MODE")
+            out = await w.outcome(b_key, timeout=10.0)
+    assert out.result in ("released", "stale"), out
+    assert marks_of(None, "start", b_key) == []
 
 
 async def test_a_retry_in_backoff_runs_before_a_newer_occurrence_due_first(db: Database) -> None:
@@ -255,16 +513,7 @@ async def test_a_retry_in_backoff_runs_before_a_newer_occurrence_due_first(db: D
     await make_job(db, "rb", schedule=FAR_FUTURE, concurrencyPolicy="Skip")
     a_key = await trigger(db, "rb")
     (a,) = await _claim(db)
-    state = await dispatch.fail(
-        db,
-        occurrence_id=a.id,
-        fence=a.fence,
-        next_state="pending",
-        reason="Failed",
-        error="boom",
-        delay_seconds=2.0,
-    )
-    assert state == "pending"
+    await _retry_in(db, a, 2.0)
     b_key = await trigger(db, "rb")
     await due_in(db, b_key, 1.0)
     (retry,) = await _claim_ahead(db)
@@ -292,14 +541,14 @@ def test_hold_back_leaves_a_job_behind_the_earlier_occurrence_another_claimer_ho
 
 
 def _decide_per_object(
-    cands: list[Candidate], active: list[Active], due_limit: int | None
+    cands: list[Candidate], active: list[Active], due_limit: int | None, conditional: set[int]
 ) -> tuple[list[int], list[tuple[int, str, str]]]:
     """A claim's decisions with an object per candidate (before its candidates came as
     arrays): hold_back over all, the first `due_limit` due ones decided, the rest planned."""
     kept = dispatch.hold_back(cands)
     due = [c for c in kept if c.due]
     run, settle = decide_overlap(due[:due_limit], active)
-    return run + plan_ahead([c for c in kept if not c.due], due, active), settle
+    return run + plan_ahead([c for c in kept if not c.due], due, active, conditional), settle
 
 
 def _as_arrays(cands: list[Candidate]) -> Candidates:
@@ -353,16 +602,24 @@ def test_a_claim_decides_from_its_arrays_as_with_an_object_per_candidate() -> No
             )
         # Active: a run of its own, or one of its job's candidates (a retry backing off).
         active = [
-            Active(rng.choice([200 + n, *own]), job, state, f"k{n}", AT)
+            Active(rng.choice([200 + n, *own]), job, state, f"k{n}", AT, prev)
             for n, job in enumerate(jobs)
             for own in [[c.id for c in cands if c.job_id == job]]
             if policy[job] in dispatch.SERIAL and rng.random() < 0.3
             for state in [rng.choice(["running", "waiting", "pending"])]
+            # Conditional, its instant not come: the candidate just before it, or another.
+            for prev in [rng.choice([None, None, None, *own, 300 + n])]
         ]
         due_limit = rng.choice([None, 0, 1, 3])
-        run, settle = dispatch.decide(_as_arrays(cands), active, due_limit)
-        want_run, want_settle = _decide_per_object(cands, active, due_limit)
-        assert (sorted(run), sorted(settle)) == (sorted(want_run), sorted(want_settle)), (
+        conditional: set[int] = set()
+        want_conditional: set[int] = set()
+        run, settle = dispatch.decide(_as_arrays(cands), active, due_limit, conditional)
+        want_run, want_settle = _decide_per_object(cands, active, due_limit, want_conditional)
+        assert (sorted(run), sorted(settle), conditional) == (
+            sorted(want_run),
+            sorted(want_settle),
+            want_conditional,
+        ), (
             cands,
             active,
             due_limit,

@@ -160,12 +160,49 @@ async def test_claim_start_and_spec_fetch_read_jobs_by_primary_key(db: Database)
     start = await _plan(
         db,
         "OccurrenceClaimBatch",
-        {"ids": found.ids, "worker_id": "w", "lease": 60, "lo": found.lo, "hi": found.hi},
+        {
+            "ids": found.ids,
+            "conditional": [],
+            "worker_id": "w",
+            "lease": 60,
+            "lo": found.lo,
+            "hi": found.hi,
+        },
     )
     assert "cronwell_jobs_pkey" in start and "Seq Scan" not in start, start
     jobs = await sql(db, "SELECT id FROM cronwell_jobs LIMIT 5")
     specs = await _plan(db, "JobSpecBatch", {"ids": [j["id"] for j in jobs]})
     assert "cronwell_jobs_pkey" in specs and "Seq Scan" not in specs, specs
+
+
+async def test_the_gate_of_conditional_claims_reads_by_job_not_the_whole_history(
+    db: Database,
+) -> None:
+    """The gate (ConditionalEarlier) of 500 claims among 100k occurrences reads the jobs'
+    active occurrences and the pool's due pending ones through indexes, never a whole
+    partition."""
+    async with db.connection() as conn:
+        await conn.execute(_FILL)  # type: ignore[arg-type]
+    rows = await sql(
+        db,
+        "SELECT id, job_id, scheduled_for, tableoid::regclass::text AS part"
+        " FROM cronwell_occurrences WHERE state = 'pending' LIMIT 500",
+    )
+    (part,) = {r["part"] for r in rows}  # the partition holding them (the others are empty)
+    plan = await _plan(
+        db,
+        "ConditionalEarlier",
+        {
+            "ids": [r["id"] for r in rows],
+            "jobs": [r["job_id"] for r in rows],
+            "instants": [r["scheduled_for"] for r in rows],
+            "pool": "default",
+            "until": max(r["scheduled_for"] for r in rows),
+            "over": [],
+        },
+    )
+    scans = [line.strip()[:120] for line in plan.splitlines() if f" on {part} " in line]
+    assert len(scans) == 2 and not [s for s in scans if "Seq Scan" in s], scans
 
 
 @dataclass(frozen=True, slots=True)

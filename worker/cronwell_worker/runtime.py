@@ -76,6 +76,7 @@ from cronwell.liveness import Liveness
 from cronwell.maintenance import announce_durability, process_id, this_process
 from cronwell.metrics import Metrics
 from cronwell.models import Delivery, RetryPolicy, ScheduledJobSpec
+from cronwell.schedule import key_job
 from cronwell.sdk import Context
 from cronwell.secretbox import SecretBox, SecretsKeyError
 from cronwell.settings import EgressSettings, SecretsSettings, WorkerSettings
@@ -109,7 +110,7 @@ class Outcome:
     """What happened to one attempt (for the live view, tests and metrics)."""
 
     claimed: Claimed
-    result: str  # succeeded | retry | dead | lease_lost | stale | cancelled | released
+    result: str  # succeeded | retry | dead | lease_lost | stale | cancelled | released | skipped
     error: str | None = None
     finished_monotonic: float = field(default_factory=time.monotonic)
     start_lag: float | None = None
@@ -416,12 +417,17 @@ class Worker:
         self._wake = asyncio.Event()
         # Queued fenced writes; each future learns whether the key was still held.
         self._done: list[_Queued] = []  # completions
+        self._completing: list[_Queued] = []  # the completions being written
         self._starts: list[_Queued] = []  # starts a target waits on (AtMostOnce, job)
         self._late: list[_Queued] = []  # starts of long handlers started without a write
         self._held_since: float | None = None  # completions held since (starts first)
         # Attempts claimed ahead, by instant (entries no longer waiting are dropped lazily).
         self._upcoming: list[tuple[float, int, _Running]] = []
         self._instants = Instants()
+        # Conditional claims at their instant, decided together (_pass_gate), and the
+        # transactions deciding them.
+        self._gating: list[tuple[Claimed, asyncio.Future[str | None]]] = []
+        self._gates: set[asyncio.Task[None]] = set()
         self._seq = itertools.count()
         # Started without a write, in start order: (monotonic start, attempt).
         self._unrecorded: deque[tuple[float, _Running]] = deque()
@@ -467,6 +473,8 @@ class Worker:
                 async with asyncio.timeout(10):
                     await claim
             await self._drain()
+            if self._gates:
+                await asyncio.wait(self._gates, timeout=10.0)
             # The ones given back unstarted, in one statement (stopping may hold thousands).
             await self._release(self._unstarted)
             await tasks.stop()
@@ -1011,6 +1019,8 @@ class Worker:
         try:
             if ahead:
                 await self._wait_for_instant(r)
+                if c.conditional and not await self._pass_gate(c):
+                    return False
                 await self._take_slot(r)
                 # AtMostOnce and `job`: the target runs only once its start is durable, so
                 # started_at NULL means it never ran (the reaper gives it back unconsumed).
@@ -1041,6 +1051,56 @@ class Worker:
         if c.attempt == 1:
             self._m.start_lag.observe(r.start_lag)
         return True
+
+    async def _pass_gate(self, c: Claimed) -> bool:
+        """A conditional claim at its instant (dispatch.gate): whether it may start; if not,
+        it is reported skipped, given back or stale. The conditional claims one timer
+        releases together (one loop turn) share one transaction."""
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[str | None] = loop.create_future()
+        self._gating.append((c, fut))
+        if len(self._gating) == 1:
+            loop.call_soon(self._open_gate)
+        verdict = await fut
+        if verdict == dispatch.GATE_START:
+            return True
+        if verdict is not None:  # None: given back after the gate failed (_gate_batch)
+            result = {dispatch.GATE_SKIP: "skipped", dispatch.GATE_BACK: "released"}
+            self._report(Outcome(c, result.get(verdict, "stale")))
+        return False
+
+    def _open_gate(self) -> None:
+        batch, self._gating = self._gating, []
+        task = asyncio.create_task(self._gate_batch(batch), name="gate")
+        self._gates.add(task)
+        task.add_done_callback(self._gates.discard)
+
+    async def _gate_batch(self, batch: list[tuple[Claimed, asyncio.Future[str | None]]]) -> None:
+        """Decide a batch of conditional claims; if the database does not answer, none of
+        them starts: they are given back (or left to the reaper, which gives back
+        unconsumed a conditional claim whose lease lapsed)."""
+        verdicts: dict[int, str | None] = {}
+        try:
+            # Runs of these jobs this worker saw succeed whose completion is not written yet:
+            # over, not active (the gate reads the store, which does not know it yet).
+            jobs = {str(c.job_id) for c, _ in batch}
+            over = [q[1] for q in (*self._done, *self._completing) if key_job(q[0]) in jobs]
+            verdicts = dict(
+                await dispatch.gate(
+                    self.db, [c for c, _ in batch], pool=self.settings.pool, over=over
+                )
+            )
+        except DatabaseError as e:
+            log.error(
+                "could not decide conditional claims at their instant; giving them back",
+                extra={"action": "gate_failed", "error": str(e), "n": len(batch)},
+            )
+            await self._release([c for c, _ in batch])
+            verdicts = {c.id: None for c, _ in batch}
+        finally:  # whatever happened, none waits for ever (missing: not to run)
+            for c, fut in batch:
+                if not fut.done():
+                    fut.set_result(verdicts.get(c.id, "stale"))
 
     async def _wait_for_instant(self, r: _Running) -> None:
         """Read what the attempt needs first, then sleep until its instant (meanwhile it
@@ -1320,7 +1380,11 @@ class Worker:
         late, self._late = self._late, []
         batch, self._done = self._done, []
         await self._write(late, dispatch.record_starts, "start")
-        await self._write(batch, dispatch.succeed, "completion")
+        self._completing = batch
+        try:
+            await self._write(batch, dispatch.succeed, "completion")
+        finally:
+            self._completing = []
         return False
 
     def _hold(self, now: float) -> bool:

@@ -1,0 +1,11 @@
+-- 0019: an occurrence of a Skip job claimed ahead while an earlier one of its job runs is
+-- claimed conditionally (issue 30): its worker decides its overlap at its instant
+-- (dispatch.gate). Until its instant it has not run, so a claim of an earlier occurrence
+-- of its job decides as if it were not there (the later one, at its gate, sees the earlier
+-- one and steps aside).
+--
+-- The mark is the conditional claim's own claimed_at: it holds while claimed_at is still
+-- that claim's, so every later claim (one by a worker of the previous release too, which
+-- knows nothing of it), give-back or reap ends it without writing it. Nullable, no
+-- default: no table rewrite.
+ALTER TABLE cronwell_occurrences ADD COLUMN IF NOT EXISTS conditional_at timestamptz;
