@@ -490,14 +490,14 @@ async def test_a_gate_that_cannot_read_starts_nothing(db: Database, db_url: str)
     await trigger(db, "gf")
     (a,) = await _claim(db)  # A runs, held by another worker
     b_key = await trigger(db, "gf")
-    await due_in(db, b_key, 2.0)
+    await due_in(db, b_key, 4.0)
     await sql(
         db,
         "DO $$ BEGIN EXECUTE format('ALTER DATABASE %I SET lock_timeout = ''300ms''',"
         " current_database()); END $$",
     )
     async with running_worker(db_url, claim_ahead_seconds=5.0, lease_seconds=10.0) as w:
-        await wait_for(lambda: state_is(db, b_key, "running"), 1.5, "B claimed ahead")
+        await wait_for(lambda: state_is(db, b_key, "running"), 3.0, "B claimed ahead")
         assert await dispatch.succeed(db, [(a.id, a.fence)]) == {a.key}
         async with db.transaction() as stuck:
             await stuck.execute("LOCK TABLE cronwell_occurrences IN ACCESS EXCLUSIVE MODE")
