@@ -185,7 +185,7 @@ def decide_overlap(
     for job_id, cands in by_job.items():
         # The next occurrence, claimed conditionally, its instant not come, has not run:
         # its gate (`gate`) reads the one just before it, this one, and steps aside.
-        others = [a for a in act[job_id] if a.prev is None or a.prev != cands[0].id]
+        others = [a for a in act[job_id] if a.prev != cands[0].id]
         if not others and len(cands) == 1:
             run.append(cands[0].id)  # nothing active, one candidate: every policy runs it
             continue
