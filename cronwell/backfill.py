@@ -26,7 +26,7 @@ from cronwell import dispatch, schedule
 from cronwell.errors import CronwellError, JobNotFound
 from cronwell.models import ConcurrencyPolicy, ScheduledJobSpec
 from cronwell.store import backfill as store_backfill
-from cronwell.store import clock, history_partitions
+from cronwell.store import claims, clock, history_partitions
 from cronwell.store.db import Database
 
 DEFAULT_MAX_INSTANTS = 10_000
@@ -128,6 +128,9 @@ async def backfill(
                 "backfilled runs would start at once anyway; resume it first "
                 "(`cronwell resume`), then backfill"
             )
+        # The job's claims wait while the backfill writes (the row lock keeps the
+        # materialiser and edits of the job out; claims take only this one).
+        await claims.lock_jobs(db, [job.id], conn=conn)
         now = await clock.now(db, conn)
         if end > now:
             raise BackfillError(

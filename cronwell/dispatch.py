@@ -1,6 +1,7 @@
 """Claiming, heartbeating and completing occurrences: the fenced state machine that workers
 drive and the reaper repairs. Overlap policies are decided here, at claim time, under the
-job's row lock (so one job's claims and completions are serialised, never its neighbours').
+job's lock (claims.lock_jobs: one job's claims, promotions and backfills are serialised,
+never its neighbours').
 
 Claim ahead: a claim may take occurrences due within the next few seconds; the worker
 starts each at its instant (`Claimed.due_monotonic`, its local timer aligned to the

@@ -1,5 +1,5 @@
 """Backfill (`cronwell backfill`): past instants of one job under their real keys, in the
-transaction that holds the job's row lock."""
+transaction that holds the job's row lock and its claims' lock (claims.lock_jobs)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """The claim path (cronwell/dispatch.py): due candidates, overlap decisions under the job's
-row lock, the claim itself, specs by hash, waiting promotion and the due notification."""
+lock, the claim itself, specs by hash, waiting promotion and the due notification."""
 
 from __future__ import annotations
 
@@ -190,11 +190,17 @@ async def _in_index_order(db: Database, conn: Conn | None) -> AsyncIterator[Conn
         yield c
 
 
+JOB_LOCK_CLASS = 7369
+"""The class (first key) of the jobs' advisory locks (JobLockBatch); OccurrenceTriggerLock
+uses 7368."""
+
+
 async def lock_jobs(
     db: Database, job_ids: Sequence[uuid.UUID], *, conn: Conn | None = None
 ) -> None:
-    """Lock these jobs' rows (in id order): their claims and completions serialise here."""
-    await db.scalar("JobLockBatch", {"ids": job_ids}, conn)
+    """Lock these jobs (JobLockBatch: an advisory lock each, not their rows) until the
+    transaction ends: their claims, promotions and backfills serialise here."""
+    await db.scalar("JobLockBatch", {"ids": job_ids, "lock_class": JOB_LOCK_CLASS}, conn)
 
 
 async def active(

@@ -1,4 +1,4 @@
-"""Overlap (concurrencyPolicy) decided at claim time under the job's row lock; for an
+"""Overlap (concurrencyPolicy) decided at claim time under the job's lock; for an
 occurrence claimed ahead of its instant, at its instant."""
 
 from __future__ import annotations
@@ -8,19 +8,21 @@ import dataclasses
 import itertools
 import random
 import uuid
-from datetime import datetime
+from datetime import datetime, timedelta
 
 import pytest
 
 from cronwell import dispatch
+from cronwell.backfill import backfill
 from cronwell.dispatch import Active, Candidate, decide_overlap, plan_ahead
 from cronwell.scheduler import Scheduler
+from cronwell.store import claims
 from cronwell.store.claims import Candidates
 from cronwell.store.db import Database
 from tests.helpers.store import fail_dead
 from tests.helpers.wait import wait_for
 
-from .helpers import make_job, occurrences, scheduler, set_cursor, sql
+from .helpers import db_now, make_job, occurrences, scheduler, set_cursor, sql
 from .worker_helpers import (
     EFFECTS_DDL,
     FAR_FUTURE,
@@ -663,3 +665,68 @@ async def test_a_job_moved_to_another_pool_does_not_wait_on_its_old_pools_occurr
     (b,) = await dispatch.claim(db, pool="moved", worker_id="w", limit=10, lease_seconds=30)
     assert b.key == b_key
     assert await state_is(db, a_key, "pending")
+
+
+async def _waiting_on_the_job_lock(db: Database) -> bool:
+    """Some session waits for a job's lock (claims.lock_jobs: an advisory lock)."""
+    rows = await sql(
+        db,
+        "SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND classid = %s AND NOT granted",
+        claims.JOB_LOCK_CLASS,
+    )
+    return bool(rows)
+
+
+async def test_a_claim_does_not_wait_for_the_materialisers_lock_on_its_job(db: Database) -> None:
+    """The materialiser holds its batch of job rows (FOR UPDATE) while it inserts their
+    occurrences: a claim of a serialised job's due occurrence decides it meanwhile. It
+    took the job's row lock before, and waited for the materialiser's whole batch."""
+    job = await make_job(db, "ov", schedule=FAR_FUTURE, concurrencyPolicy="Skip")
+    key = await trigger(db, "ov")
+    async with db.transaction() as materialiser:
+        await materialiser.execute(
+            "SELECT id FROM cronwell_jobs WHERE id = %s FOR UPDATE", (job.id,)
+        )
+        (c,) = await asyncio.wait_for(_claim(db), 30)
+        assert c.key == key
+        assert await state_is(db, key, "running")
+
+
+async def test_claims_of_one_job_wait_for_each_other(db: Database) -> None:
+    """The job's lock is real: while another transaction holds it (a claim deciding the
+    job, a promotion, a backfill), a claim of the job's occurrence waits, then decides it
+    with what that transaction wrote (here: an earlier run of the job, running)."""
+    job = await make_job(db, "ov", schedule=FAR_FUTURE, concurrencyPolicy="Skip")
+    key = await trigger(db, "ov")
+    async with db.transaction() as holder:
+        await claims.lock_jobs(db, [job.id], conn=holder)
+        claim = asyncio.create_task(_claim(db))
+        await wait_for(lambda: _waiting_on_the_job_lock(db), 10, "the claim to wait for the lock")
+        assert not claim.done()
+        await holder.execute(
+            "INSERT INTO cronwell_occurrences (idempotency_key, job_id, pool, scheduled_for,"
+            " run_at, state, overlap, delivery, max_attempts, timeout_seconds, attempt, fence,"
+            " worker_id, claimed_at, started_at, lease_expires_at)"
+            " SELECT 'earlier', %s, 'default', now() - interval '1 minute',"
+            " now() - interval '1 minute', 'running', 'Skip', 'AtLeastOnce', 1, 60, 1, 1, 'x',"
+            " now(), now(), now() + interval '1 minute'",
+            (job.id,),
+        )
+    assert await asyncio.wait_for(claim, 30) == []
+    assert await state_is(db, key, "skipped")
+
+
+async def test_a_backfill_takes_the_jobs_lock(db: Database) -> None:
+    """A backfill writes a job's earlier occurrences under the job's lock: it waits for a
+    claim deciding the job, and a claim waits for it."""
+    job = await make_job(db, "ov", schedule="* * * * *", concurrencyPolicy="Skip")
+    end = (await db_now(db)).replace(second=0, microsecond=0) - timedelta(minutes=1)
+    async with db.transaction() as holder:
+        await claims.lock_jobs(db, [job.id], conn=holder)
+        run = asyncio.create_task(
+            backfill(db, namespace="default", name="ov", start=end - timedelta(minutes=3), end=end)
+        )
+        await wait_for(lambda: _waiting_on_the_job_lock(db), 10, "the backfill to wait")
+        assert not run.done()
+    result = await asyncio.wait_for(run, 30)
+    assert len(result.created) == 4

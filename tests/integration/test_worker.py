@@ -616,19 +616,22 @@ async def test_second_stop_cancels_and_records_the_attempt(db: Database, db_url:
 
 
 async def test_stop_releases_claimed_but_unstarted_occurrences(db: Database, db_url: str) -> None:
-    """stop() arrives while a claim is in flight (held up by a lock on the job row): what
-    it claimed is given back, pending again with its attempt not consumed."""
+    """stop() arrives while a claim is in flight (held up by the job's lock, which another
+    claim holds): what it claimed is given back, pending again with its attempt not
+    consumed."""
     await handler_job(db, "unstarted", "t-sleepy-effect")
     key = await trigger(db, "unstarted")
+    (job,) = await sql(db, "SELECT id FROM cronwell_jobs WHERE name = 'unstarted'")
     async with await psycopg.AsyncConnection.connect(db_url) as locker:
-        await locker.execute("SELECT id FROM cronwell_jobs WHERE name = 'unstarted' FOR UPDATE")
+        await claims.lock_jobs(db, [job["id"]], conn=locker)
         async with running_worker(db_url) as w:
 
             async def claim_blocked() -> bool:
                 rows = await sql(
                     db,
-                    "SELECT 1 FROM pg_stat_activity WHERE datname = current_database() "
-                    "AND wait_event_type = 'Lock' AND query LIKE '%%cronwell_jobs%%FOR UPDATE%%'",
+                    "SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND classid = %s"
+                    " AND NOT granted",
+                    claims.JOB_LOCK_CLASS,
                 )
                 return bool(rows)
 
