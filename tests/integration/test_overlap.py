@@ -668,10 +668,11 @@ async def test_a_job_moved_to_another_pool_does_not_wait_on_its_old_pools_occurr
 
 
 async def _waiting_on_the_job_lock(db: Database) -> bool:
-    """Some session waits for a job's lock (claims.lock_jobs: an advisory lock)."""
+    """Some session of this database waits for a job's lock (claims.lock_jobs)."""
     rows = await sql(
         db,
-        "SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND classid = %s AND NOT granted",
+        "SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND classid = %s AND NOT granted"
+        " AND database = (SELECT oid FROM pg_database WHERE datname = current_database())",
         claims.JOB_LOCK_CLASS,
     )
     return bool(rows)
@@ -717,8 +718,8 @@ async def test_claims_of_one_job_wait_for_each_other(db: Database) -> None:
 
 
 async def test_a_backfill_takes_the_jobs_lock(db: Database) -> None:
-    """A backfill writes a job's earlier occurrences under the job's lock: it waits for a
-    claim deciding the job, and a claim waits for it."""
+    """A backfill writes a job's earlier occurrences under the job's lock: it waits while
+    a claim deciding the job holds it (and a claim waits for it: the same lock, above)."""
     job = await make_job(db, "ov", schedule="* * * * *", concurrencyPolicy="Skip")
     end = (await db_now(db)).replace(second=0, microsecond=0) - timedelta(minutes=1)
     async with db.transaction() as holder:

@@ -630,7 +630,8 @@ async def test_stop_releases_claimed_but_unstarted_occurrences(db: Database, db_
                 rows = await sql(
                     db,
                     "SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND classid = %s"
-                    " AND NOT granted",
+                    " AND NOT granted AND database ="
+                    " (SELECT oid FROM pg_database WHERE datname = current_database())",
                     claims.JOB_LOCK_CLASS,
                 )
                 return bool(rows)
