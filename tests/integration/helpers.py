@@ -10,7 +10,7 @@ from cronwell import jobs, partitions
 from cronwell.models import ScheduledJobSpec
 from cronwell.scheduler import Scheduler
 from cronwell.settings import SchedulerSettings
-from cronwell.store import clock
+from cronwell.store import claims, clock
 from cronwell.store.db import Database
 
 
@@ -101,6 +101,18 @@ async def sql(db: Database, query: str, *args: Any) -> list[dict[str, Any]]:
     async with db.connection() as conn:
         cur = await conn.execute(query, args or None)
         return [dict(r) for r in await cur.fetchall()] if cur.description else []
+
+
+async def waiting_for_a_job_lock(db: Database) -> bool:
+    """Whether a session of this database waits for a job's lock (claims.lock_jobs: an
+    advisory lock; pg_locks is the whole server's)."""
+    rows = await sql(
+        db,
+        "SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND classid = %s AND NOT granted"
+        " AND database = (SELECT oid FROM pg_database WHERE datname = current_database())",
+        claims.JOB_LOCK_CLASS,
+    )
+    return bool(rows)
 
 
 async def db_now(db: Database) -> datetime:

@@ -22,7 +22,15 @@ from cronwell.store.db import Database
 from tests.helpers.store import fail_dead
 from tests.helpers.wait import wait_for
 
-from .helpers import db_now, make_job, occurrences, scheduler, set_cursor, sql
+from .helpers import (
+    db_now,
+    make_job,
+    occurrences,
+    scheduler,
+    set_cursor,
+    sql,
+    waiting_for_a_job_lock,
+)
 from .worker_helpers import (
     EFFECTS_DDL,
     FAR_FUTURE,
@@ -667,17 +675,6 @@ async def test_a_job_moved_to_another_pool_does_not_wait_on_its_old_pools_occurr
     assert await state_is(db, a_key, "pending")
 
 
-async def _waiting_on_the_job_lock(db: Database) -> bool:
-    """Some session of this database waits for a job's lock (claims.lock_jobs)."""
-    rows = await sql(
-        db,
-        "SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND classid = %s AND NOT granted"
-        " AND database = (SELECT oid FROM pg_database WHERE datname = current_database())",
-        claims.JOB_LOCK_CLASS,
-    )
-    return bool(rows)
-
-
 async def test_a_claim_does_not_wait_for_the_materialisers_lock_on_its_job(db: Database) -> None:
     """The materialiser holds its batch of job rows (FOR UPDATE) while it inserts their
     occurrences: a claim of a serialised job's due occurrence decides it meanwhile. It
@@ -702,7 +699,7 @@ async def test_claims_of_one_job_wait_for_each_other(db: Database) -> None:
     async with db.transaction() as holder:
         await claims.lock_jobs(db, [job.id], conn=holder)
         claim = asyncio.create_task(_claim(db))
-        await wait_for(lambda: _waiting_on_the_job_lock(db), 10, "the claim to wait for the lock")
+        await wait_for(lambda: waiting_for_a_job_lock(db), 10, "the claim to wait for the lock")
         assert not claim.done()
         await holder.execute(
             "INSERT INTO cronwell_occurrences (idempotency_key, job_id, pool, scheduled_for,"
@@ -727,7 +724,7 @@ async def test_a_backfill_takes_the_jobs_lock(db: Database) -> None:
         run = asyncio.create_task(
             backfill(db, namespace="default", name="ov", start=end - timedelta(minutes=3), end=end)
         )
-        await wait_for(lambda: _waiting_on_the_job_lock(db), 10, "the backfill to wait")
+        await wait_for(lambda: waiting_for_a_job_lock(db), 10, "the backfill to wait")
         assert not run.done()
     result = await asyncio.wait_for(run, 30)
     assert len(result.created) == 4

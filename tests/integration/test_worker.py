@@ -27,7 +27,7 @@ from cronwell.store.db import Database
 from cronwell_worker.runtime import Worker, backoff_seconds, plan_claims, self_fence_margin
 from tests.helpers.wait import wait_for
 
-from .helpers import db_now, make_job, sql
+from .helpers import db_now, make_job, sql, waiting_for_a_job_lock
 from .worker_helpers import (
     CONTROL,
     EFFECTS_DDL,
@@ -625,18 +625,9 @@ async def test_stop_releases_claimed_but_unstarted_occurrences(db: Database, db_
     async with await psycopg.AsyncConnection.connect(db_url) as locker:
         await claims.lock_jobs(db, [job["id"]], conn=locker)
         async with running_worker(db_url) as w:
-
-            async def claim_blocked() -> bool:
-                rows = await sql(
-                    db,
-                    "SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND classid = %s"
-                    " AND NOT granted AND database ="
-                    " (SELECT oid FROM pg_database WHERE datname = current_database())",
-                    claims.JOB_LOCK_CLASS,
-                )
-                return bool(rows)
-
-            await wait_for(claim_blocked, 10, "the claim to wait for the job lock")
+            await wait_for(
+                lambda: waiting_for_a_job_lock(db), 10, "the claim to wait for the job lock"
+            )
             w.worker.stop()
             await locker.rollback()
             await asyncio.wait_for(asyncio.shield(w.task), 10)
