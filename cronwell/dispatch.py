@@ -20,6 +20,12 @@ per-second jobs: the late phase"). Until its instant it has not run, so a claim 
 occurrence just before it (given back by a stopping worker, or a retry of it) decides as
 if it were not there, and the later one, at its gate, sees that one and steps aside.
 
+The claims of a pool take turns (`ClaimTurn`): each takes the oldest due rows, none
+stepped over because another claimer holds them. The turn is a preference only: a claim
+that waited `TURN_WAIT_SECONDS` for it (its holder paused or cut off mid-claim) goes ahead
+beside the holder, as every claim did before, and so does the next of its worker's until a
+claim finds the turn free again.
+
 Claimers skip each other's locked candidates (SKIP LOCKED), so one may see a serialised
 job's later occurrence while another holds the earlier one; deciding the later one then
 would run (or claim ahead) occurrences out of order and skip the earlier one as
@@ -47,6 +53,24 @@ SERIAL = {p.value for p in ConcurrencyPolicy} - {ConcurrencyPolicy.ALLOW.value}
 SERIAL_ORDER = sorted(SERIAL)  # as a query parameter
 BUFFERED = {ConcurrencyPolicy.BUFFER_ONE.value, ConcurrencyPolicy.BUFFER_ALL.value}
 BUFFERED_ORDER = sorted(BUFFERED)  # as a query parameter
+
+
+TURN_WAIT_SECONDS = 0.2
+"""The longest a claim waits for its pool's turn: a few claims' time (a claim of 500 takes
+10-30 ms); beyond it the holder is taken to be stuck (bench/README.md, "Claims take turns")."""
+
+
+class ClaimTurn:
+    """A worker's wait for its pool's turn to claim: `TURN_WAIT_SECONDS`, or none after a
+    claim that waited that long without it (a stuck holder would cost every claim the whole
+    wait), until a claim finds the turn free."""
+
+    def __init__(self) -> None:
+        self.wait_seconds = TURN_WAIT_SECONDS
+
+    def after(self, taken: bool) -> None:
+        """Record whether the last claim got the turn."""
+        self.wait_seconds = TURN_WAIT_SECONDS if taken else 0.0
 
 
 @row_class
@@ -238,6 +262,7 @@ async def claim(
     ahead_seconds: float = 0.0,
     due_limit: int | None = None,
     until: datetime | None = None,
+    turn: ClaimTurn | None = None,
 ) -> list[Claimed]:
     """Claim up to `limit` occurrences of `pool` due now or within `ahead_seconds` (see the
     module's docstring): one transaction, a few round trips. Overlap is decided for the due
@@ -247,8 +272,13 @@ async def claim(
 
     Specs are fetched only for hashes not in `known_specs` (one job per hash): in a burst of
     jobs sharing a spec, one spec is read and parsed, not one per occurrence. `until`:
-    candidates' instants before it only (claims.candidates; None: no bound)."""
+    candidates' instants before it only (claims.candidates; None: no bound). `turn`: the
+    caller's wait for the pool's turn (None: `TURN_WAIT_SECONDS`)."""
     async with db.transaction() as conn:
+        wait = TURN_WAIT_SECONDS if turn is None else turn.wait_seconds
+        taken = await claims.take_turn(db, pool=pool, wait_seconds=wait, conn=conn)
+        if turn is not None:
+            turn.after(taken)
         found = await claims.candidates(
             db,
             pool=pool,
@@ -257,6 +287,7 @@ async def claim(
             ahead_seconds=ahead_seconds,
             until=until,
             conn=conn,
+            turn_taken=True,
         )
         if not found.ids:
             return []

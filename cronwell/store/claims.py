@@ -153,6 +153,20 @@ LATEST = datetime(9999, 12, 31, tzinfo=UTC)
 for the same reason: a generic plan leaves out no partition with `x IS NULL OR ...`)."""
 
 
+CLAIM_TURN_CLASS = 7370
+"""The class (first key) of the pools' claim turns (ClaimTurn; the second key is the hash of
+the pool's name)."""
+
+
+async def take_turn(db: Database, *, pool: str, wait_seconds: float, conn: Conn) -> bool:
+    """Take `pool`'s turn to claim for the rest of the transaction `conn`, waiting at most
+    `wait_seconds` for the claim holding it (0: only if free); whether it was taken. The
+    transaction plans no sort from here (as InIndexOrder: `candidates(..., turn_taken=True)`
+    need not say it again)."""
+    params = {"lock_class": CLAIM_TURN_CLASS, "pool": pool, "wait_ms": round(wait_seconds * 1000)}
+    return bool(await db.scalar("ClaimTurn", params, conn))
+
+
 async def candidates(
     db: Database,
     *,
@@ -162,13 +176,15 @@ async def candidates(
     ahead_seconds: float = 0.0,
     until: datetime | None = None,
     conn: Conn | None = None,
+    turn_taken: bool = False,
 ) -> Candidates:
     """Pending occurrences of `pool` due within `ahead_seconds`, oldest first, locked
     against other claimers, as arrays; `serial`: the overlap policies that serialise a
     job's occurrences (only their candidates carry `Candidate`'s columns); `until`: only
     instants before it (see the query: it keeps the partitions created ahead out of the
     plan). `conn`: the claim's transaction (the rest of it plans no sort: InIndexOrder);
-    without one, a transaction of its own."""
+    without one, a transaction of its own. `turn_taken`: `take_turn` ran in `conn` (it
+    said InIndexOrder's setting already)."""
     params = {
         "pool": pool,
         "limit": limit,
@@ -176,9 +192,12 @@ async def candidates(
         "serial": list(serial),
         "until": LATEST if until is None else until,
     }
+    if turn_taken and conn is not None:
+        (found,) = await db.rows(Candidates, "OccurrenceClaimCandidates", params, conn)
+        return found  # an aggregate: always one row
     async with _in_index_order(db, conn) as c:
         (found,) = await db.rows(Candidates, "OccurrenceClaimCandidates", params, c)
-    return found  # an aggregate: always one row
+    return found
 
 
 @contextlib.asynccontextmanager
@@ -192,7 +211,7 @@ async def _in_index_order(db: Database, conn: Conn | None) -> AsyncIterator[Conn
 
 JOB_LOCK_CLASS = 7369
 """The class (first key) of the jobs' advisory locks (JobLockBatch); OccurrenceTriggerLock
-uses 7368."""
+uses 7368, ClaimTurn 7370."""
 
 
 async def lock_jobs(

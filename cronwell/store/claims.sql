@@ -14,6 +14,15 @@
 -- true)`: local to the transaction, so the caller runs this in one.
 SELECT set_config('enable_sort', 'off', true);
 
+-- name: ClaimTurn
+-- A claim's first statement: the pool's turn to claim (migration 0020:
+-- cronwell_claim_turn), held until the claim's transaction ends, waiting at most `wait_ms`
+-- for the claim before it (0: only if free); and, as InIndexOrder, no sort planned for
+-- the rest of the transaction (one round trip for both). `turn`: whether this claim has
+-- the turn (without it, it goes ahead beside the holder).
+SELECT cronwell_claim_turn(%(lock_class)s, hashtext(%(pool)s), %(wait_ms)s) AS turn,
+       set_config('enable_sort', 'off', true) AS enable_sort;
+
 -- name: OccurrenceClaimCandidates
 -- Pending occurrences of a pool due now or within the next `ahead` seconds (claim ahead),
 -- oldest first, locked against other workers, as one row of arrays in that order (a burst's

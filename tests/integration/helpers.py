@@ -103,16 +103,22 @@ async def sql(db: Database, query: str, *args: Any) -> list[dict[str, Any]]:
         return [dict(r) for r in await cur.fetchall()] if cur.description else []
 
 
-async def waiting_for_a_job_lock(db: Database) -> bool:
-    """Whether a session of this database waits for a job's lock (claims.lock_jobs: an
-    advisory lock; pg_locks is the whole server's)."""
+async def waiting_for_an_advisory_lock(db: Database, lock_class: int) -> bool:
+    """Whether a session of this database waits for an advisory lock of `lock_class`
+    (claims.JOB_LOCK_CLASS: a job's lock; claims.CLAIM_TURN_CLASS: a pool's turn to claim;
+    pg_locks is the whole server's)."""
     rows = await sql(
         db,
         "SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND classid = %s AND NOT granted"
         " AND database = (SELECT oid FROM pg_database WHERE datname = current_database())",
-        claims.JOB_LOCK_CLASS,
+        lock_class,
     )
     return bool(rows)
+
+
+async def waiting_for_a_job_lock(db: Database) -> bool:
+    """Whether a session of this database waits for a job's lock (claims.lock_jobs)."""
+    return await waiting_for_an_advisory_lock(db, claims.JOB_LOCK_CLASS)
 
 
 async def db_now(db: Database) -> datetime:

@@ -30,6 +30,7 @@ from .helpers import (
     set_cursor,
     sql,
     waiting_for_a_job_lock,
+    waiting_for_an_advisory_lock,
 )
 from .worker_helpers import (
     EFFECTS_DDL,
@@ -712,6 +713,75 @@ async def test_claims_of_one_job_wait_for_each_other(db: Database) -> None:
         )
     assert await asyncio.wait_for(claim, 30) == []
     assert await state_is(db, key, "skipped")
+
+
+async def test_claims_of_a_pool_take_turns(db: Database) -> None:
+    """While a claim of the pool holds its turn, the next claim waits for it rather than
+    claiming beside it, then claims what the first left (here: everything)."""
+    await make_job(db, "ov", schedule=FAR_FUTURE)
+    key = await trigger(db, "ov")
+    turn = dispatch.ClaimTurn()
+    turn.wait_seconds = 60  # a hang guard only: the holder lets go below
+    async with db.transaction() as holder:
+        assert await claims.take_turn(db, pool="default", wait_seconds=0, conn=holder)
+        claim = asyncio.create_task(
+            dispatch.claim(db, pool="default", worker_id="w", limit=10, lease_seconds=30, turn=turn)
+        )
+        await wait_for(
+            lambda: waiting_for_an_advisory_lock(db, claims.CLAIM_TURN_CLASS),
+            10,
+            "the claim to wait for the pool's turn",
+        )
+        assert not claim.done()
+        assert await state_is(db, key, "pending")
+    assert [c.key for c in await asyncio.wait_for(claim, 30)] == [key]
+    assert turn.wait_seconds == dispatch.TURN_WAIT_SECONDS
+
+
+async def test_a_claim_goes_ahead_of_a_turn_that_is_not_let_go(db: Database) -> None:
+    """The turn is a preference: a claim that waited TURN_WAIT_SECONDS for a holder that
+    never lets go (paused mid-claim) claims beside it; its worker's next claims do not wait
+    for the turn until one finds it free."""
+    await make_job(db, "ov", schedule=FAR_FUTURE, concurrencyPolicy="Allow")
+    first, second = await trigger(db, "ov"), await trigger(db, "ov")
+    turn = dispatch.ClaimTurn()
+    async with db.transaction() as holder:
+        assert await claims.take_turn(db, pool="default", wait_seconds=0, conn=holder)
+        (c,) = await dispatch.claim(
+            db, pool="default", worker_id="w", limit=1, lease_seconds=30, turn=turn
+        )
+        assert c.key == first
+        assert turn.wait_seconds == 0  # the next claim only tries
+        (c,) = await dispatch.claim(
+            db, pool="default", worker_id="w", limit=1, lease_seconds=30, turn=turn
+        )
+        assert c.key == second
+        assert turn.wait_seconds == 0
+    assert (
+        await dispatch.claim(
+            db, pool="default", worker_id="w", limit=1, lease_seconds=30, turn=turn
+        )
+        == []
+    )
+    assert turn.wait_seconds == dispatch.TURN_WAIT_SECONDS  # the turn was free
+
+
+async def test_waiting_for_the_turn_leaves_the_lock_timeout_as_it_was(db: Database) -> None:
+    """The turn's bounded wait sets lock_timeout for that wait only: the claim's later
+    waits (the jobs' locks) keep the session's setting, whether the turn came or not."""
+    async with db.transaction() as holder:
+        assert await claims.take_turn(db, pool="default", wait_seconds=0, conn=holder)
+        async with db.transaction() as conn:
+            await conn.execute("SET LOCAL lock_timeout = '7s'")
+            assert not await claims.take_turn(db, pool="default", wait_seconds=0.05, conn=conn)
+            cur = await conn.execute("SELECT current_setting('lock_timeout') AS t")
+            assert (await cur.fetchone() or {})["t"] == "7s"
+    async with db.transaction() as conn:
+        await conn.execute("SET LOCAL lock_timeout = '7s'")
+        assert await claims.take_turn(db, pool="default", wait_seconds=0.05, conn=conn)
+        assert await claims.take_turn(db, pool="other", wait_seconds=0.05, conn=conn)
+        cur = await conn.execute("SELECT current_setting('lock_timeout') AS t")
+        assert (await cur.fetchone() or {})["t"] == "7s"
 
 
 async def test_a_backfill_takes_the_jobs_lock(db: Database) -> None:

@@ -404,6 +404,7 @@ class Worker:
         self._slot_queue: deque[asyncio.Future[None]] = deque()  # due, waiting for a slot
         self._unstarted: list[Claimed] = []  # claimed ahead, stopped before their start
         self._claim_rate = CLAIM_RATE_GUESS  # occurrences per second, measured
+        self._turn = dispatch.ClaimTurn()  # the wait for the pool's turn to claim
         self._coming: _Coming | None = None
         self._workers = 1  # the pool's live workers at the last look that counted them
         self._seen: dict[datetime, int] = {}  # instant -> most occurrences seen due at it
@@ -769,6 +770,7 @@ class Worker:
             ahead_seconds=window,
             due_limit=max(0, free),
             until=self._until(),
+            turn=self._turn,
         )
         took = time.monotonic() - sent
         # Full claims of at least half a batch: a few due ones claimed into freed slots
