@@ -11,8 +11,8 @@
 -- still are): a claim that waited `wait_ms` without getting it (the holder paused or cut
 -- off mid-claim: its lock lasts as long as its transaction) claims beside the holder as
 -- before. Only a claim that finds the turn taken enters the exception block (a
--- subtransaction); the lock it acquires there stays with the claim's transaction. lock_timeout is set for
--- that wait only and put back.
+-- subtransaction); the lock it acquires there stays with the claim's transaction.
+-- lock_timeout is set for that wait only and put back.
 CREATE OR REPLACE FUNCTION cronwell_claim_turn(lock_class integer, lock_key integer,
                                                wait_ms integer) RETURNS boolean
 LANGUAGE plpgsql AS $$
