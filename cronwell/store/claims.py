@@ -192,20 +192,20 @@ async def candidates(
         "serial": list(serial),
         "until": LATEST if until is None else until,
     }
-    if turn_taken and conn is not None:
-        (found,) = await db.rows(Candidates, "OccurrenceClaimCandidates", params, conn)
-        return found  # an aggregate: always one row
-    async with _in_index_order(db, conn) as c:
+    async with _in_index_order(db, conn, said=turn_taken) as c:
         (found,) = await db.rows(Candidates, "OccurrenceClaimCandidates", params, c)
-    return found
+    return found  # an aggregate: always one row
 
 
 @contextlib.asynccontextmanager
-async def _in_index_order(db: Database, conn: Conn | None) -> AsyncIterator[Conn]:
+async def _in_index_order(
+    db: Database, conn: Conn | None, *, said: bool = False
+) -> AsyncIterator[Conn]:
     """`conn` (a transaction), or a transaction of its own, planning no sort from here on
-    (InIndexOrder)."""
+    (InIndexOrder; `said`: a statement of `conn` set it already, ClaimTurn)."""
     async with db.within(conn) as c:
-        await db.execute("InIndexOrder", None, c)
+        if conn is None or not said:
+            await db.execute("InIndexOrder", None, c)
         yield c
 
 
