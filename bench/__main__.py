@@ -25,6 +25,7 @@ from typing import Any
 import psycopg
 
 from bench import (
+    anatomy,
     burst,
     ceiling,
     forecast,
@@ -69,6 +70,7 @@ SECTIONS = (
     "growth",
     "profile",
     "statements",
+    "anatomy",
     "status",
     "prescale",
     "retention",
@@ -368,6 +370,12 @@ async def main() -> None:
     ap.add_argument(
         "--statements-jobs", type=int, default=10_000, help="statements: no-op burst size"
     )
+    ap.add_argument(
+        "--anatomy-rounds",
+        type=int,
+        default=400,
+        help="anatomy: batches of 250 occurrences measured per schema variant",
+    )
     ap.add_argument("--prescale-n", type=int, default=50_000, help="prescale: burst size")
     ap.add_argument(
         "--prescale-duration", type=float, default=0.2, help="prescale: handler seconds"
@@ -664,6 +672,8 @@ async def main() -> None:
                     return counts | {k: figs.get(k) for k in keep + cpu}
 
                 await section("statements", counted())
+            if "anatomy" in only:
+                await section("anatomy", anatomy.anatomy(args.anatomy_rounds))
             if "schedule" in only:
                 await section("schedule", _now(schedule.schedule_bench(args.schedule_calls)))
             if "status" in only:
