@@ -72,6 +72,37 @@ async def announce_durability(db: Database) -> None:
     )
 
 
+async def announce_lock_table(db: Database, claim_batch_size: int) -> None:
+    """A startup warning when one claim can take more advisory locks (one per serialised
+    job among its candidates) than this process's connections bring to PostgreSQL's shared
+    lock table: the fleet could fill it, and a claim that finds it full fails with "out of
+    shared memory" (retried, but a burst's claims with it). docs/architecture.md, "The
+    job's lock"."""
+    try:
+        per_connection = await claims.lock_slots_per_connection(db)
+    except DatabaseError as err:
+        log.warning(f"cannot read the database's lock table size: {err}")
+        return
+    connections = db.pool.max_size
+    if claim_batch_size <= per_connection * connections:
+        return
+    log.warning(
+        f"a claim of up to {claim_batch_size} occurrences (CRONWELL_CLAIM_BATCH_SIZE) can "
+        f"hold that many job locks, more than the {per_connection * connections} slots this "
+        f"worker's {connections} connections bring to PostgreSQL's lock table "
+        f"(max_locks_per_transaction = {per_connection}): raise max_locks_per_transaction "
+        f"to at least {-(-claim_batch_size // connections)} on the server, or lower "
+        "CRONWELL_CLAIM_BATCH_SIZE; else a claim that finds the table full fails with "
+        "'out of shared memory' and is retried",
+        extra={
+            "action": "lock_table_small",
+            "claim_batch_size": claim_batch_size,
+            "max_locks_per_transaction": per_connection,
+            "connections": connections,
+        },
+    )
+
+
 def this_process(
     id: str, role: str, *, pool: str | None, concurrency: int | None, running: int
 ) -> ProcessEntry:

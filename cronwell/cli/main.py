@@ -74,10 +74,11 @@ class Env:
         `reads`: the command has reads that tolerate staleness (`db.reads`): with a read
         URL configured they go to that replica."""
         s = self.db_settings
+        size = pool_size(s, max_size)
         db = Database(
             self.url(),
             min_size=s.pool_min_size,
-            max_size=max_size or s.pool_max_size,
+            max_size=size,
             connect_timeout_seconds=s.connect_timeout_seconds,
             deadline_seconds=s.deadline_seconds,
         )
@@ -91,10 +92,18 @@ class Env:
                 self.read_url() if reads else None,
                 max_lag_seconds=s.database_read_max_lag_seconds,
                 check_seconds=s.database_read_check_seconds,
-                max_size=max_size or s.pool_max_size,
+                max_size=size,
                 deadline_seconds=s.deadline_seconds,
             ):
                 yield db
+
+
+def pool_size(settings: DatabaseSettings, command_default: int | None) -> int:
+    """Connections of a command's pool: CRONWELL_POOL_MAX_SIZE when it is set, else the
+    command's own default (the outbox relay 4, `cronwell dev` 10), else the setting's (8)."""
+    if "pool_max_size" in settings.model_fields_set:
+        return settings.pool_max_size
+    return command_default or settings.pool_max_size
 
 
 def given_url(url: str | None, url_file: Path | None, variable: str) -> str | None:

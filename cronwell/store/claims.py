@@ -222,6 +222,11 @@ async def lock_jobs(
     await db.scalar("JobLockBatch", {"ids": job_ids, "lock_class": JOB_LOCK_CLASS}, conn)
 
 
+async def lock_slots_per_connection(db: Database) -> int:
+    """PostgreSQL's `max_locks_per_transaction` (LockSlotsPerConnection)."""
+    return int(await db.scalar("LockSlotsPerConnection", {}))
+
+
 async def active(
     db: Database, job_ids: Sequence[uuid.UUID], *, pool: str, conn: Conn | None = None
 ) -> list[Active]:

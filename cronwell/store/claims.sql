@@ -94,6 +94,13 @@ FROM (SELECT o.id, o.job_id, o.overlap, o.attempt, o.scheduled_for, o.run_at,
 SELECT count(pg_advisory_xact_lock(%(lock_class)s, k)) AS locked
 FROM (SELECT DISTINCT hashtext(i::text) AS k FROM unnest(%(ids)b::uuid[]) i ORDER BY 1) h;
 
+-- name: LockSlotsPerConnection
+-- The slots each connection of max_connections brings to PostgreSQL's shared lock table
+-- (max_locks_per_transaction): a claim holds an advisory lock per serialised job among its
+-- candidates (JobLockBatch), so a claim batch larger than a worker's connections' share
+-- can fill the table (maintenance.announce_lock_table).
+SELECT current_setting('max_locks_per_transaction')::int AS slots;
+
 -- name: JobActiveOccurrences
 -- Running, retrying and waiting occurrences of the given jobs (read after JobLockBatch),
 -- with their instants (the bounds of OccurrenceSettleBatch, which may cancel them).

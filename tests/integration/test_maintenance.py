@@ -329,3 +329,22 @@ async def test_status_change_reads_skip_jobs_that_back_off(db: Database) -> None
     assert {r.job_id for r in head} == {stuck.id}
     rows = await status_changes.read(db, limit=5, skip=[stuck.id])
     assert [r.job_id for r in rows] == [fine.id]
+
+
+async def test_a_claim_batch_beyond_the_lock_tables_share_is_warned_of_at_start(
+    db: Database, caplog: Any
+) -> None:
+    """One advisory lock per serialised job a claim decides: a batch larger than the slots
+    this process's connections bring (max_locks_per_transaction each) gets a warning that
+    says what to raise; one within them gets none."""
+    per_connection = int(await db.scalar("LockSlotsPerConnection"))
+    share = per_connection * db.pool.max_size
+    caplog.set_level("WARNING", logger="cronwell.maintenance")
+    await maintenance.announce_lock_table(db, share)
+    assert not [r for r in caplog.records if getattr(r, "action", None) == "lock_table_small"]
+    await maintenance.announce_lock_table(db, share + 1)
+    (warned,) = [r for r in caplog.records if getattr(r, "action", None) == "lock_table_small"]
+    assert warned.claim_batch_size == share + 1
+    assert warned.max_locks_per_transaction == per_connection
+    needed = -(-(share + 1) // db.pool.max_size)
+    assert f"raise max_locks_per_transaction to at least {needed}" in warned.getMessage()

@@ -115,7 +115,7 @@ def worker(
     stoppers: list[Callable[[], None]] = []
 
     async def go() -> None:
-        async with env.database(max_size=8, migrate_first=True) as db:
+        async with env.database(migrate_first=True) as db:
             metrics = Metrics()
             w = Worker(db, settings, metrics=metrics, kube=KubeJobs(settings.pool, db=db))
             metrics.serve(metrics_port, stalled=w.live.stalled)

@@ -73,7 +73,12 @@ from cronwell.egress import (
 )
 from cronwell.errors import EXPECTED_ERRORS, DatabaseError, LeaseLost
 from cronwell.liveness import Liveness
-from cronwell.maintenance import announce_durability, process_id, this_process
+from cronwell.maintenance import (
+    announce_durability,
+    announce_lock_table,
+    process_id,
+    this_process,
+)
 from cronwell.metrics import Metrics
 from cronwell.models import Delivery, RetryPolicy, ScheduledJobSpec
 from cronwell.schedule import key_job
@@ -460,6 +465,7 @@ class Worker:
             extra={"action": "worker_start", "worker": self.id, "pool": self.settings.pool},
         )
         await announce_durability(self.db)
+        await announce_lock_table(self.db, self.settings.claim_batch_size)
         claim = asyncio.create_task(self._claim_loop(), name="claim_loop")
         try:
             await tasks.wait(claim)
