@@ -52,6 +52,11 @@ CONNECTION_DEFAULTS: dict[str, str] = {
 }
 """Options added to every connection unless the URL sets them (the URL always wins)."""
 
+IDLE_MARGIN_SECONDS = 5.0
+"""How long past a transaction's deadline the server waits on its client, idle in it,
+before ending the session (session.sql, SessionBounds): a live client has dropped the
+connection by then."""
+
 RECONNECT_SECONDS = 4.0
 """How long the pool retries one lost connection (backoff 1 s, 2 s, ...) before it gives
 up and a waiting client starts a new round at once: after an outage the first connection
@@ -148,6 +153,7 @@ class Database:
                 **self.options,
             },
             connection_class=psycopg.AsyncConnection[DictRow],
+            configure=self._bound_session,
             reconnect_timeout=RECONNECT_SECONDS,
         )
 
@@ -214,13 +220,33 @@ class Database:
                 finally:
                     timer.cancel()
 
+    async def _bound_session(self, conn: Conn) -> None:
+        """A new connection's server-side bounds on a client that stops answering
+        (SessionBounds): a paused or frozen process's transaction ends on the server too."""
+        await _execute(
+            conn,
+            q("SessionBounds"),
+            {
+                "idle_ms": _ms(self.deadline_seconds + IDLE_MARGIN_SECONDS),
+                "keepalives_idle": CONNECTION_DEFAULTS["keepalives_idle"],
+                "keepalives_interval": CONNECTION_DEFAULTS["keepalives_interval"],
+                "keepalives_count": CONNECTION_DEFAULTS["keepalives_count"],
+                "user_timeout_ms": CONNECTION_DEFAULTS["tcp_user_timeout"],
+            },
+        )
+
     @contextlib.asynccontextmanager
     async def transaction(self, *, deadline_seconds: float | None = None) -> AsyncIterator[Conn]:
+        """A transaction held at most its deadline; one longer than the connection's gets
+        the server's idle bound of its own (TransactionIdleBound)."""
         self.transactions += 1
         async with (
             self.connection(deadline_seconds=deadline_seconds) as conn,
             conn.transaction(),
         ):
+            if deadline_seconds is not None and deadline_seconds > self.deadline_seconds:
+                idle_ms = _ms(deadline_seconds + IDLE_MARGIN_SECONDS)
+                await _execute(conn, q("TransactionIdleBound"), {"idle_ms": idle_ms})
             yield conn
 
     @contextlib.asynccontextmanager
@@ -367,6 +393,11 @@ async def _rows(
         async with conn.cursor(row_factory=factory) as cur:
             await cur.execute(sql, params)
             return await cur.fetchall() if cur.description else []
+
+
+def _ms(seconds: float) -> str:
+    """A duration as set_config takes a time setting: whole milliseconds, as text."""
+    return str(max(1, round(seconds * 1000)))
 
 
 async def _execute(conn: Conn, sql: LiteralString, params: Mapping[str, Any] | None) -> int:

@@ -12,6 +12,7 @@ import signal
 import time
 
 import httpx
+import psycopg
 import pytest
 
 from cronwell.embedded import free_port
@@ -19,7 +20,7 @@ from cronwell.errors import DatabaseUnavailable
 from cronwell.liveness import Liveness
 from cronwell.metrics import Metrics
 from cronwell.store import fences
-from cronwell.store.db import Database, connection_options
+from cronwell.store.db import IDLE_MARGIN_SECONDS, Database, connection_options
 from cronwell_worker.runtime import ABORT_SELF_FENCE
 from tests.helpers.wait import wait_for
 
@@ -77,6 +78,69 @@ async def test_every_connection_gets_keepalives_and_a_per_host_timeout(db: Datab
     own = connection_options("postgresql://u@h1:1,h2:2/db?connect_timeout=7&keepalives=0")
     assert "connect_timeout" not in own and "keepalives" not in own
     assert own["target_session_attrs"] == "read-write"
+
+
+async def test_the_server_holds_the_same_bounds_on_its_side(db: Database) -> None:
+    """The server's session gets the client's keepalives and user timeout, and ends a
+    transaction left idle past the connection's deadline plus the margin."""
+    async with db.connection() as conn:
+        cur = await conn.execute(
+            "SELECT current_setting('tcp_keepalives_idle') AS idle,"
+            " current_setting('tcp_keepalives_interval') AS interval,"
+            " current_setting('tcp_keepalives_count') AS count,"
+            " current_setting('tcp_user_timeout') AS user_timeout,"
+            " current_setting('idle_in_transaction_session_timeout') AS idle_in_transaction"
+        )
+        got = await cur.fetchone()
+    assert got == {
+        "idle": "10",
+        "interval": "3",
+        "count": "3",
+        "user_timeout": "15000",
+        "idle_in_transaction": f"{int(db.deadline_seconds + IDLE_MARGIN_SECONDS)}s",
+    }
+
+
+async def test_a_client_paused_mid_transaction_lets_go_of_its_locks(db_url: str) -> None:
+    """A process stopped (SIGSTOP, a frozen host) between two statements of a transaction
+    cannot run its own deadline: its session would hold the transaction's locks (a claim's
+    rows, a completion's job counters) until the server noticed the client gone, two hours
+    of keepalive by default. The server ends it past the deadline plus the margin: another
+    session gets the lock, and the paused one finds its connection gone."""
+    # The pool's connection without the store's client-side deadline: what a paused
+    # process leaves behind (its timers do not run).
+    async with (
+        Database(db_url, max_size=2, deadline_seconds=1.0) as db,
+        db.pool.connection() as paused,
+    ):
+        await paused.execute("BEGIN")
+        await paused.execute("SELECT pg_advisory_xact_lock(424242)")
+        t0 = time.monotonic()
+        async with db.connection(deadline_seconds=60) as other:
+            await other.execute("SET lock_timeout = '30s'")  # the old code waited 30 s
+            await other.execute("SELECT pg_advisory_lock(424242)")
+            await other.execute("SELECT pg_advisory_unlock(424242)")
+        waited = time.monotonic() - t0
+        gone = (psycopg.errors.IdleInTransactionSessionTimeout, psycopg.OperationalError)
+        with pytest.raises(gone):
+            await paused.execute("SELECT 1")
+    assert waited < 30
+
+
+async def test_a_transaction_with_a_longer_deadline_gets_the_servers_bound_of_its_own(
+    db: Database,
+) -> None:
+    """A handler's ctx.transaction() lasts up to its timeout: the server's idle bound for
+    that transaction follows its deadline, and the session's is back after it."""
+    idle = "SELECT current_setting('idle_in_transaction_session_timeout') AS idle"
+    async with db.transaction(deadline_seconds=600) as conn:
+        cur = await conn.execute(idle)
+        assert (await cur.fetchone() or {})["idle"] == f"{int(600 + IDLE_MARGIN_SECONDS)}s"
+    async with db.connection() as conn:
+        cur = await conn.execute(idle)
+        assert (await cur.fetchone() or {})["idle"] == (
+            f"{int(db.deadline_seconds + IDLE_MARGIN_SECONDS)}s"
+        )
 
 
 def test_liveness_names_the_loops_waiting_longer_than_the_stall() -> None:

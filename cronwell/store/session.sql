@@ -1,0 +1,24 @@
+-- Server-side bounds on a client that stops answering (db.Database sets them): the
+-- deadline and keepalives on the client's side end its own wait, not the server's, whose
+-- session otherwise keeps its transaction's locks for as long as it waits to read.
+
+-- name: SessionBounds
+-- Set on every new connection. A client idle in a transaction past its own deadline (plus
+-- a margin) is paused or gone, for a live one would have dropped the connection at the
+-- deadline: the server ends the session, rolling back and releasing its row, job-counter
+-- and advisory locks (a frozen worker's claim or completion otherwise held them until the
+-- operating system's keepalive noticed, two hours by default). The keepalives and the
+-- user timeout are the client's (db.CONNECTION_DEFAULTS), so a frozen host or a
+-- partition is noticed by the server as soon as by the client. Values in milliseconds
+-- and seconds, as text (set_config's).
+SELECT set_config('idle_in_transaction_session_timeout', %(idle_ms)s, false) AS idle,
+       set_config('tcp_keepalives_idle', %(keepalives_idle)s, false) AS keepalives_idle,
+       set_config('tcp_keepalives_interval', %(keepalives_interval)s, false)
+           AS keepalives_interval,
+       set_config('tcp_keepalives_count', %(keepalives_count)s, false) AS keepalives_count,
+       set_config('tcp_user_timeout', %(user_timeout_ms)s, false) AS user_timeout;
+
+-- name: TransactionIdleBound
+-- A transaction with a deadline longer than the connection's (a handler's
+-- ctx.transaction(), a migration) gets the idle bound of its own deadline, for itself only.
+SELECT set_config('idle_in_transaction_session_timeout', %(idle_ms)s, true) AS idle;
