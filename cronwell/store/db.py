@@ -66,12 +66,19 @@ comes within seconds of the database, not after psycopg_pool's 64 s backoff step
 def connection_options(url: str, *, session_attrs: str = "read-write") -> dict[str, Any]:
     """CONNECTION_DEFAULTS less what `url` sets itself; passed as connect() keywords.
     `session_attrs`: the servers accepted (a read replica's pool accepts "any")."""
-    try:
-        given = conninfo_to_dict(url)
-    except psycopg.ProgrammingError:
+    given = _url_options(url)
+    if given is None:
         return {}  # psycopg reports the malformed URL itself, at connect time
     defaults = CONNECTION_DEFAULTS | {"target_session_attrs": session_attrs}
     return {k: v for k, v in defaults.items() if k not in given}
+
+
+def _url_options(url: str) -> dict[str, str] | None:
+    """The options `url` sets itself; None when it does not parse."""
+    try:
+        return {k: str(v) for k, v in conninfo_to_dict(url).items()}
+    except psycopg.ProgrammingError:
+        return None
 
 
 def first_line(e: BaseException) -> str:
@@ -222,16 +229,18 @@ class Database:
 
     async def _bound_session(self, conn: Conn) -> None:
         """A new connection's server-side bounds on a client that stops answering
-        (SessionBounds): a paused or frozen process's transaction ends on the server too."""
+        (SessionBounds): a paused or frozen process's transaction ends on the server too.
+        The keepalives are the client's, as the URL or the defaults set them."""
+        given = CONNECTION_DEFAULTS | (_url_options(self.url) or {})
         await _execute(
             conn,
             q("SessionBounds"),
             {
                 "idle_ms": _ms(self.deadline_seconds + IDLE_MARGIN_SECONDS),
-                "keepalives_idle": CONNECTION_DEFAULTS["keepalives_idle"],
-                "keepalives_interval": CONNECTION_DEFAULTS["keepalives_interval"],
-                "keepalives_count": CONNECTION_DEFAULTS["keepalives_count"],
-                "user_timeout_ms": CONNECTION_DEFAULTS["tcp_user_timeout"],
+                "keepalives_idle": given["keepalives_idle"],
+                "keepalives_interval": given["keepalives_interval"],
+                "keepalives_count": given["keepalives_count"],
+                "user_timeout_ms": given["tcp_user_timeout"],
             },
         )
 

@@ -143,6 +143,16 @@ async def test_a_transaction_with_a_longer_deadline_gets_the_servers_bound_of_it
         )
 
 
+async def test_the_servers_keepalives_follow_the_urls(db_url: str) -> None:
+    """What the URL says wins on the server's side too."""
+    async with (
+        Database(f"{db_url}?keepalives_idle=30", max_size=1) as db,
+        db.connection() as conn,
+    ):
+        cur = await conn.execute("SELECT current_setting('tcp_keepalives_idle') AS idle")
+        assert (await cur.fetchone() or {})["idle"] == "30"
+
+
 def test_liveness_names_the_loops_waiting_longer_than_the_stall() -> None:
     live = Liveness(stall_seconds=5)
     live.waiting("claim")
