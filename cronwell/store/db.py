@@ -54,7 +54,7 @@ CONNECTION_DEFAULTS: dict[str, str] = {
 
 IDLE_MARGIN_SECONDS = 5.0
 """How long past a transaction's deadline the server waits on its client, idle in it,
-before ending the session (session.sql, SessionBounds): a live client has dropped the
+before ending the session (db.sql, SessionBounds): a live client has dropped the
 connection by then."""
 
 RECONNECT_SECONDS = 4.0
