@@ -159,9 +159,9 @@ def convert_cronjob(doc: Any, where: str = "-") -> Converted:
     name = meta.get("name")
     if kind != "CronJob" or not str(api).startswith("batch/"):
         label = f"{kind or '(no kind)'} {name or ''}".strip()
-        raise SpecError(
+        raise _one_line(
             f"{where}: {label} is not a CronJob (apiVersion batch/v1): left out of the output",
-            source=where,
+            where,
         )
     if not isinstance(name, str) or not name:
         raise SpecError(f"{where}: CronJob without metadata.name: name it", source=where)
