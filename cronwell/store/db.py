@@ -140,6 +140,16 @@ class Database:
         self._timeout = connect_timeout_seconds
         self.deadline_seconds = deadline_seconds
         self.options = connection_options(url, session_attrs=session_attrs)
+        client = CONNECTION_DEFAULTS | (_url_options(url) or {})
+        self._session_bounds = {
+            "idle_ms": _ms(deadline_seconds + IDLE_MARGIN_SECONDS),
+            "keepalives_idle": client["keepalives_idle"],
+            "keepalives_interval": client["keepalives_interval"],
+            "keepalives_count": client["keepalives_count"],
+            "user_timeout_ms": client["tcp_user_timeout"],
+        }
+        """SessionBounds' values: the keepalives are the client's, as the URL or the
+        defaults set them."""
         self.reads: Database = self
         """Where reads that tolerate staleness go (`cronwell runs`, the dashboard's pages, the
         forecast): a `replica.ReadDatabase` when a read URL is configured, else this one."""
@@ -211,38 +221,28 @@ class Database:
         deadline = self.deadline_seconds if deadline_seconds is None else deadline_seconds
         with wrap_exceptions():
             async with self.pool.connection() as conn:
-                severed: list[bool] = []
-                timer = asyncio.get_running_loop().call_later(deadline, _sever, conn, severed)
-                try:
-                    yield conn
-                except (psycopg.Error, DatabaseError) as e:
-                    if severed:
-                        raise DatabaseUnavailable(
-                            f"no answer from the database within {deadline:g}s (connection dropped)"
-                        ) from e
-                    cause = e if isinstance(e, psycopg.Error) else e.__cause__
-                    if isinstance(cause, psycopg.Error) and _read_only(cause):
-                        await conn.close()
-                    raise
-                finally:
-                    timer.cancel()
+                with _deadline(conn, deadline) as severed:
+                    try:
+                        yield conn
+                    except (psycopg.Error, DatabaseError) as e:
+                        if severed:
+                            raise DatabaseUnavailable(
+                                f"no answer from the database within {deadline:g}s"
+                                " (connection dropped)"
+                            ) from e
+                        cause = e if isinstance(e, psycopg.Error) else e.__cause__
+                        if isinstance(cause, psycopg.Error) and _read_only(cause):
+                            await conn.close()
+                        raise
 
     async def _bound_session(self, conn: Conn) -> None:
         """A new connection's server-side bounds on a client that stops answering
         (SessionBounds): a paused or frozen process's transaction ends on the server too.
-        The keepalives are the client's, as the URL or the defaults set them."""
-        given = CONNECTION_DEFAULTS | (_url_options(self.url) or {})
-        await _execute(
-            conn,
-            q("SessionBounds"),
-            {
-                "idle_ms": _ms(self.deadline_seconds + IDLE_MARGIN_SECONDS),
-                "keepalives_idle": given["keepalives_idle"],
-                "keepalives_interval": given["keepalives_interval"],
-                "keepalives_count": given["keepalives_count"],
-                "user_timeout_ms": given["tcp_user_timeout"],
-            },
-        )
+        Under the deadline like every call: the pool runs this outside any checkout, and a
+        server gone silent after the handshake would otherwise hold the pool's connecting
+        worker for ever (the pool then discards the severed connection and tries again)."""
+        with _deadline(conn, self.deadline_seconds):
+            await _execute(conn, q("SessionBounds"), self._session_bounds)
 
     @contextlib.asynccontextmanager
     async def transaction(self, *, deadline_seconds: float | None = None) -> AsyncIterator[Conn]:
@@ -326,6 +326,18 @@ class Database:
             return await _execute(conn, q(name), params)
         async with self.connection() as c:
             return await _execute(c, q(name), params)
+
+
+@contextlib.contextmanager
+def _deadline(conn: Conn, seconds: float) -> Iterator[list[bool]]:
+    """`conn` severed (`_sever`) if the block still runs after `seconds`; the list yielded
+    is non-empty once it was."""
+    severed: list[bool] = []
+    timer = asyncio.get_running_loop().call_later(seconds, _sever, conn, severed)
+    try:
+        yield severed
+    finally:
+        timer.cancel()
 
 
 def _sever(conn: Conn, severed: list[bool]) -> None:

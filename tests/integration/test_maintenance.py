@@ -16,7 +16,7 @@ from cronwell.models import ScheduledJobSpec
 from cronwell.scheduler import Scheduler
 from cronwell.sdk import Context
 from cronwell.settings import SchedulerSettings
-from cronwell.store import dead, prescales, status_changes
+from cronwell.store import claims, dead, prescales, status_changes
 from cronwell.store.db import Database
 from tests.helpers.store import fail_dead
 
@@ -337,7 +337,7 @@ async def test_a_claim_batch_beyond_the_lock_tables_share_is_warned_of_at_start(
     """One advisory lock per serialised job a claim decides: a batch larger than the slots
     this process's connections bring (max_locks_per_transaction each) gets a warning that
     says what to raise; one within them gets none."""
-    per_connection = int(await db.scalar("LockSlotsPerConnection"))
+    per_connection = await claims.lock_slots_per_connection(db)
     share = per_connection * db.pool.max_size
     caplog.set_level("WARNING", logger="cronwell.maintenance")
     await maintenance.announce_lock_table(db, share)
