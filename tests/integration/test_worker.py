@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import random
 import socket
 import time
@@ -423,6 +424,63 @@ async def test_lease_lost_stops_a_sync_handler(
 
 async def _marks(event: str, key: str) -> list[dict[str, Any]]:
     return marks_of(None, event, key)
+
+
+# -- timeout ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("handler", "event"), [("t-wait-event", "cancelled"), ("t-sync-spin", "injected")]
+)
+async def test_an_attempt_past_its_timeout_is_stopped_never_before_it_and_failed(
+    db: Database, db_url: str, handler: str, event: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """timeoutSeconds bounds each attempt from its start: the handler is stopped (an async
+    one cancelled, a sync one's thread interrupted), not before the timeout, and the
+    attempt is a failure with outcome `timeout`, retried as any failure is. A timeout is
+    the attempt's own ending, not a lease lost or a shutdown. A stopped sync handler's
+    ending is consumed, not left to the collector to log as a future never retrieved."""
+    await handler_job(
+        db, "slow", handler, timeoutSeconds=1, retry={"maxAttempts": 2, "initialDelaySeconds": 0}
+    )
+    async with running_worker(db_url) as w:
+        key = await trigger(db, "slow")
+        o = await wait_for(lambda: state_is(db, key, "dead"), 15, "both attempts to time out")
+        assert w.results(key) == ["retry", "dead"]
+    assert o["reason"] == "AttemptsExhausted"
+    atts = await attempts(db, key)
+    assert [(a["attempt"], a["outcome"], a["error"]) for a in atts] == [
+        (n, "timeout", "attempt timed out after 1s") for n in (1, 2)
+    ]
+    starts, stops = marks_of(None, "start", key), marks_of(None, event, key)
+    assert [m["attempt"] for m in starts] == [m["attempt"] for m in stops] == [1, 2]
+    for start, stop in zip(starts, stops, strict=True):
+        # The timeout runs from just before the handler's first line, which marks the start.
+        assert stop["t"] - start["t"] >= 1.0 - 0.005, "stopped before its timeout"
+    assert not marks_of(None, "done", key)
+    gc.collect()
+    assert not [r for r in caplog.records if "never retrieved" in r.getMessage()]
+
+
+async def test_an_attempt_within_its_timeout_succeeds_and_a_later_one_still_times_out(
+    db: Database, db_url: str
+) -> None:
+    """A timer is not left behind by an attempt that finished (it would cancel whatever the
+    task runs next), and attempts of different timeouts each get their own."""
+    await handler_job(db, "quick", "t-wait-event", timeoutSeconds=1, retry={"maxAttempts": 1})
+    await handler_job(db, "long", "t-wait-event", timeoutSeconds=3, retry={"maxAttempts": 1})
+    async with running_worker(db_url) as w:
+        quick = await trigger(db, "quick")
+        await started(quick)
+        CONTROL.setdefault(quick, asyncio.Event()).set()
+        await wait_for(lambda: state_is(db, quick, "succeeded"), 10, "the quick one to succeed")
+        long = await trigger(db, "long")
+        start = await started(long)
+        await wait_for(lambda: state_is(db, long, "dead"), 15, "the long one to time out")
+        assert (w.results(quick), w.results(long)) == (["succeeded"], ["dead"])
+    (stop,) = marks_of(None, "cancelled", long)
+    assert stop["t"] - start["t"] >= 3.0 - 0.005
+    assert not marks_of(None, "cancelled", quick)
 
 
 async def test_a_key_claimed_again_by_the_same_worker_aborts_the_old_attempt(

@@ -202,11 +202,21 @@ async def _run_sync(fn: Any, ctx: Context) -> None:
         await asyncio.shield(done)
     except asyncio.CancelledError:
         ctx.cancel()
+        # The thread's ending (the LeaseLost put into it, or its own return) is nobody's
+        # to read any more: retrieved when it comes, not logged as "never retrieved" by the
+        # future's finaliser whenever the collector gets to it (inside another traceback's
+        # formatting, its ast.parse raised SystemError: ast's state is not re-entrant).
+        done.add_done_callback(_consume)
         if ident:
             ctypes.pythonapi.PyThreadState_SetAsyncExc(
                 ctypes.c_ulong(ident[0]), ctypes.py_object(LeaseLost)
             )
         raise
+
+
+def _consume(fut: asyncio.Future[None]) -> None:
+    if not fut.cancelled():
+        fut.exception()
 
 
 def _settle(fut: asyncio.Future[None], exc: BaseException | None) -> None:
