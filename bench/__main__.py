@@ -52,6 +52,7 @@ from bench.common import (
     enable_statements,
     load_average,
     machine_facts,
+    machine_speed,
     merge_latest,
     worker_env,
 )
@@ -175,6 +176,8 @@ def _table(title: str, cols: dict[str, dict[str, Any]]) -> None:
         )
     loads = "".join(f"{_load(d):>14}" for d in cols.values())
     print(f"{'load avg 1 min, before->after':<32}{loads}")
+    speeds = "".join(f"{d.get('machine_speed_ms', '-')!s:>14}" for d in cols.values())
+    print(f"{'machine speed, ms (less: faster)':<32}{speeds}")
 
 
 def at_size(results: dict[str, Any], prefix: str, n: int) -> dict[str, Any]:
@@ -489,6 +492,7 @@ async def main() -> None:
         "run": {
             "started_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)),
             "load_before": load_average(),
+            "machine_speed_ms": machine_speed(),
         },
         "machine": {"cpus": os.cpu_count()},
     }
@@ -497,10 +501,12 @@ async def main() -> None:
 
     async def section(name: str, aw: Awaitable[dict[str, Any]]) -> dict[str, Any]:
         """Run one section, keep its figures with the load average around it."""
+        speed = machine_speed()
         lb, t0 = load_average(), time.perf_counter()
         figs = await aw
         figs |= {
             "section_seconds": round(time.perf_counter() - t0, 1),
+            "machine_speed_ms": speed,
             "load_before": lb,
             "load_after": load_average(),
         }
