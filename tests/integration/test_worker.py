@@ -87,6 +87,28 @@ def test_a_burst_is_claimed_from_its_share_over_the_rate_before_it_and_the_next_
     assert (plan.window, plan.quota, plan.next_in) == (29.0, 7 + 10**7, None)
 
 
+def test_claimed_instants_take_no_claiming_time_from_later_ones_but_one_being_claimed_does() -> (
+    None
+):
+    """A steady stream (10,000 per-second jobs, two workers): the instants already claimed
+    leave the next one's claim to its own share, so the plan settles near and a look reads
+    no farther; counted whole, each second's share pushed the next claim earlier and the
+    plan never settled. A burst with some left to claim still counts whole (claimed from
+    the front, not just in time)."""
+    kw = {"rate": 5000.0, "min_window": 2.0, "max_window": 30.0, "slack": 256, "margin": 1.0}
+    stream = [(float(t), 10_000) for t in range(31)]
+    claimed = [0, 0, 0] + [10_000] * 28  # the instants within the window are claimed
+    old = plan_claims(stream, workers=2, **kw)
+    assert old.next_in is None  # read to the widest: 5,250 a second at 5,000/s never fits
+    plan = plan_claims(stream, workers=2, **kw, pending=claimed)
+    # The third second's share (5,250 at 5,000/s + 1 s) is due to start in 3 - 2.05 s.
+    assert plan.next_in == pytest.approx(3.0 - 2.05)
+    assert (plan.window, plan.quota) == (2.0, 3 * 5250)
+    # A burst at 20 s with one occurrence left: its whole share still leads it.
+    burst = [(20.0, 10_000)]
+    assert plan_claims(burst, workers=2, **kw, pending=[1]) == plan_claims(burst, workers=2, **kw)
+
+
 def _ctx() -> Context:
     return Context(key="k", fence=1, scheduled_for=datetime.now(UTC), attempt=1,
                    namespace="n", name="j")  # fmt: skip
