@@ -19,7 +19,7 @@ import os
 import re
 import socket
 from collections.abc import AsyncIterator, Iterator, Mapping
-from typing import TYPE_CHECKING, Any, LiteralString, TypeVar, dataclass_transform
+from typing import TYPE_CHECKING, Any, LiteralString, TypeGuard, TypeVar, dataclass_transform
 
 import psycopg
 from psycopg.conninfo import conninfo_to_dict
@@ -52,6 +52,10 @@ CONNECTION_DEFAULTS: dict[str, str] = {
 }
 """Options added to every connection unless the URL sets them (the URL always wins)."""
 
+CLIENT_CHECK_SECONDS = 1.0
+"""How often the server looks, while a statement runs, whether its client is still there
+(client_connection_check_interval, db.sql): a client that dropped the connection at its
+deadline has its statement ended within this."""
 IDLE_MARGIN_SECONDS = 5.0
 """How long past a transaction's deadline the server waits on its client, idle in it,
 before ending the session (db.sql, SessionBounds): a live client has dropped the
@@ -143,6 +147,7 @@ class Database:
         client = CONNECTION_DEFAULTS | (_url_options(url) or {})
         self._session_bounds = {
             "idle_ms": _ms(deadline_seconds + IDLE_MARGIN_SECONDS),
+            "check_ms": _ms(CLIENT_CHECK_SECONDS),
             "keepalives_idle": client["keepalives_idle"],
             "keepalives_interval": client["keepalives_interval"],
             "keepalives_count": client["keepalives_count"],
@@ -217,7 +222,41 @@ class Database:
         """A pooled connection for one call or transaction, held at most the deadline
         (`deadline_seconds`, default the Database's): past it the connection is severed
         and the call fails with DatabaseUnavailable. A connection that answered
-        read-only or lost its server is closed, never handed out again."""
+        read-only or lost its server is closed, never handed out again. A longer deadline
+        than the Database's gets the server's bounds of its own for the checkout
+        (DeadlineBounds), the session's set back after it."""
+        async with self._checkout(deadline_seconds) as conn:
+            if not self._longer(deadline_seconds):
+                yield conn
+                return
+            await self._widen(conn, deadline_seconds, local=False)
+            try:
+                yield conn
+            finally:
+                await self._narrow(conn)
+
+    def _longer(self, deadline_seconds: float | None) -> TypeGuard[float]:
+        return deadline_seconds is not None and deadline_seconds > self.deadline_seconds
+
+    async def _widen(self, conn: Conn, deadline_seconds: float, *, local: bool) -> None:
+        idle_ms = _ms(deadline_seconds + IDLE_MARGIN_SECONDS)
+        await _execute(conn, q("DeadlineBounds"), {"idle_ms": idle_ms, "local": local})
+
+    async def _narrow(self, conn: Conn) -> None:
+        """The session's bounds back on a connection widened for one checkout; one that
+        cannot take them (broken, cancelled) is closed, never pooled with wider ones."""
+        try:
+            await _execute(
+                conn,
+                q("DeadlineBounds"),
+                {"idle_ms": self._session_bounds["idle_ms"], "local": False},
+            )
+        except (psycopg.Error, asyncio.CancelledError):
+            await conn.close()
+            raise
+
+    @contextlib.asynccontextmanager
+    async def _checkout(self, deadline_seconds: float | None) -> AsyncIterator[Conn]:
         deadline = self.deadline_seconds if deadline_seconds is None else deadline_seconds
         with wrap_exceptions():
             async with self.pool.connection() as conn:
@@ -247,15 +286,11 @@ class Database:
     @contextlib.asynccontextmanager
     async def transaction(self, *, deadline_seconds: float | None = None) -> AsyncIterator[Conn]:
         """A transaction held at most its deadline; one longer than the connection's gets
-        the server's idle bound of its own (TransactionIdleBound)."""
+        the server's bounds of its own, for the transaction (DeadlineBounds)."""
         self.transactions += 1
-        async with (
-            self.connection(deadline_seconds=deadline_seconds) as conn,
-            conn.transaction(),
-        ):
-            if deadline_seconds is not None and deadline_seconds > self.deadline_seconds:
-                idle_ms = _ms(deadline_seconds + IDLE_MARGIN_SECONDS)
-                await _execute(conn, q("TransactionIdleBound"), {"idle_ms": idle_ms})
+        async with self._checkout(deadline_seconds) as conn, conn.transaction():
+            if self._longer(deadline_seconds):
+                await self._widen(conn, deadline_seconds, local=True)
             yield conn
 
     @contextlib.asynccontextmanager

@@ -7,18 +7,26 @@
 -- a margin) is paused or gone, for a live one would have dropped the connection at the
 -- deadline: the server ends the session, rolling back and releasing its row, job-counter
 -- and advisory locks (a frozen worker's claim or completion otherwise held them until the
--- operating system's keepalive noticed, two hours by default). The keepalives and the
--- user timeout are the client's (db.CONNECTION_DEFAULTS), so a frozen host or a
--- partition is noticed by the server as soon as by the client. Values in milliseconds
--- and seconds, as text (set_config's).
+-- operating system's keepalive noticed, two hours by default). A statement still running
+-- then (waiting on a lock, its client paused) is cancelled (statement_timeout); one whose
+-- client dropped the connection at its deadline is ended within a second
+-- (client_connection_check_interval: otherwise it ran to its end for nobody, holding what
+-- it locked). The keepalives and the user timeout are the client's
+-- (db.CONNECTION_DEFAULTS), so a frozen host or a partition is noticed by the server as
+-- soon as by the client. Values in milliseconds and seconds, as text (set_config's).
 SELECT set_config('idle_in_transaction_session_timeout', %(idle_ms)s, false) AS idle,
+       set_config('statement_timeout', %(idle_ms)s, false) AS statement,
+       set_config('client_connection_check_interval', %(check_ms)s, false) AS check_interval,
        set_config('tcp_keepalives_idle', %(keepalives_idle)s, false) AS keepalives_idle,
        set_config('tcp_keepalives_interval', %(keepalives_interval)s, false)
            AS keepalives_interval,
        set_config('tcp_keepalives_count', %(keepalives_count)s, false) AS keepalives_count,
        set_config('tcp_user_timeout', %(user_timeout_ms)s, false) AS user_timeout;
 
--- name: TransactionIdleBound
--- A transaction with a deadline longer than the connection's (a handler's
--- ctx.transaction(), a migration) gets the idle bound of its own deadline, for itself only.
-SELECT set_config('idle_in_transaction_session_timeout', %(idle_ms)s, true) AS idle;
+-- name: DeadlineBounds
+-- A checkout with a deadline longer than the connection's (a handler's ctx.transaction(),
+-- a migration, the history's conversion building indexes) gets the idle and statement
+-- bounds of its own deadline: for its transaction only (`local`), or for the session
+-- until the checkout ends and SessionBounds' are set back (this statement again).
+SELECT set_config('idle_in_transaction_session_timeout', %(idle_ms)s, %(local)s) AS idle,
+       set_config('statement_timeout', %(idle_ms)s, %(local)s) AS statement;

@@ -10,6 +10,7 @@ import dataclasses
 import os
 import signal
 import time
+from typing import Any
 
 import httpx
 import psycopg
@@ -89,15 +90,20 @@ async def test_the_server_holds_the_same_bounds_on_its_side(db: Database) -> Non
             " current_setting('tcp_keepalives_interval') AS interval,"
             " current_setting('tcp_keepalives_count') AS count,"
             " current_setting('tcp_user_timeout') AS user_timeout,"
-            " current_setting('idle_in_transaction_session_timeout') AS idle_in_transaction"
+            " current_setting('idle_in_transaction_session_timeout') AS idle_in_transaction,"
+            " current_setting('statement_timeout') AS statement,"
+            " current_setting('client_connection_check_interval') AS check_interval"
         )
         got = await cur.fetchone()
+    bound = f"{int(db.deadline_seconds + IDLE_MARGIN_SECONDS)}s"
     assert got == {
         "idle": "10",
         "interval": "3",
         "count": "3",
         "user_timeout": "15000",
-        "idle_in_transaction": f"{int(db.deadline_seconds + IDLE_MARGIN_SECONDS)}s",
+        "idle_in_transaction": bound,
+        "statement": bound,
+        "check_interval": "1s",
     }
 
 
@@ -127,20 +133,78 @@ async def test_a_client_paused_mid_transaction_lets_go_of_its_locks(db_url: str)
     assert waited < 30
 
 
-async def test_a_transaction_with_a_longer_deadline_gets_the_servers_bound_of_its_own(
-    db: Database,
+BOUNDS = (
+    "SELECT current_setting('idle_in_transaction_session_timeout') AS idle,"
+    " current_setting('statement_timeout') AS statement"
+)
+
+
+async def bounds(conn: psycopg.AsyncConnection[Any]) -> tuple[str, str]:
+    cur = await conn.execute(BOUNDS)
+    row = await cur.fetchone()
+    assert row is not None
+    return row["idle"], row["statement"]
+
+
+async def test_a_longer_deadline_gets_the_servers_bounds_of_its_own(db_url: str) -> None:
+    """A handler's ctx.transaction() lasts up to its timeout, the history's conversion
+    builds indexes for minutes on one connection outside a transaction: the server's idle
+    and statement bounds follow the checkout's deadline, for its transaction or for the
+    checkout, and the session's are back after it (one connection: the same session)."""
+    async with Database(db_url, max_size=1, min_size=1) as db:
+        session = (f"{int(db.deadline_seconds + IDLE_MARGIN_SECONDS)}s",) * 2
+        wide = (f"{int(600 + IDLE_MARGIN_SECONDS)}s",) * 2
+        async with db.transaction(deadline_seconds=600) as conn:
+            assert await bounds(conn) == wide
+        async with db.connection() as conn:
+            assert await bounds(conn) == session
+        async with db.connection(deadline_seconds=600) as conn:
+            assert await bounds(conn) == wide
+            await conn.execute("SELECT pg_sleep(0.01)")
+        async with db.connection() as conn:
+            assert await bounds(conn) == session
+
+
+async def test_a_statement_whose_client_dropped_it_ends_on_the_server(db_url: str) -> None:
+    """A call past its deadline drops its connection; the server looks for its client
+    while the statement runs and ends it within a second, instead of running it (and
+    holding what it locked) to its end for nobody: here a 30 s sleep."""
+    async with Database(db_url, max_size=1, deadline_seconds=1.0) as db:
+        with pytest.raises(DatabaseUnavailable):
+            async with db.connection() as conn:
+                cur = await conn.execute("SELECT pg_backend_pid() AS pid")
+                pid = (await cur.fetchone() or {})["pid"]
+                await conn.execute("SELECT pg_sleep(30)")
+        dropped = time.monotonic()
+    async with Database(db_url, max_size=1) as watcher:
+
+        async def ended() -> bool:
+            rows = await sql(
+                watcher, "SELECT 1 FROM pg_stat_activity WHERE pid = %s AND state = 'active'", pid
+            )
+            return not rows
+
+        await wait_for(ended, 10, "the dropped client's statement to end on the server")
+    assert time.monotonic() - dropped < 10
+
+
+async def test_a_paused_clients_statement_waiting_on_a_lock_is_cancelled_by_the_server(
+    db_url: str,
 ) -> None:
-    """A handler's ctx.transaction() lasts up to its timeout: the server's idle bound for
-    that transaction follows its deadline, and the session's is back after it."""
-    idle = "SELECT current_setting('idle_in_transaction_session_timeout') AS idle"
-    async with db.transaction(deadline_seconds=600) as conn:
-        cur = await conn.execute(idle)
-        assert (await cur.fetchone() or {})["idle"] == f"{int(600 + IDLE_MARGIN_SECONDS)}s"
-    async with db.connection() as conn:
-        cur = await conn.execute(idle)
-        assert (await cur.fetchone() or {})["idle"] == (
-            f"{int(db.deadline_seconds + IDLE_MARGIN_SECONDS)}s"
-        )
+    """A process stopped while its statement waits for a lock cannot run its deadline:
+    the server cancels the statement past the deadline plus the margin, and the locks its
+    transaction holds go with the session's idle bound after it."""
+    async with (
+        Database(db_url, max_size=2, deadline_seconds=1.0) as db,
+        db.pool.connection() as holder,
+        db.pool.connection() as paused,  # no client-side deadline: a paused process's
+    ):
+        await holder.execute("SELECT pg_advisory_lock(434343)")
+        t0 = time.monotonic()
+        with pytest.raises(psycopg.errors.QueryCanceled, match="statement timeout"):
+            await asyncio.wait_for(paused.execute("SELECT pg_advisory_lock(434343)"), 30)
+        assert time.monotonic() - t0 >= 1.0 + IDLE_MARGIN_SECONDS - 0.5
+        await holder.execute("SELECT pg_advisory_unlock(434343)")
 
 
 async def test_the_servers_keepalives_follow_the_urls(db_url: str) -> None:
