@@ -244,7 +244,10 @@ class Database:
 
     async def _narrow(self, conn: Conn) -> None:
         """The session's bounds back on a connection widened for one checkout; one that
-        cannot take them (broken, cancelled) is closed, never pooled with wider ones."""
+        cannot take them (cancelled, failing) is closed, never pooled with wider ones. A
+        broken one is the pool's to discard (and its error the caller's to see)."""
+        if conn.broken or conn.closed:
+            return
         try:
             await _execute(
                 conn,

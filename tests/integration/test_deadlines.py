@@ -163,6 +163,13 @@ async def test_a_longer_deadline_gets_the_servers_bounds_of_its_own(db_url: str)
             await conn.execute("SELECT pg_sleep(0.01)")
         async with db.connection() as conn:
             assert await bounds(conn) == session
+    # A widened checkout past its own deadline: the deadline's error, not the restore's.
+    async with Database(db_url, max_size=1, min_size=1, deadline_seconds=1.0) as db:
+        with pytest.raises(DatabaseUnavailable, match="within 2s"):
+            async with db.connection(deadline_seconds=2.0) as conn:
+                await conn.execute("SELECT pg_sleep(30)")
+        async with db.connection() as conn:
+            assert await bounds(conn) == (f"{int(1.0 + IDLE_MARGIN_SECONDS)}s",) * 2
 
 
 async def test_a_statement_whose_client_dropped_it_ends_on_the_server(db_url: str) -> None:
