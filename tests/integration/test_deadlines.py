@@ -15,6 +15,7 @@ from typing import Any
 import httpx
 import psycopg
 import pytest
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from cronwell.embedded import free_port
 from cronwell.errors import DatabaseUnavailable
@@ -53,6 +54,76 @@ async def test_a_call_to_a_silent_server_fails_at_its_deadline(db_url: str) -> N
         finally:
             os.kill(pid, signal.SIGCONT)
         assert await backend_pid(db) != pid
+
+
+class HandshakeThenSilence:
+    """A TCP proxy to the test server whose first `freeze` connections pass the startup and
+    authentication through, then forward nothing more the client sends (a server gone
+    silent between a new connection's handshake and its first statement); the ones after
+    them pass everything. `frozen`: connections frozen so far."""
+
+    def __init__(self, port: int, freeze: int) -> None:
+        self.port, self.freeze, self.frozen, self._seen = port, freeze, 0, 0
+        self._server: asyncio.Server | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    async def __aenter__(self) -> int:
+        self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        return int(self._server.sockets[0].getsockname()[1])
+
+    async def __aexit__(self, *exc: object) -> None:
+        assert self._server is not None
+        self._server.close()
+        for t in self._tasks:
+            t.cancel()
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        up_r, up_w = await asyncio.open_connection("127.0.0.1", self.port)
+        self._seen += 1
+        freezes = self._seen <= self.freeze
+        ready = asyncio.Event()  # set once the handshake is over, if this one freezes
+
+        async def to_server() -> None:
+            while data := await reader.read(65536):
+                if not ready.is_set():
+                    up_w.write(data)  # the startup packet and the password, if asked
+
+        async def to_client() -> None:
+            buf = b""
+            while data := await up_r.read(65536):
+                writer.write(data)
+                buf += data
+                while not ready.is_set() and len(buf) >= 5:  # type byte, int32 length
+                    size = 1 + int.from_bytes(buf[1:5], "big")
+                    if len(buf) < size:
+                        break
+                    if buf[:1] == b"Z" and freezes:  # ReadyForQuery: the handshake is over
+                        ready.set()
+                        self.frozen += 1
+                    buf = buf[size:]
+
+        for coro in (to_server(), to_client()):
+            task = asyncio.create_task(coro)
+            self._tasks.add(task)
+
+
+async def test_a_server_silent_after_the_handshake_costs_a_new_connection_its_deadline(
+    db_url: str,
+) -> None:
+    """A new connection's first statement (its server-side bounds, run by the pool's
+    `configure` outside any checkout) is under the deadline too: the connection that met a
+    server silent after its handshake is dropped at the deadline and the pool connects
+    again, instead of its connecting worker waiting for ever (the pool then never opened,
+    whatever the server did next)."""
+    proxy = HandshakeThenSilence(int(conninfo_to_dict(db_url)["port"]), freeze=1)
+    async with proxy as proxy_port:
+        url = make_conninfo(db_url, port=proxy_port, sslmode="disable", gssencmode="disable")
+        async with (
+            asyncio.timeout(30),
+            Database(url, max_size=1, deadline_seconds=1.0, connect_timeout_seconds=10) as db,
+        ):
+            assert await backend_pid(db) > 0  # the old code: cannot connect (PoolTimeout)
+    assert proxy.frozen == 1
 
 
 async def test_a_read_only_answer_drops_the_connection(db_url: str) -> None:
