@@ -346,6 +346,16 @@ class _Running:
         return c.key, c.id if oid is None else oid, c.fence, at
 
 
+def _woke_early(due: float, callback: Callable[[Any], None], arg: Any) -> bool:
+    """Whether a timer meant for monotonic `due` fired before it: then `callback(arg)` is
+    armed once more, for what is left. A loop may wake a timer early (uvloop's timers count
+    whole milliseconds; asyncio's by up to its clock resolution, seen: 56 us)."""
+    if (left := due - time.monotonic()) <= 0:
+        return False
+    asyncio.get_running_loop().call_later(left, callback, arg)
+    return True
+
+
 class Instants:
     """Futures done at monotonic instants: one event-loop timer per instant, however many
     attempts wait for it (a claim's attempts of one instant share it exactly: one arrival,
@@ -366,11 +376,8 @@ class Instants:
         return fut
 
     def _came(self, due: float) -> None:
-        """The timer of `due` fired: its waiters go, never before `due`: a loop that woke it
-        early (uvloop's timers count whole milliseconds; asyncio's by up to its clock
-        resolution, seen: 56 us) arms it once more, for what is left."""
-        if (left := due - time.monotonic()) > 0:
-            asyncio.get_running_loop().call_later(left, self._came, due)
+        """The timer of `due` fired: its waiters go, never before `due`."""
+        if _woke_early(due, self._came, due):
             return
         for fut in self._waiters.pop(due, ()):
             if not fut.done():
@@ -408,10 +415,8 @@ class Timeouts:
             armed.discard(r)
 
     def _fire(self, bucket: int) -> None:
-        """Never before the bucket's end: a loop that woke the timer early (uvloop counts
-        whole milliseconds) arms it once more for what is left, as Instants does."""
-        if (left := bucket * TIMEOUT_BUCKET_SECONDS - time.monotonic()) > 0:
-            asyncio.get_running_loop().call_later(left, self._fire, bucket)
+        """The bucket's timer fired: its attempts expire, never before the bucket's end."""
+        if _woke_early(bucket * TIMEOUT_BUCKET_SECONDS, self._fire, bucket):
             return
         for r in self._buckets.pop(bucket, ()):
             self._expire(r)
