@@ -146,7 +146,7 @@ class Database:
         self.options = connection_options(url, session_attrs=session_attrs)
         client = CONNECTION_DEFAULTS | (_url_options(url) or {})
         self._session_bounds = {
-            "idle_ms": _ms(deadline_seconds + IDLE_MARGIN_SECONDS),
+            "idle_ms": _bound_ms(deadline_seconds),
             "check_ms": _ms(CLIENT_CHECK_SECONDS),
             "keepalives_idle": client["keepalives_idle"],
             "keepalives_interval": client["keepalives_interval"],
@@ -239,8 +239,8 @@ class Database:
         return deadline_seconds is not None and deadline_seconds > self.deadline_seconds
 
     async def _widen(self, conn: Conn, deadline_seconds: float, *, local: bool) -> None:
-        idle_ms = _ms(deadline_seconds + IDLE_MARGIN_SECONDS)
-        await _execute(conn, q("DeadlineBounds"), {"idle_ms": idle_ms, "local": local})
+        bound = {"idle_ms": _bound_ms(deadline_seconds), "local": local}
+        await _execute(conn, q("DeadlineBounds"), bound)
 
     async def _narrow(self, conn: Conn) -> None:
         """The session's bounds back on a connection widened for one checkout; one that
@@ -452,6 +452,11 @@ async def _rows(
         async with conn.cursor(row_factory=factory) as cur:
             await cur.execute(sql, params)
             return await cur.fetchall() if cur.description else []
+
+
+def _bound_ms(deadline_seconds: float) -> str:
+    """The server's idle and statement bounds for a checkout with this deadline."""
+    return _ms(deadline_seconds + IDLE_MARGIN_SECONDS)
 
 
 def _ms(seconds: float) -> str:
