@@ -49,6 +49,8 @@ from cronwell.store import clock
 
 POLICIES = (ConcurrencyPolicy.SKIP.value, ConcurrencyPolicy.ALLOW.value)
 """The overlap policies the section runs with, by default: cronwell's default, and none."""
+SERIES_SECONDS = 10.0
+"""The width of each slice of instants in the p99 series (start_lag_p99_s_by_10s)."""
 
 
 def check(duration: float, warmup: float, policies: list[str]) -> None:
@@ -142,6 +144,7 @@ async def sustained(
         r = await cur.fetchone()
         cur = await conn.execute(
             "SELECT extract(epoch FROM started_at - scheduled_for) AS lag,"
+            " extract(epoch FROM scheduled_for - %(a)s) AS at,"
             " claimed_at > scheduled_for AS late"
             " FROM cronwell_occurrences WHERE started_at IS NOT NULL"
             " AND scheduled_for >= %(a)s + make_interval(secs => %(w)s)"
@@ -150,6 +153,9 @@ async def sustained(
         )
         started = await cur.fetchall()
         lags = [float(x["lag"]) for x in started]
+        by_tenth: dict[int, list[float]] = {}
+        for x in started:
+            by_tenth.setdefault(int(float(x["at"]) // SERIES_SECONDS), []).append(float(x["lag"]))
         late = sum(1 for x in started if x["late"])
     window = float(r["window"])
     handled = max(1, r["finished"] + r["skipped_in_window"])
@@ -176,5 +182,9 @@ async def sustained(
         "postgres_cpu_ms_per_occurrence": round(pg_ms, 3),
         "cpu_bound_per_second": round((os.cpu_count() or 1) * 1000 / cpu_ms),
         "statements_after_warmup": per_occurrence(per_statement, handled),
+        # Does a backlog persist or drain? The p99 of each 10 s of instants, in order.
+        "start_lag_p99_s_by_10s": [
+            lag_stats(by_tenth[k])["start_lag_p99_s"] for k in sorted(by_tenth)
+        ],
     }
     return out | lag_stats(lags)
