@@ -933,7 +933,7 @@ async def test_a_look_behind_a_backlog_reads_a_claim_round_of_it(db: Database, d
     going to a count nobody needs while the backlog grew)."""
     for name in ("late", "coming"):
         await handler_job(db, name, "t-noop")
-    await burst_in(db, "late", 3200, -5.0)
+    await burst_in(db, "late", 2000, -5.0)
     await burst_in(db, "coming", 30, 1.0)
     async with Database(db_url, max_size=2) as wdb:
         w = Worker(wdb, WorkerSettings(claim_batch_size=50))
