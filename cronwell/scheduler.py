@@ -28,7 +28,7 @@ from cronwell.liveness import Liveness
 from cronwell.maintenance import announce_durability, process_id, this_process
 from cronwell.metrics import Metrics
 from cronwell.models import MisfirePolicy, ScheduledJobSpec
-from cronwell.plan import plan_job, visit_reach
+from cronwell.plan import near_reach, plan_job, visit_reach
 from cronwell.settings import SchedulerSettings
 from cronwell.store import gauges, history_partitions, leases, materialise, processes
 from cronwell.store.db import Database
@@ -116,6 +116,9 @@ class Scheduler:
         self.missed_total = 0
         self._stop = asyncio.Event()
         self._wake = asyncio.Event()
+        self._revisit: set[int] = set()
+        """Partitions with a job visited near first (plan.near_reach): visited again in
+        the same pass, after the other partitions' batches."""
 
     # -- partition leases -------------------------------------------------------------
 
@@ -245,11 +248,16 @@ class Scheduler:
                 deadline = timedelta(
                     seconds=spec.starting_deadline_seconds or s.misfire_threshold_seconds
                 )
+                end = near_reach(now, job.next_run_at, visit=visit)
+                if end is None:
+                    end = visit_reach(now, job.id, horizon=horizon, visit=visit)
+                else:
+                    self._revisit.add(partition)  # the rest of its horizon: this pass
                 plan = plan_job(
                     sched,
                     job.next_run_at,
                     now=now,
-                    horizon=visit_reach(now, job.id, horizon=horizon, visit=visit) - now,
+                    horizon=end - now,
                     deadline=deadline,
                     policy=MisfirePolicy(spec.misfire_policy),
                     max_catchup=spec.max_catchup,
@@ -330,7 +338,8 @@ class Scheduler:
                 self.live.progressed(MATERIALISATION)
                 self.live.waiting(MATERIALISATION)
                 total += n
-                if n >= self.settings.batch_size:
+                if n >= self.settings.batch_size or p in self._revisit:
+                    self._revisit.discard(p)
                     still.append(p)
             busy = still
         return total

@@ -9,7 +9,7 @@ from datetime import UTC, datetime, timedelta
 
 from cronwell.cronexpr import load_zone
 from cronwell.models import MisfirePolicy
-from cronwell.plan import plan_job, visit_reach
+from cronwell.plan import NEAR_LEAD_SECONDS, NEAR_REACH_SECONDS, near_reach, plan_job, visit_reach
 from cronwell.schedule import CronSchedule, JobSchedule
 
 
@@ -157,3 +157,17 @@ def test_a_per_second_job_comes_back_once_a_cycle_and_jobs_come_back_spread_over
         assert again - reach == H30 - VISIT
     assert set(per_tick) <= set(range(1, 17))
     assert max(per_tick.values()) < 3 * 3000 / 15
+
+
+def test_a_job_whose_next_instant_is_within_the_lead_is_visited_near_first() -> None:
+    """Within NEAR_LEAD_SECONDS of its next instant (a new job, a scheduler behind on it),
+    a visit reaches NEAR_REACH_SECONDS; farther, or with no next instant, or when the
+    visit line is no farther than that anyway, the job's phase (visit_reach)."""
+    lead = timedelta(seconds=NEAR_LEAD_SECONDS)
+    near = NOW + timedelta(seconds=NEAR_REACH_SECONDS)
+    for next_run_at in (NOW - timedelta(hours=3), NOW, NOW + lead):
+        assert near_reach(NOW, next_run_at, visit=VISIT) == near
+    assert near_reach(NOW, NOW + lead + timedelta(microseconds=1), visit=VISIT) is None
+    assert near_reach(NOW, None, visit=VISIT) is None
+    short = timedelta(seconds=NEAR_REACH_SECONDS)  # horizon 10 s: visit 5 s
+    assert near_reach(NOW, NOW, visit=short) is None
