@@ -43,9 +43,9 @@ def visit_reach(
 NEAR_REACH_SECONDS = 5.0
 """How far a visit materialises a job whose next instant is due within NEAR_LEAD_SECONDS
 (the scheduler is behind on it: new jobs by the thousand, a takeover after an outage): its
-next seconds first, the rest at its next visit (see `reach`)."""
+next seconds first, the rest at its next visit (see `near_reach`)."""
 NEAR_LEAD_SECONDS = 1.0
-"""A job whose next instant is this close is visited near first (`reach`). Well under
+"""A job whose next instant is this close is visited near first (`near_reach`). Well under
 NEAR_REACH_SECONDS: the revisit comes before the near reach runs out, or every visit
 would be near (a pass over 10,000 jobs took longer than half of it, and each came back
 every 5 s instead of every 15 s)."""
@@ -53,7 +53,9 @@ every 5 s instead of every 15 s)."""
 
 def near_reach(now: datetime, next_run_at: datetime | None, *, visit: timedelta) -> datetime | None:
     """How far a visit materialises a job whose next instant is within NEAR_LEAD_SECONDS:
-    NEAR_REACH_SECONDS; its revisit, due at once, takes it to its phase (`visit_reach`).
+    NEAR_REACH_SECONDS; its revisit, due at once but after the jobs whose next instant
+    is earlier (the scheduler visits them earliest first), takes it to its phase
+    (`visit_reach`).
     None for the others, and for every job when `visit` is no farther than that. Why:
     10,000 new per-second jobs at a 30 s horizon were materialised a job at a time, 15 to
     30 s of each, 220,000 rows before the last job's next second: most jobs' first

@@ -116,9 +116,6 @@ class Scheduler:
         self.missed_total = 0
         self._stop = asyncio.Event()
         self._wake = asyncio.Event()
-        self._revisit: set[int] = set()
-        """Partitions with a job visited near first (plan.near_reach): visited again in
-        the same pass, after the other partitions' batches."""
 
     # -- partition leases -------------------------------------------------------------
 
@@ -251,8 +248,6 @@ class Scheduler:
                 end = near_reach(now, job.next_run_at, visit=visit)
                 if end is None:
                     end = visit_reach(now, job.id, horizon=horizon, visit=visit)
-                else:
-                    self._revisit.add(partition)  # the rest of its horizon: this pass
                 plan = plan_job(
                     sched,
                     job.next_run_at,
@@ -338,8 +333,7 @@ class Scheduler:
                 self.live.progressed(MATERIALISATION)
                 self.live.waiting(MATERIALISATION)
                 total += n
-                if n >= self.settings.batch_size or p in self._revisit:
-                    self._revisit.discard(p)
+                if n >= self.settings.batch_size:
                     still.append(p)
             busy = still
         return total
