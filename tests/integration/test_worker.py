@@ -925,6 +925,30 @@ async def test_a_look_reads_no_farther_than_its_plan_needs(db: Database, db_url:
         assert w._coming is not None and [n for _, n in w._coming.instants] == [10, 10]
 
 
+async def test_a_look_reads_no_farther_while_something_is_due(db: Database, db_url: str) -> None:
+    """Overdue work and a stream of instants the plan cannot settle on (each second's
+    share over a second's claiming at the planning rate): the look stops at its near
+    window and leaves the burst 20 s away unread; with nothing due, the same stream makes
+    it read on to the burst. Due work is claimed before anything ahead: behind it, the
+    look read on to its budget, 47 ms a look at 10,000 per-second jobs."""
+    for name in ("late", "stream", "far"):
+        await handler_job(db, name, "t-noop")
+    await burst_in(db, "late", 100, -2.0)
+    for t in (0.5, 1.5, 2.5):
+        await burst_in(db, "stream", 5000, t)
+    await burst_in(db, "far", 300, 20.0)
+    async with Database(db_url, max_size=2) as wdb:
+        w = Worker(wdb, WorkerSettings())
+        assert await w._look()
+        assert w._coming is not None
+        assert [n for _, n in w._coming.instants] == [100, 5000, 5000, 5000]
+        await sql(db, "DELETE FROM cronwell_occurrences WHERE run_at < now()")
+        w._coming = None  # look again at once (not within LOOK_MIN_SECONDS)
+        assert await w._look()
+        assert w._coming is not None
+        assert [n for _, n in w._coming.instants][-1] == 300  # read on to the burst
+
+
 async def test_a_look_behind_a_backlog_reads_a_claim_round_of_it(db: Database, db_url: str) -> None:
     """2,000 occurrences overdue and a burst of 30 coming: the look counts one claim round
     of the overdue ones (a batch per live worker: what the pool's next claims take) and

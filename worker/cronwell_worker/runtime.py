@@ -720,10 +720,16 @@ class Worker:
                 for t in pending.keys() | self._held.keys()
             }
             self._coming = _Coming(sorted(seen.items()), pending, rows[0].db_now, at, max(1, live))
-            # Farther only when what was read leaves the plan open: it stops at the first
-            # instant that needs no claim yet, and nothing after that one changes it.
+            # Farther only when what was read leaves the plan open (it stops at the first
+            # instant that needs no claim yet, and nothing after that one changes it) and
+            # nothing is due: due work is claimed before anything ahead, and behind it the
+            # plan never settles (the due instants count whole). Reading on then cost 47 ms
+            # a look, a sixth of PostgreSQL's time at 10,000 per-second jobs and the 30 s
+            # horizon, for claims ahead that would wait until the due ones were taken.
             read_to = rows[0].db_now + timedelta(seconds=reach)
-            if reach >= widest or budget <= 0 or self._plan(read_to).next_in is not None:
+            first = self._coming.first_pending()
+            behind = first is not None and first <= 0
+            if reach >= widest or budget <= 0 or behind or self._plan(read_to).next_in is not None:
                 self._seen = seen
                 if counted and time.monotonic() < self._give_back_until:
                     await self._give_back(live)
