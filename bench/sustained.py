@@ -153,9 +153,9 @@ async def sustained(
         )
         started = await cur.fetchall()
         lags = [float(x["lag"]) for x in started]
-        by_tenth: dict[int, list[float]] = {}
+        by_slice: dict[int, list[float]] = {}
         for x in started:
-            by_tenth.setdefault(int(float(x["at"]) // SERIES_SECONDS), []).append(float(x["lag"]))
+            by_slice.setdefault(int(float(x["at"]) // SERIES_SECONDS), []).append(float(x["lag"]))
         late = sum(1 for x in started if x["late"])
     window = float(r["window"])
     handled = max(1, r["finished"] + r["skipped_in_window"])
@@ -184,7 +184,7 @@ async def sustained(
         "statements_after_warmup": per_occurrence(per_statement, handled),
         # Does a backlog persist or drain? The p99 of each 10 s of instants, in order.
         "start_lag_p99_s_by_10s": [
-            lag_stats(by_tenth[k])["start_lag_p99_s"] for k in sorted(by_tenth)
+            lag_stats(by_slice[k])["start_lag_p99_s"] for k in sorted(by_slice)
         ],
     }
     return out | lag_stats(lags)

@@ -56,11 +56,10 @@ def near_reach(now: datetime, next_run_at: datetime | None, *, visit: timedelta)
     NEAR_REACH_SECONDS; its revisit, due at once but after the jobs whose next instant
     is earlier (the scheduler visits them earliest first), takes it to its phase
     (`visit_reach`). None for the others, and for every job when `visit` is no farther
-    than that. Why:
-    10,000 new per-second jobs at a 30 s horizon were materialised a job at a time, 15 to
-    30 s of each, 220,000 rows before the last job's next second: most jobs' first
-    seconds were late and the workers started 2-5 s behind. Near first, every job's next
-    seconds come after a fraction of that."""
+    than that. Why: 10,000 new per-second jobs at a 30 s horizon were materialised a job
+    at a time, 15 to 30 s of each, 220,000 rows before the last job's next second: most
+    jobs' first seconds were late and the workers started 2-5 s behind. Near first, every
+    job's next seconds come after a fraction of that."""
     near = timedelta(seconds=NEAR_REACH_SECONDS)
     if near >= visit or next_run_at is None:
         return None
