@@ -169,7 +169,8 @@ SELECT id, spec_hash, spec FROM cronwell_jobs WHERE id = ANY(%(ids)b::uuid[]);
 -- name: WaitingPromote
 -- After an active occurrence of a buffered job ends: the oldest waiting one becomes
 -- pending (run after JobLockBatch in the same transaction). Joined on (id, instant): one
--- partition probed per row on a partitioned history.
+-- partition probed per row on a partitioned history. The waiting rows through their own
+-- partial index (0021), not the active occurrences'.
 UPDATE cronwell_occurrences o SET state = 'pending', run_at = now(), reason = NULL
 FROM (SELECT DISTINCT ON (job_id) id, scheduled_for FROM cronwell_occurrences
       WHERE job_id = ANY(%(ids)b::uuid[]) AND state = 'waiting'
@@ -181,6 +182,9 @@ RETURNING o.pool, o.run_at;
 -- Jobs with waiting occurrences that no completion will promote: nothing of theirs is
 -- running or retrying (e.g. backfilled BufferAll occurrences queued behind a Skip one, whose
 -- completion promotes nothing). The reaper promotes them; claims re-check overlap anyway.
+-- Asked every reaper pass: the waiting rows through their own partial index (0021), where
+-- the active occurrences' index made each pass read every running row and, until the next
+-- autovacuum, every dead entry (33-63 ms a pass at 10,000 per-second jobs, none waiting).
 SELECT DISTINCT w.job_id FROM cronwell_occurrences w
 WHERE w.state = 'waiting'
   AND NOT EXISTS (SELECT 1 FROM cronwell_occurrences a

@@ -19,7 +19,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from cronwell import dispatch
-from cronwell.store import history_partitions
+from cronwell.store import claims, history_partitions
 from cronwell.store._queries import q
 from cronwell.store.claims import EARLIEST, LATEST
 from cronwell.store.db import Conn, Database
@@ -360,3 +360,40 @@ async def test_a_candidates_previous_occurrence_is_looked_up_once_it_is_locked(
     assert "loops=50)" in lines[sub + 1], plan
     limit = next(line for line in lines if "Limit" in line)
     assert re.search(r"rows=50\.00 loops=1\)", limit), plan
+
+
+async def test_the_reapers_waiting_check_reads_the_waiting_rows_only(db: Database) -> None:
+    """WaitingStranded, asked every reaper pass, finds a job whose occurrence waits behind
+    nothing active, and reads the waiting rows only: no running occurrence is read to be
+    filtered out. Through the active occurrences' partial index it read every running row
+    (and, between two autovacuums, every dead entry): 33-63 ms a pass at 10,000 per-second
+    jobs with nothing waiting."""
+    await history_partitions.ensure_partitions(db, AT - 3 * DAY, AT + 3 * DAY)
+    async with db.connection() as conn:
+        await conn.execute(JOBS)
+        await conn.execute(OCCURRENCES, ("", AT, "running"))
+        cur = await conn.execute(
+            "INSERT INTO cronwell_jobs (id, namespace, name, spec, spec_hash, pool, partition)"
+            " VALUES (gen_random_uuid(), 'plans-waiting', 'j', '{}'::jsonb, 'h', 'default', 0)"
+            " RETURNING id"
+        )
+        row = await cur.fetchone()
+        assert row is not None
+        job = row["id"]
+        await conn.execute(
+            "INSERT INTO cronwell_occurrences (idempotency_key, job_id, pool, scheduled_for,"
+            " run_at, state, overlap, delivery, max_attempts, timeout_seconds)"
+            " VALUES (%s, %s, 'default', %s, now(), 'waiting', 'BufferAll', 'AtLeastOnce', 1, 60)",
+            (f"{job}-waiting", job, AT),
+        )
+        await conn.execute("ANALYZE cronwell_occurrences")
+        cur = await conn.execute(
+            "EXPLAIN (ANALYZE, BUFFERS, COSTS OFF) " + q("WaitingStranded"), {"limit": 100}
+        )
+        plan = "\n".join(str(next(iter(r.values()))) for r in await cur.fetchall())
+    assert await claims.stranded(db, limit=100) == [job]
+    assert touched(plan) >= {PARTITION}, plan
+    # The one filtered out: the waiting row itself, in the probe for its job's active ones.
+    assert sum(int(n) for n in re.findall(r"Rows Removed by Filter: (\d+)", plan)) <= 1, plan
+    executed = plan.split("Planning:")[0]  # the planner's catalog reads aside
+    assert all(int(n) <= 20 for n in re.findall(r"(?:hit|read)=(\d+)", executed)), plan
