@@ -43,6 +43,8 @@ from bench.common import (
     statements,
     stop_all,
     worker_argv,
+    write_load,
+    write_load_figures,
 )
 from cronwell.models import ConcurrencyPolicy
 from cronwell.store import clock
@@ -117,9 +119,9 @@ async def sustained(
         await asyncio.sleep(warmup)
         async with db.connection() as conn:
             await conn.execute("SELECT pg_stat_statements_reset()")
-        cpu0 = cpu()
+        cpu0, load0 = cpu(), await write_load(db)
         await asyncio.sleep(duration - warmup)
-        cpu1 = cpu()
+        cpu1, load1 = cpu(), await write_load(db)
         t_end = await clock.now(db)
         per_statement = await statements(db)  # before the bench's counts
     finally:
@@ -182,6 +184,7 @@ async def sustained(
         "postgres_cpu_ms_per_occurrence": round(pg_ms, 3),
         "cpu_bound_per_second": round((os.cpu_count() or 1) * 1000 / cpu_ms),
         "statements_after_warmup": per_occurrence(per_statement, handled),
+        **write_load_figures(load0, load1, handled),
         # Does a backlog persist or drain? The p99 of each 10 s of instants, in order.
         "start_lag_p99_s_by_10s": [
             lag_stats(by_slice[k])["start_lag_p99_s"] for k in sorted(by_slice)
