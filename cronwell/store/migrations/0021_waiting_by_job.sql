@@ -7,7 +7,7 @@
 -- occurrences (0001: running, waiting, retrying), reading every running row's heap tuple to
 -- filter it out, and between two autovacuums every dead entry of the rows that had run: at
 -- 10,000 per-second jobs on two cores, 33-63 ms a reaper pass (72,000-113,000 entries read,
--- 7,500-12,600 pages) for no waiting row at all, 3-4% of PostgreSQL's time. This index holds
+-- 7,600-12,600 pages) for no waiting row at all, 3-4% of PostgreSQL's time. This index holds
 -- waiting rows only: a claim, start or completion never writes to it, and with none waiting
 -- the reaper's question is one empty page.
 --
