@@ -413,43 +413,6 @@ def merge_latest(latest: Path, results: dict[str, Any]) -> dict[str, Any]:
     return kept | results | ({"merged_from": merged_from} if merged_from else {})
 
 
-async def write_load(db: Database) -> dict[str, float]:
-    """What the server's writes leave behind, cumulative: WAL bytes and full-page images,
-    checkpoints, and the history tables' autovacuum runs, dead rows and size (every
-    partition of cronwell_occurrences and cronwell_attempts). Two readings a window apart
-    say whether a run's second minute pays for its first: dead row versions until
-    autovacuum comes (a minute apart by default), a vacuum of a grown partition, and
-    full-page images after each checkpoint that the WAL volume forces."""
-    async with db.connection() as conn:
-        cur = await conn.execute(
-            "SELECT (SELECT wal_bytes FROM pg_stat_wal)::float8 AS wal_bytes,"
-            " (SELECT wal_fpi FROM pg_stat_wal)::float8 AS wal_fpi,"
-            " (SELECT num_timed + num_requested FROM pg_stat_checkpointer)::float8"
-            "   AS checkpoints,"
-            " coalesce(sum(autovacuum_count), 0)::float8 AS autovacuums,"
-            " coalesce(sum(n_dead_tup), 0)::float8 AS dead_rows,"
-            " coalesce(sum(pg_total_relation_size(relid)), 0)::float8 AS bytes"
-            " FROM pg_stat_user_tables"
-            " WHERE relname ~ '^cronwell_(occurrences|attempts)(_|$)'"
-        )
-        row = await cur.fetchone()
-    assert row is not None  # an aggregate: one row
-    return {k: float(v) for k, v in row.items()}
-
-
-def write_load_figures(before: dict[str, float], after: dict[str, float], n: int) -> dict[str, Any]:
-    """`write_load` readings at a window's ends as figures, per occurrence where it fits."""
-    d = {k: after[k] - before[k] for k in after}
-    return {
-        "wal_kb_per_occurrence": round(d["wal_bytes"] / 1024 / max(1, n), 2),
-        "wal_full_page_images_per_occurrence": round(d["wal_fpi"] / max(1, n), 3),
-        "checkpoints_in_window": int(d["checkpoints"]),
-        "history_autovacuums_in_window": int(d["autovacuums"]),
-        "history_dead_rows_at_end": int(after["dead_rows"]),
-        "history_mb_at_end": round(after["bytes"] / 2**20),
-    }
-
-
 async def statements(db: Database, top: int = 12) -> dict[str, Any]:
     """PostgreSQL's time per statement since the reset, in ms, the `top` by total:
     execution, and planning where pg_stat_statements.track_planning is on (zero

@@ -43,16 +43,56 @@ from bench.common import (
     statements,
     stop_all,
     worker_argv,
-    write_load,
-    write_load_figures,
 )
+from bench.soak import Tables
 from cronwell.models import ConcurrencyPolicy
-from cronwell.store import clock
+from cronwell.store import Database, clock
 
 POLICIES = (ConcurrencyPolicy.SKIP.value, ConcurrencyPolicy.ALLOW.value)
 """The overlap policies the section runs with, by default: cronwell's default, and none."""
 SERIES_SECONDS = 10.0
 """The width of each slice of instants in the p99 series (start_lag_p99_s_by_10s)."""
+
+
+HISTORY = ("cronwell_occurrences", "cronwell_attempts")
+"""The history tables, whose partitions `Tables` sums into them."""
+
+
+async def write_load(db: Database, tables: Tables) -> dict[str, float]:
+    """What the server's writes leave behind, cumulative: WAL bytes and full-page images,
+    checkpoints, and the history tables' autovacuum runs, dead rows and size (`tables`: the
+    soak's reader, one for both readings). Two readings a window apart say whether a run's
+    second minute pays for its first: dead row versions until autovacuum comes (a minute
+    apart by default), a vacuum of a grown partition, and full-page images after each
+    checkpoint that the WAL volume forces."""
+    stats = await tables.read(db)
+    async with db.connection() as conn:
+        cur = await conn.execute(
+            "SELECT wal_bytes::float8 AS wal_bytes, wal_fpi::float8 AS wal_fpi,"
+            " (SELECT num_timed + num_requested FROM pg_stat_checkpointer)::float8"
+            "   AS checkpoints FROM pg_stat_wal"
+        )
+        row = await cur.fetchone()
+    assert row is not None  # one row, always
+    history = [stats.get(t, {}) for t in HISTORY]
+    return {k: float(v) for k, v in row.items()} | {
+        "autovacuums": float(sum(h.get("autovacuum", 0) for h in history)),
+        "dead_rows": float(sum(h.get("dead", 0) for h in history)),
+        "bytes": float(sum(h.get("bytes", 0) for h in history)),
+    }
+
+
+def write_load_figures(before: dict[str, float], after: dict[str, float], n: int) -> dict[str, Any]:
+    """`write_load` readings at a window's ends as figures, per occurrence where it fits."""
+    d = {k: after[k] - before[k] for k in after}
+    return {
+        "wal_kb_per_occurrence": round(d["wal_bytes"] / 1024 / max(1, n), 2),
+        "wal_full_page_images_per_occurrence": round(d["wal_fpi"] / max(1, n), 3),
+        "checkpoints_in_window": int(d["checkpoints"]),
+        "history_autovacuums_in_window": int(d["autovacuums"]),
+        "history_dead_rows_at_end": int(after["dead_rows"]),
+        "history_mb_at_end": round(after["bytes"] / 2**20),
+    }
 
 
 def check(duration: float, warmup: float, policies: list[str]) -> None:
@@ -119,9 +159,10 @@ async def sustained(
         await asyncio.sleep(warmup)
         async with db.connection() as conn:
             await conn.execute("SELECT pg_stat_statements_reset()")
-        cpu0, load0 = cpu(), await write_load(db)
+        tables = Tables()
+        cpu0, load0 = cpu(), await write_load(db, tables)
         await asyncio.sleep(duration - warmup)
-        cpu1, load1 = cpu(), await write_load(db)
+        cpu1, load1 = cpu(), await write_load(db, tables)
         t_end = await clock.now(db)
         per_statement = await statements(db)  # before the bench's counts
     finally:
