@@ -15,8 +15,10 @@ import re
 import uuid
 from collections import defaultdict
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import pytest
+from psycopg import AsyncCursor
 
 from cronwell import dispatch
 from cronwell.store import claims, history_partitions
@@ -44,6 +46,11 @@ def prepared(sql: str) -> tuple[str, list[str]]:
     return re.sub(r"%\((\w+)\)[sb]", sub, sql), names
 
 
+async def explained(cur: AsyncCursor[Any]) -> str:
+    """An EXPLAIN's output, a line per row."""
+    return "\n".join(str(next(iter(r.values()))) for r in await cur.fetchall())
+
+
 async def generic_plan(
     conn: Conn, name: str, literals: dict[str, str], explain: str = "EXPLAIN"
 ) -> str:
@@ -55,7 +62,7 @@ async def generic_plan(
     await conn.execute("SET plan_cache_mode = force_generic_plan")
     await conn.execute(f"PREPARE generic AS {body}")
     cur = await conn.execute(f"{explain} EXECUTE generic({', '.join(literals[p] for p in params)})")
-    plan = "\n".join(str(next(iter(r.values()))) for r in await cur.fetchall())
+    plan = await explained(cur)
     await conn.execute("DEALLOCATE generic")
     await conn.execute("RESET plan_cache_mode")
     return plan
@@ -147,7 +154,7 @@ async def run_after_a_burst_unseen(db: Database, name: str) -> tuple[str, int]:
             "buffered": dispatch.BUFFERED_ORDER,
         }
         cur = await conn.execute("EXPLAIN (ANALYZE, BUFFERS, COSTS OFF) " + q(name), values)
-        plan = "\n".join(str(next(iter(r.values()))) for r in await cur.fetchall())
+        plan = await explained(cur)
     return plan, 1 if name == "OccurrenceFail" else len(held)
 
 
@@ -241,7 +248,7 @@ async def test_claim_plans_leave_out_the_partitions_after_until(
                     await generic_plan(conn, name, {k: literal(v) for k, v in values.items()})
                 )
             cur = await conn.execute("EXPLAIN " + q(name), values)
-            return touched("\n".join(str(next(iter(r.values()))) for r in await cur.fetchall()))
+            return touched(await explained(cur))
 
         unbounded, bounded = await plan(LATEST), await plan(until)
     parts = await history_partitions.partitions(db)
@@ -304,7 +311,7 @@ async def explain_in_index_order(
             literals = {k: literal(v) for k, v in params.items()}
             return await generic_plan(conn, name, literals, explain)
         cur = await conn.execute(f"{explain} {q(name)}", params)
-        return "\n".join(str(next(iter(r.values()))) for r in await cur.fetchall())
+        return await explained(cur)
 
 
 def rows_read(plan: str) -> list[int]:
@@ -390,7 +397,7 @@ async def test_the_reapers_waiting_check_reads_the_waiting_rows_only(db: Databas
         cur = await conn.execute(
             "EXPLAIN (ANALYZE, BUFFERS, COSTS OFF) " + q("WaitingStranded"), {"limit": 100}
         )
-        plan = "\n".join(str(next(iter(r.values()))) for r in await cur.fetchall())
+        plan = await explained(cur)
     assert await claims.stranded(db, limit=100) == [job]
     assert touched(plan) >= {PARTITION}, plan
     # The one filtered out: the waiting row itself, in the probe for its job's active ones.
