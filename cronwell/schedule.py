@@ -32,6 +32,8 @@ _MAX_SHIFT = timedelta(hours=3)
 _SECOND = timedelta(seconds=1)
 _TINY = timedelta(microseconds=1)
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_MEMO_SIZE = 64
+"""Answers a CronSchedule keeps (CronSchedule.next_after): a batch asks for a few instants."""
 LOOKAHEAD_YEARS = 400
 """How far a walk looks for the next instant: the Gregorian calendar repeats every 400
 years, so an expression with no day in that span has none ever."""
@@ -53,7 +55,14 @@ def key_job(key: str) -> str:
 
 
 def format_instant(t: datetime) -> str:
-    return t.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return _format_utc(t.astimezone(UTC))
+
+
+@functools.lru_cache(maxsize=4096)
+def _format_utc(t: datetime) -> str:
+    """Cached by the UTC instant (a batch's occurrences share a few): not by a local time,
+    which compares and hashes alike at both passes of a fall-back."""
+    return t.strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def partition_of(job_id: uuid.UUID | str, partitions: int) -> int:
@@ -117,8 +126,10 @@ class CronSchedule:
     hash_id: str = ""
     _c: cronexpr.Cron = field(init=False, repr=False, compare=False)
     _tables: tuple[tuple[int, ...], ...] = field(init=False, repr=False, compare=False)
+    _memo: dict[datetime, datetime | None] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "_memo", {})
         c = cronexpr.parse(self.expr, self.hash_id)
         if not isinstance(c, cronexpr.Cron):
             raise ValueError(f"{self.expr!r} is not a cron expression (use EverySchedule)")
@@ -211,8 +222,19 @@ class CronSchedule:
         return (local - off).replace(tzinfo=UTC)
 
     def next_after(self, t: datetime) -> datetime | None:
-        """The first instant strictly after aware `t` (None: none within LOOKAHEAD_YEARS)."""
+        """The first instant strictly after aware `t` (None: none within LOOKAHEAD_YEARS).
+        The last few answers are kept: the jobs sharing this schedule ask for the same
+        instants (10,000 per-second jobs: one walk an instant, not one a job; 4 us each)."""
         t = t.astimezone(UTC)  # aware arithmetic below must be elapsed time, not wall time
+        memo = self._memo  # by the UTC instant: local times alike at both passes of a fall-back
+        if t in memo:
+            return memo[t]
+        if len(memo) >= _MEMO_SIZE:
+            memo.clear()
+        found = memo[t] = self._walk(t)
+        return found
+
+    def _walk(self, t: datetime) -> datetime | None:
         lt = t.astimezone(self.tz)
         wall = lt.replace(tzinfo=None)
         twice = self.fall_back == FallBack.RUN_TWICE
@@ -253,6 +275,23 @@ class EverySchedule:
         return self.anchor + ((t - self.anchor) // self.period + 1) * self.period
 
 
+def _cron(
+    expr: str, zone: str, spring_forward: SpringForward, fall_back: FallBack, hash_id: str
+) -> CronSchedule:
+    """One CronSchedule per distinct cron, zone and policy, whatever the specs around them
+    (its remembered answers serve them all); one per job where `H` seeds it by the job."""
+    if hash_id:
+        return CronSchedule(expr, load_zone(zone), spring_forward, fall_back, hash_id)
+    return _shared_cron(expr, zone, spring_forward, fall_back)
+
+
+@functools.lru_cache(maxsize=4096)
+def _shared_cron(
+    expr: str, zone: str, spring_forward: SpringForward, fall_back: FallBack
+) -> CronSchedule:
+    return CronSchedule(expr, load_zone(zone), spring_forward, fall_back)
+
+
 @dataclass(frozen=True)
 class JobSchedule:
     """Everything the scheduler needs to enumerate one job's nominal instants."""
@@ -271,12 +310,12 @@ class JobSchedule:
             if isinstance(parsed, cronexpr.Every):
                 cron = EverySchedule(timedelta(seconds=parsed.seconds), spec.start_at or _EPOCH)
             else:
-                cron = CronSchedule(
-                    expr=spec.schedule,
-                    tz=load_zone(spec.time_zone),
-                    spring_forward=SpringForward(spec.dst_policy.spring_forward),
-                    fall_back=FallBack(spec.dst_policy.fall_back),
-                    hash_id=str(job_id) if uses_hash(spec.schedule) else "",
+                cron = _cron(
+                    spec.schedule,
+                    spec.time_zone,
+                    SpringForward(spec.dst_policy.spring_forward),
+                    FallBack(spec.dst_policy.fall_back),
+                    str(job_id) if uses_hash(spec.schedule) else "",
                 )
         return cls(cron=cron, run_at=spec.run_at, start_at=spec.start_at, end_at=spec.end_at)
 

@@ -17,6 +17,7 @@ import math
 import time
 import uuid
 from collections import OrderedDict
+from collections.abc import Iterable, Mapping
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -30,7 +31,7 @@ from cronwell.metrics import Metrics
 from cronwell.models import MisfirePolicy, ScheduledJobSpec
 from cronwell.plan import near_reach, plan_job, visit_reach
 from cronwell.settings import SchedulerSettings
-from cronwell.store import gauges, history_partitions, leases, materialise, processes
+from cronwell.store import claims, gauges, history_partitions, leases, materialise, processes
 from cronwell.store.db import Database
 from cronwell.store.migrate import check_schema
 from cronwell.supervise import Supervisor, repeat, wait_event
@@ -43,7 +44,8 @@ MATERIALISATION = "materialisation pass"
 
 class SpecCache:
     """Parsed specs by spec hash, schedules by (spec hash, uid if the cron uses H): a burst
-    of 50,000 jobs sharing a few specs parses each spec once, not once per job."""
+    of 50,000 jobs sharing a few specs parses each spec once, not once per job, and reads
+    it once (`unread`, then claims.specs)."""
 
     def __init__(self, size: int = 200_000):
         self._size = size
@@ -52,12 +54,34 @@ class SpecCache:
             OrderedDict()
         )
 
+    def unread(self, jobs: Iterable[materialise.DueJob]) -> list[uuid.UUID]:
+        """One job for each spec hash not parsed yet (whose document the batch must read);
+        the parsed ones are marked recent, so the batch's own parses do not evict them."""
+        out: dict[str, uuid.UUID] = {}
+        for job in jobs:
+            if job.spec_hash in self._specs:
+                self._specs.move_to_end(job.spec_hash)
+            else:
+                out.setdefault(job.spec_hash, job.id)
+        return list(out.values())
+
     def get(
-        self, job_id: uuid.UUID, spec_hash: str, spec: dict[str, Any]
-    ) -> tuple[ScheduledJobSpec, schedule.JobSchedule]:
-        parsed = _lru(
-            self._specs, spec_hash, self._size, lambda: ScheduledJobSpec.model_validate(spec)
-        )
+        self, job_id: uuid.UUID, spec_hash: str, documents: Mapping[str, dict[str, Any]]
+    ) -> tuple[ScheduledJobSpec, schedule.JobSchedule] | None:
+        """The job's parsed spec and schedule; `documents`: the specs read for this batch,
+        by hash. None for a hash neither parsed nor read (evicted since `unread`: a batch
+        with more new specs than the cache holds): the job waits for the next batch."""
+        parsed = self._specs.get(spec_hash)
+        if parsed is None:
+            document = documents.get(spec_hash)
+            if document is None:
+                return None
+            parsed = _lru(
+                self._specs,
+                spec_hash,
+                self._size,
+                lambda: ScheduledJobSpec.model_validate(document),
+            )
         hashed = parsed.schedule is not None and cronexpr.uses_hash(parsed.schedule)
         key = (spec_hash, job_id if hashed else None)
         sched = _lru(
@@ -221,12 +245,18 @@ class Scheduler:
             if not jobs:
                 return 0
             now = jobs[0].db_now
+            unread = self.specs.unread(jobs)
+            documents = (
+                {d.spec_hash: d.spec for d in await claims.specs(self.db, unread, conn=conn)}
+                if unread
+                else {}
+            )
             occ = materialise.NewOccurrences()
             adv = materialise.Advances()
             due: list[tuple[str, datetime]] = []
             for job in jobs:
                 try:
-                    spec, sched = self.specs.get(job.id, job.spec_hash, job.spec)
+                    found = self.specs.get(job.id, job.spec_hash, documents)
                 except (pydantic.ValidationError, SpecError) as e:
                     # A stored spec this version refuses (written by an older version, or
                     # straight into the database): park the job until its spec changes
@@ -242,6 +272,9 @@ class Scheduler:
                     adv.next_run_at.append(None)
                     adv.missed.append(0)
                     continue
+                if found is None:
+                    continue
+                spec, sched = found
                 deadline = timedelta(
                     seconds=spec.starting_deadline_seconds or s.misfire_threshold_seconds
                 )

@@ -17,8 +17,8 @@ class DueJob:
     """A due job claimed (locked) for this batch; `db_now` is the transaction's clock."""
 
     id: uuid.UUID
-    spec: dict[str, Any]
     spec_hash: str
+    """Its spec's content hash: equal hashes are equal specs (claims.specs reads one)."""
     pool: str
     next_run_at: datetime
     resumed_at: datetime | None

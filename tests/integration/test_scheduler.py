@@ -326,6 +326,22 @@ async def test_a_stored_spec_that_no_longer_validates_parks_its_job_only(db: Dat
         assert (await cur.fetchone()) == {"next_run_at": None}
 
 
+async def test_a_changed_spec_is_read_by_the_scheduler_that_parsed_the_old_one(
+    db: Database,
+) -> None:
+    """Batches read only the specs of hashes the scheduler has not parsed: a job whose spec
+    changes comes back with a new hash, and the same scheduler reads and follows it."""
+    await make_job(db, "tick", schedule="*/10 * * * * *")
+    s = await scheduler(db, horizon_seconds=150)
+    await s.materialise_until_idle()
+    assert all(o["scheduled_for"].second % 10 == 0 for o in await occurrences(db, "tick"))
+    await make_job(db, "tick", schedule="7 * * * * *", target={"log": {"message": "new"}})
+    await sql(db, "DELETE FROM cronwell_occurrences")  # its cursor starts again from now
+    assert await s.materialise_until_idle() >= 1
+    seconds = [o["scheduled_for"].second for o in await occurrences(db, "tick")]
+    assert seconds and set(seconds) == {7}, seconds
+
+
 async def test_a_long_catch_up_is_progress_not_a_stall(
     db: Database, monkeypatch: pytest.MonkeyPatch
 ) -> None:

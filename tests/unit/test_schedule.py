@@ -651,3 +651,34 @@ def test_lower_case_h_is_hashed_too_and_every_never_is() -> None:
     assert uses_hash("h h * * *") and uses_hash("H(0-29)/10 * * * *")
     assert not uses_hash("@every 1h30m") and not uses_hash("@hourly")
     assert not uses_hash("0 0 * * thu") and not uses_hash("0 0 * mar *")
+
+
+def test_remembered_answers_are_kept_by_instant_not_by_local_time() -> None:
+    """A schedule keeps its last answers and keys spell cached instants: 01:30 at New
+    York's first and second pass (fold 0 and 1) compare and hash alike as local times, yet
+    are an hour apart, with their own next instants and keys."""
+    first = datetime(2026, 11, 1, 1, 30, tzinfo=load_zone("America/New_York"))
+    second = first.replace(fold=1)
+    s = cron("*/20 * * * *", "America/New_York", fall=FallBack.RUN_TWICE)
+    assert [s.next_after(first), s.next_after(second)] == [
+        utc(2026, 11, 1, 5, 40),
+        utc(2026, 11, 1, 6, 40),
+    ]
+    assert [schedule.format_instant(first), schedule.format_instant(second)] == [
+        "2026-11-01T05:30:00Z",
+        "2026-11-01T06:30:00Z",
+    ]
+
+
+def test_jobs_with_one_cron_share_its_schedule_unless_h_seeds_it_by_job() -> None:
+    """The answers a cron keeps serve every job with that cron, zone and policy, whatever
+    else their specs say; a cron with `H` is the job's own."""
+    from cronwell.models import ScheduledJobSpec
+
+    def sched(expr: str, message: str, job: str) -> schedule.Schedule | None:
+        spec = {"schedule": expr, "target": {"log": {"message": message}}}
+        return schedule.JobSchedule.from_spec(job, ScheduledJobSpec.model_validate(spec)).cron
+
+    assert sched("*/5 * * * *", "a", "j1") is sched("*/5 * * * *", "b", "j2")
+    assert sched("*/5 * * * *", "a", "j1") is not sched("*/5 * * * * *", "a", "j1")
+    assert sched("H * * * *", "a", "j1") is not sched("H * * * *", "a", "j2")
