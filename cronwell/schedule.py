@@ -32,8 +32,6 @@ _MAX_SHIFT = timedelta(hours=3)
 _SECOND = timedelta(seconds=1)
 _TINY = timedelta(microseconds=1)
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
-_MEMO_SIZE = 64
-"""Answers a CronSchedule keeps (CronSchedule.next_after): a batch asks for a few instants."""
 LOOKAHEAD_YEARS = 400
 """How far a walk looks for the next instant: the Gregorian calendar repeats every 400
 years, so an expression with no day in that span has none ever."""
@@ -111,6 +109,12 @@ def _transition_near(tz: ZoneInfo, t: datetime) -> tuple[datetime, timedelta, ti
     return tr
 
 
+_ANSWERS: dict[tuple[CronSchedule, datetime], datetime | None] = {}
+"""Recent answers of CronSchedule.next_after, by equal cron and UTC instant; emptied when
+full (_ANSWERS_SIZE, a few MB), which only costs walks again."""
+_ANSWERS_SIZE = 16_384
+
+
 class Schedule(Protocol):
     def next_after(self, t: datetime) -> datetime | None: ...
 
@@ -126,10 +130,11 @@ class CronSchedule:
     hash_id: str = ""
     _c: cronexpr.Cron = field(init=False, repr=False, compare=False)
     _tables: tuple[tuple[int, ...], ...] = field(init=False, repr=False, compare=False)
-    _memo: dict[datetime, datetime | None] = field(init=False, repr=False, compare=False)
+    _hash: int = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "_memo", {})
+        fields = (self.expr, self.tz, self.spring_forward, self.fall_back, self.hash_id)
+        object.__setattr__(self, "_hash", hash(fields))
         c = cronexpr.parse(self.expr, self.hash_id)
         if not isinstance(c, cronexpr.Cron):
             raise ValueError(f"{self.expr!r} is not a cron expression (use EverySchedule)")
@@ -223,16 +228,19 @@ class CronSchedule:
 
     def next_after(self, t: datetime) -> datetime | None:
         """The first instant strictly after aware `t` (None: none within LOOKAHEAD_YEARS).
-        The last few answers are kept: the jobs sharing this schedule ask for the same
+        Recent answers are kept (_ANSWERS): the jobs with one cron ask for the same
         instants (10,000 per-second jobs: one walk an instant, not one a job; 4 us each)."""
         t = t.astimezone(UTC)  # aware arithmetic below must be elapsed time, not wall time
-        memo = self._memo  # by the UTC instant: local times alike at both passes of a fall-back
-        if t in memo:
-            return memo[t]
-        if len(memo) >= _MEMO_SIZE:
-            memo.clear()
-        found = memo[t] = self._walk(t)
+        key = (self, t)  # the UTC instant: local times are alike at both passes of a fall-back
+        found = _ANSWERS.get(key)
+        if found is None and key not in _ANSWERS:
+            if len(_ANSWERS) >= _ANSWERS_SIZE:
+                _ANSWERS.clear()
+            found = _ANSWERS[key] = self._walk(t)
         return found
+
+    def __hash__(self) -> int:
+        return self._hash
 
     def _walk(self, t: datetime) -> datetime | None:
         lt = t.astimezone(self.tz)
@@ -275,23 +283,6 @@ class EverySchedule:
         return self.anchor + ((t - self.anchor) // self.period + 1) * self.period
 
 
-def _cron(
-    expr: str, zone: str, spring_forward: SpringForward, fall_back: FallBack, hash_id: str
-) -> CronSchedule:
-    """One CronSchedule per distinct cron, zone and policy, whatever the specs around them
-    (its remembered answers serve them all); one per job where `H` seeds it by the job."""
-    if hash_id:
-        return CronSchedule(expr, load_zone(zone), spring_forward, fall_back, hash_id)
-    return _shared_cron(expr, zone, spring_forward, fall_back)
-
-
-@functools.lru_cache(maxsize=4096)
-def _shared_cron(
-    expr: str, zone: str, spring_forward: SpringForward, fall_back: FallBack
-) -> CronSchedule:
-    return CronSchedule(expr, load_zone(zone), spring_forward, fall_back)
-
-
 @dataclass(frozen=True)
 class JobSchedule:
     """Everything the scheduler needs to enumerate one job's nominal instants."""
@@ -310,12 +301,12 @@ class JobSchedule:
             if isinstance(parsed, cronexpr.Every):
                 cron = EverySchedule(timedelta(seconds=parsed.seconds), spec.start_at or _EPOCH)
             else:
-                cron = _cron(
-                    spec.schedule,
-                    spec.time_zone,
-                    SpringForward(spec.dst_policy.spring_forward),
-                    FallBack(spec.dst_policy.fall_back),
-                    str(job_id) if uses_hash(spec.schedule) else "",
+                cron = CronSchedule(
+                    expr=spec.schedule,
+                    tz=load_zone(spec.time_zone),
+                    spring_forward=SpringForward(spec.dst_policy.spring_forward),
+                    fall_back=FallBack(spec.dst_policy.fall_back),
+                    hash_id=str(job_id) if uses_hash(spec.schedule) else "",
                 )
         return cls(cron=cron, run_at=spec.run_at, start_at=spec.start_at, end_at=spec.end_at)
 

@@ -670,15 +670,17 @@ def test_remembered_answers_are_kept_by_instant_not_by_local_time() -> None:
     ]
 
 
-def test_jobs_with_one_cron_share_its_schedule_unless_h_seeds_it_by_job() -> None:
-    """The answers a cron keeps serve every job with that cron, zone and policy, whatever
-    else their specs say; a cron with `H` is the job's own."""
-    from cronwell.models import ScheduledJobSpec
-
-    def sched(expr: str, message: str, job: str) -> schedule.Schedule | None:
-        spec = {"schedule": expr, "target": {"log": {"message": message}}}
-        return schedule.JobSchedule.from_spec(job, ScheduledJobSpec.model_validate(spec)).cron
-
-    assert sched("*/5 * * * *", "a", "j1") is sched("*/5 * * * *", "b", "j2")
-    assert sched("*/5 * * * *", "a", "j1") is not sched("*/5 * * * * *", "a", "j1")
-    assert sched("H * * * *", "a", "j1") is not sched("H * * * *", "a", "j2")
+def test_kept_answers_serve_equal_crons_and_stay_bounded() -> None:
+    """Answers are kept by equal cron (another job's copy of the cron finds them) and the
+    store of them never outgrows its size, whatever number of crons and instants ask."""
+    schedule._ANSWERS.clear()
+    t = utc(2026, 12, 7, 11)
+    assert cron("*/5 * * * *").next_after(t) == utc(2026, 12, 7, 11, 5)
+    assert len(schedule._ANSWERS) == 1
+    assert cron("*/5 * * * *").next_after(t) == utc(2026, 12, 7, 11, 5)
+    assert len(schedule._ANSWERS) == 1  # the copy's answer was the kept one
+    assert cron("*/5 * * * *", hash_id="j").next_after(t) == utc(2026, 12, 7, 11, 5)
+    assert len(schedule._ANSWERS) == 2  # H's seed makes another cron, even with no H
+    for i in range(schedule._ANSWERS_SIZE + 10):
+        cron("* * * * * *", hash_id=str(i % 7)).next_after(t + timedelta(seconds=i))
+    assert 0 < len(schedule._ANSWERS) <= schedule._ANSWERS_SIZE
