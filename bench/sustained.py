@@ -157,16 +157,18 @@ async def sustained(
 
     try:
         await asyncio.sleep(warmup)
-        # Read before the window opens: its queries count in neither its CPU nor statements.
+        # Read before the window opens (and after it closes, below): the readings' queries
+        # count in neither the window's CPU nor its statements.
         tables = Tables()
         load0 = await write_load(db, tables)
         async with db.connection() as conn:
             await conn.execute("SELECT pg_stat_statements_reset()")
         cpu0 = cpu()
         await asyncio.sleep(duration - warmup)
-        cpu1, load1 = cpu(), await write_load(db, tables)
+        cpu1 = cpu()
         t_end = await clock.now(db)
         per_statement = await statements(db)  # before the bench's counts
+        load1 = await write_load(db, tables)  # after the window, as the first before it
     finally:
         stop_all(procs)
     async with db.connection() as conn:
