@@ -1060,6 +1060,51 @@ async def test_a_worker_gives_back_its_surplus_when_a_peer_joins(db: Database, d
     assert attempts["a"] == [1]
 
 
+async def test_a_worker_holding_claims_ahead_counts_its_peers_without_looking_again(
+    db: Database, db_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A worker holds a coming burst claimed ahead and nothing wakes it: each second it
+    counts the pool's live workers, not read again what is coming (it read up to three
+    windows of the pool's instants a second: a ninth of PostgreSQL's time in a 50,000
+    burst). A peer registering changes the count: the next one looks again, counting two.
+    `claims.coming` is the real query, counted on its way."""
+    reads = 0
+    real = claims.coming
+
+    async def counted(*args: Any, **kwargs: Any) -> list[claims.Coming]:
+        nonlocal reads
+        reads += 1
+        return await real(*args, **kwargs)
+
+    monkeypatch.setattr(claims, "coming", counted)
+    await handler_job(db, "held", "t-noop")
+    # poll_seconds: the least a held worker looks anyway (what a lost NOTIFY left unsaid)
+    opts = AHEAD | {"concurrency": 8, "claim_batch_size": 20, "poll_seconds": 10.0}
+    async with running_worker(db_url, worker_id="w-held", **opts) as rw:
+        await wait_for(lambda: _registered(db, 1), what="the worker registered")
+        await burst_in(db, "held", 100, BURST_LEAD)
+        await _all_claimed_ahead(db, "held", 100)
+        await asyncio.sleep(1.0)  # its last claim's look, after the rows were claimed
+        before = reads
+        await asyncio.sleep(4.0)
+        assert reads - before <= 1, f"{reads - before} reads in 4 s while holding"
+        assert rw.worker._coming is not None and rw.worker._coming.workers == 1
+        await processes.heartbeat(
+            db, processes.ProcessEntry("w-peer", "worker", "default", "h", 1, "v", 8, 0)
+        )
+        before = reads
+        await wait_for(
+            lambda: _looked(rw.worker, before, lambda: reads),
+            timeout=5.0,
+            what="a look after the peer registered",
+        )
+        assert rw.worker._coming is not None and rw.worker._coming.workers == 2
+
+
+async def _looked(w: Worker, before: int, reads: Any) -> bool:
+    return bool(reads() > before and w._coming is not None and w._coming.workers == 2)
+
+
 async def test_the_pool_view_merges_the_live_workers_bursts(db: Database) -> None:
     """Each worker publishes the burst sizes it has seen; a look reads the most any live
     worker of its pool has seen at each instant: not a silent worker's, not another pool's,
