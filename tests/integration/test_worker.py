@@ -1065,8 +1065,8 @@ async def test_a_worker_holding_claims_ahead_counts_its_peers_without_looking_ag
 ) -> None:
     """A worker holds a coming burst claimed ahead and nothing wakes it: each second it
     counts the pool's live workers, not read again what is coming (it read up to three
-    windows of the pool's instants a second: a ninth of PostgreSQL's time in a 50,000
-    burst). A peer registering changes the count: the next one looks again, counting two.
+    windows of the pool's instants a second: a tenth of the statements' execution time in
+    a 50,000 burst). A peer registering changes the count: the next one looks again, counting two.
     `claims.coming` is the real query, counted on its way."""
     reads = 0
     real = claims.coming

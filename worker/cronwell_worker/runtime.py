@@ -753,7 +753,7 @@ class Worker:
         poll_seconds (the poll that finds what a lost NOTIFY did not announce). Why: a
         worker holding a burst's first claims from 26 s ahead looked every second, three
         reads of up to 30 s of the pool's instants a look: 92 reads in 16 s for two workers
-        before a 50,000 burst, a ninth of PostgreSQL's time in that burst."""
+        before a 50,000 burst, a tenth of the statements' execution time in that burst."""
         c = self._coming
         now = time.monotonic()
         if c is None or now - c.at >= self.settings.poll_seconds or now < self._give_back_until:
