@@ -169,7 +169,6 @@ def worker_env(
         "PYTHONPATH": path,
         "CRONWELL_DATABASE_URL": url,
         "CRONWELL_LOG_LEVEL": "WARNING",
-        "CRONWELL_CLAIM_BATCH_SIZE": "500",
     }
 
 

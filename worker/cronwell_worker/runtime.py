@@ -209,7 +209,7 @@ def plan_claims(
     the shares of the instants before it, at `rate` per second, `margin` seconds early.
     Why: a fixed window claims a large burst mostly after its instant; a window as wide as
     the scheduler's horizon holds memory for nothing. The slack is proportional: a fixed
-    one (a claim batch, 256) let one worker claim all of a 100-occurrence burst of 10 s
+    one (a claim batch, then 256) let one worker claim all of a 100-occurrence burst of 10 s
     handlers, 36 of them waiting for its 64 slots while another worker idled.
 
     `pending`: how many are left to claim at each instant. An instant with none left takes
