@@ -10,6 +10,7 @@ import gc
 import random
 import socket
 import time
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -1064,7 +1065,7 @@ async def test_a_worker_holding_claims_ahead_counts_its_peers_without_looking_ag
     db: Database, db_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A worker holds a coming burst claimed ahead and nothing wakes it: each second it
-    counts the pool's live workers, not read again what is coming (it read up to three
+    counts the pool's live workers and does not read again what is coming (it read up to three
     windows of the pool's instants a second: a tenth of the statements' execution time in
     a 50,000 burst). A peer registering changes the count: the next one looks again, counting two.
     `claims.coming` is the real query, counted on its way."""
@@ -1101,7 +1102,7 @@ async def test_a_worker_holding_claims_ahead_counts_its_peers_without_looking_ag
         assert rw.worker._coming is not None and rw.worker._coming.workers == 2
 
 
-async def _looked(w: Worker, before: int, reads: Any) -> bool:
+async def _looked(w: Worker, before: int, reads: Callable[[], int]) -> bool:
     return bool(reads() > before and w._coming is not None and w._coming.workers == 2)
 
 

@@ -1544,8 +1544,8 @@ class Worker:
         try:
             yield
         finally:
-            # By identity (list.remove compares identity first): equal batches are distinct.
-            del self._writing[next(i for i, w in enumerate(self._writing) if w is keys)]
+            # An equal batch's list, if remove finds that one first, stands for the same keys.
+            self._writing.remove(keys)
 
     async def _write(self, batch: list[_Queued], write: _Write, what: str) -> None:
         """One fenced batch write by (id, fence), retried through database errors; each
