@@ -717,6 +717,41 @@ async def test_stop_finishes_running_attempts_claims_nothing_and_deregisters(
     assert await sql(db, "SELECT id FROM cronwell_processes") == []
 
 
+async def test_an_attempt_ends_at_its_handler_and_stop_waits_for_its_completion_write(
+    db: Database, db_url: str
+) -> None:
+    """An attempt's task ends when its handler returns and its completion is queued (no
+    second step after the write); its entry stays, lease renewed, until the write. A stop
+    meanwhile waits for that write: the worker exits with the success recorded. The write
+    is held up by a row lock the test takes on the running occurrence."""
+    await handler_job(db, "queued", "t-wait-event")
+    async with running_worker(db_url, lease_seconds=30.0) as w:
+        key = await trigger(db, "queued")
+        await started(key)
+        async with await psycopg.AsyncConnection.connect(db_url) as locker:
+            await locker.execute(
+                "SELECT 1 FROM cronwell_occurrences WHERE idempotency_key = %s FOR UPDATE",
+                (key,),
+            )
+            CONTROL[key].set()
+
+            async def ended_unwritten() -> bool:
+                r = w.worker.running.get(key)
+                return r is not None and r.task is not None and r.task.done()
+
+            await wait_for(ended_unwritten, 5, "the attempt's task to end before its write")
+            assert await state_is(db, key, "running")
+            assert w.results(key) == [], "an outcome reported before its write"
+            w.worker.stop()
+            await asyncio.sleep(0.5)
+            assert not w.task.done(), "the worker exited with a completion unwritten"
+            await locker.rollback()
+        await asyncio.wait_for(asyncio.shield(w.task), 10)
+        assert w.results(key) == ["succeeded"]
+        assert key not in w.worker.running
+    assert await state_is(db, key, "succeeded")
+
+
 async def test_second_stop_cancels_and_records_the_attempt(db: Database, db_url: str) -> None:
     await handler_job(db, "stuck", "t-wait-event", retry={"maxAttempts": 3})
     async with running_worker(db_url) as w:
