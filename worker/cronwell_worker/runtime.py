@@ -1483,8 +1483,8 @@ class Worker:
     def _complete(self, r: _Running) -> None:
         """Queue the attempt's completion; its task then ends, and the write settles it
         (_completed). Why not await it: a future per attempt and a second step of its task
-        after the write, about 4 us of a worker's CPU per occurrence (a twelfth of it in a
-        50,000 burst), bought nothing a callback does not do."""
+        after the write bought nothing a callback does not do, for 3-5 us of a worker's CPU
+        per occurrence (50,000 bursts alternated: medians 0.058 -> 0.053 ms)."""
         r.queued = True
         self._queued += 1
         self._all_written.clear()
