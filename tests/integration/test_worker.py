@@ -10,7 +10,7 @@ import gc
 import random
 import socket
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -601,6 +601,18 @@ async def test_self_fences_when_heartbeats_cannot_renew(db: Database, db_url: st
 # -- slots ----------------------------------------------------------------------------------
 
 
+@contextlib.asynccontextmanager
+async def completion_held(db_url: str, key: str) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
+    """The running occurrence's row locked by another session, then its `t-wait-event`
+    handler let go: its completion write waits for the lock until the caller rolls back."""
+    async with await psycopg.AsyncConnection.connect(db_url) as locker:
+        await locker.execute(
+            "SELECT 1 FROM cronwell_occurrences WHERE idempotency_key = %s FOR UPDATE", (key,)
+        )
+        CONTROL[key].set()
+        yield locker
+
+
 async def test_a_slot_frees_when_the_handler_returns_not_when_its_completion_is_written(
     db: Database, db_url: str
 ) -> None:
@@ -614,12 +626,7 @@ async def test_a_slot_frees_when_the_handler_returns_not_when_its_completion_is_
     async with running_worker(db_url, concurrency=1, lease_seconds=30) as w:
         first = await trigger(db, "first")
         await started(first)
-        async with await psycopg.AsyncConnection.connect(db_url) as locker:
-            await locker.execute(
-                "SELECT 1 FROM cronwell_occurrences WHERE idempotency_key = %s FOR UPDATE",
-                (first,),
-            )
-            CONTROL[first].set()
+        async with completion_held(db_url, first) as locker:
             second = await trigger(db, "second")
             await started(second)
             assert (await occurrence(db, first))["state"] == "running"  # completion blocked
@@ -728,12 +735,7 @@ async def test_an_attempt_ends_at_its_handler_and_stop_waits_for_its_completion_
     async with running_worker(db_url, lease_seconds=30.0) as w:
         key = await trigger(db, "queued")
         await started(key)
-        async with await psycopg.AsyncConnection.connect(db_url) as locker:
-            await locker.execute(
-                "SELECT 1 FROM cronwell_occurrences WHERE idempotency_key = %s FOR UPDATE",
-                (key,),
-            )
-            CONTROL[key].set()
+        async with completion_held(db_url, key) as locker:
 
             async def ended_unwritten() -> bool:
                 r = w.worker.running.get(key)
