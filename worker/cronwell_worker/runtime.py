@@ -297,6 +297,11 @@ _Write = Callable[..., Awaitable[set[str]]]
 """A fenced batch write: (db, [(id, fence)], [start or None], within=(lo, hi) instants)."""
 
 
+def _attempt_fields(c: Claimed) -> dict[str, Any]:
+    """An attempt's log fields: its job, key, attempt and fence."""
+    return {"job": f"{c.namespace}/{c.name}", "key": c.key, "attempt": c.attempt, "fence": c.fence}
+
+
 def self_fence_margin(lease_seconds: float) -> float:
     """How long before the local lease deadline an unrenewed attempt is abandoned."""
     return min(1.0, lease_seconds * 0.1)
@@ -621,11 +626,13 @@ class Worker:
                     extra={"action": "worker_drain_unwritten", "n": self._queued},
                 )
 
-    async def _settle(self, tasks: Collection[asyncio.Task[None]], timeout: float) -> set[Any]:
+    async def _settle(
+        self, tasks: Collection[asyncio.Task[None]], timeout: float
+    ) -> set[asyncio.Task[None]]:
         """Wait up to `timeout` for `tasks` to end and then for the queued completions to
         be written (the completion loop writes them meanwhile); the tasks still running."""
         end = time.monotonic() + timeout
-        pending: set[Any] = set()
+        pending: set[asyncio.Task[None]] = set()
         if tasks:
             _, pending = await asyncio.wait(tasks, timeout=timeout)
         if self._queued:
@@ -1305,12 +1312,7 @@ class Worker:
 
     async def _attempt(self, r: _Running) -> None:
         c, ctx = r.claimed, r.ctx
-        extra = {
-            "job": f"{c.namespace}/{c.name}",
-            "key": c.key,
-            "attempt": c.attempt,
-            "fence": c.fence,
-        }
+        extra = _attempt_fields(c)
         spec = r.spec
         if spec is None:
             self._handler_done(r)  # nothing runs; recording the failure is all that is left
@@ -1501,15 +1503,7 @@ class Worker:
         c = r.claimed
         self._report(Outcome(c, "succeeded" if ok else "stale", start_lag=r.start_lag))
         if not ok:
-            log.warning(
-                "completion rejected: fence is stale",
-                extra={
-                    "job": f"{c.namespace}/{c.name}",
-                    "key": c.key,
-                    "attempt": c.attempt,
-                    "fence": c.fence,
-                },
-            )
+            log.warning("completion rejected: fence is stale", extra=_attempt_fields(c))
         self._recorded(r)
         self._forget(r)
 
