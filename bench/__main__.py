@@ -204,7 +204,9 @@ def report(results: dict[str, Any], aheads: list[float]) -> None:
         noop = handler == "noop"
         p = peer if noop and peer.get("occurrences") == n else {}
         q = pgq_ if noop and pgq_.get("occurrences") == n else {}
-        c, fl = (at_size(results, name, n) if noop else {} for name in ("ceiling ", "floor "))
+        c, fl, tk = (
+            at_size(results, name, n) if noop else {} for name in ("ceiling ", "floor ", "tasks ")
+        )
         deep_key = burst_key(handler, n, after_a) + " concurrency="
         deeper = {
             f"after c={k.removeprefix(deep_key)}": f
@@ -217,7 +219,7 @@ def report(results: dict[str, Any], aheads: list[float]) -> None:
             " pgqueuer's handler)",
             {"before": before, "after": after}
             | deeper
-            | {"procrastinate": p, "pgqueuer": q, "ceiling": c, "floor": fl},
+            | {"procrastinate": p, "pgqueuer": q, "ceiling": c, "floor": fl, "tasks": tk},
         )
         for label, run in ({"after": after} | deeper if noop else {}).items():
             p99, mx = run.get("handler_start_lag_p99_s"), run.get("handler_start_lag_max_s")
@@ -587,6 +589,11 @@ async def main() -> None:
                     await section(
                         f"floor n={n}",
                         ceiling.floor(db, url, n, args.workers, args.ceiling_batch),
+                    )
+                    await burst.prepare_burst(db, n, lead)
+                    await section(
+                        f"tasks n={n}",
+                        ceiling.tasks(db, url, n, args.workers, args.ceiling_batch),
                     )
             if ("peer" in only or "pgqueuer" in only) and (
                 peer_n != args.jobs or "burst" not in only
