@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import datetime
 import os
 import signal
 import time
@@ -176,6 +177,19 @@ async def test_the_server_holds_the_same_bounds_on_its_side(db: Database) -> Non
         "statement": bound,
         "check_interval": "1s",
     }
+
+
+async def test_sessions_run_in_utc_whatever_the_servers_zone(db_url: str) -> None:
+    """SessionBounds sets TimeZone UTC: psycopg then returns timestamptz values with
+    `datetime.timezone.utc`, not through zoneinfo as for any other zone name (Etc/UTC,
+    or a server default like the one this session starts with)."""
+    url = make_conninfo(db_url, options="-c TimeZone=America/New_York")
+    async with Database(url, max_size=1) as db, db.connection() as conn:
+        cur = await conn.execute("SELECT current_setting('TimeZone') AS tz, now() AS at")
+        got = await cur.fetchone()
+    assert got is not None
+    assert got["tz"] == "UTC"
+    assert got["at"].tzinfo is datetime.UTC
 
 
 async def test_a_client_paused_mid_transaction_lets_go_of_its_locks(db_url: str) -> None:
