@@ -1312,7 +1312,6 @@ class Worker:
 
     async def _attempt(self, r: _Running) -> None:
         c, ctx = r.claimed, r.ctx
-        extra = _attempt_fields(c)
         spec = r.spec
         if spec is None:
             self._handler_done(r)  # nothing runs; recording the failure is all that is left
@@ -1324,7 +1323,6 @@ class Worker:
                     sent=False,
                     reason="InvalidTarget",
                 ),
-                extra,
             )
             return
         error: targets.TargetError | None = None
@@ -1363,14 +1361,14 @@ class Worker:
                         "cancelled: the worker shut down before the attempt finished",
                         reason="WorkerShutdown",
                     ),
-                    extra,
                     outcome="cancelled",
                     retry=spec.retry,
                     immediate=True,
                 )
                 return
             log.warning(
-                "attempt aborted: lease lost", extra=extra | {"why": r.abort or "cancelled"}
+                "attempt aborted: lease lost",
+                extra=_attempt_fields(c) | {"why": r.abort or "cancelled"},
             )
             self._report(Outcome(c, "lease_lost", error=r.abort))
             return
@@ -1378,7 +1376,7 @@ class Worker:
             # Raised by the handler: ctx.check_cancelled(), or ctx.transaction() whose
             # fenced completion matched nothing (its effect was rolled back).
             ctx.cancel()
-            log.warning("attempt aborted: lease lost", extra=extra | {"error": str(e)})
+            log.warning("attempt aborted: lease lost", extra=_attempt_fields(c) | {"error": str(e)})
             self._report(Outcome(c, "lease_lost", error=str(e)))
             return
         except TimeoutError:
@@ -1392,7 +1390,7 @@ class Worker:
             error = targets.TargetError(f"{type(e).__name__}: {e}")
         self._handler_done(r)
         if error is not None:
-            await self._failed(c, error, extra, outcome=outcome, retry=spec.retry)
+            await self._failed(c, error, outcome=outcome, retry=spec.retry)
             return
         if ctx.completed_in_transaction:
             self._report(Outcome(c, "succeeded", start_lag=r.start_lag))
@@ -1403,7 +1401,6 @@ class Worker:
         self,
         c: Claimed,
         e: targets.TargetError,
-        extra: dict[str, Any],
         *,
         outcome: str = "failed",
         retry: RetryPolicy | None = None,
@@ -1414,6 +1411,7 @@ class Worker:
         Not retried: errors retrying cannot fix (HTTP 4xx but 408/429, unknown handler,
         invalid target), the last attempt, and under AtMostOnce any attempt that may have
         had an effect (`sent`): that one is dead with reason Ambiguous."""
+        extra = _attempt_fields(c)
         if e.reason in POLICY_REASONS:
             self.metrics.policy_denied.labels(self.settings.pool, e.reason).inc()
         r = self.running.get(c.key)
