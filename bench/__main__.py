@@ -28,6 +28,7 @@ from bench import (
     anatomy,
     burst,
     ceiling,
+    claim,
     forecast,
     growth,
     peer,
@@ -72,6 +73,7 @@ SECTIONS = (
     "profile",
     "statements",
     "anatomy",
+    "claim",
     "status",
     "prescale",
     "retention",
@@ -381,6 +383,12 @@ async def main() -> None:
         default=400,
         help="anatomy: batches of 250 occurrences measured per schema variant",
     )
+    ap.add_argument(
+        "--claim-jobs",
+        type=int,
+        default=50_000,
+        help="claim: occurrences claimed in this process (due in --peer-lead seconds)",
+    )
     ap.add_argument("--prescale-n", type=int, default=50_000, help="prescale: burst size")
     ap.add_argument(
         "--prescale-duration", type=float, default=0.2, help="prescale: handler seconds"
@@ -687,6 +695,8 @@ async def main() -> None:
                 await section("statements", counted())
             if "anatomy" in only:
                 await section("anatomy", anatomy.anatomy(args.anatomy_rounds))
+            if "claim" in only:
+                await section("claim", claim.claim_cpu(db, args.claim_jobs, args.peer_lead))
             if "schedule" in only:
                 await section("schedule", _now(schedule.schedule_bench(args.schedule_calls)))
             if "status" in only:
