@@ -223,7 +223,7 @@ async def _tasks(url: str, batch: int) -> float:
     w = f"tasks-{os.getpid()}"
     cpu0 = time.process_time()
     writing = asyncio.create_task(writer(conn))
-    tasks: set[asyncio.Task[None]] = set()
+    tasks: list[asyncio.Task[None]] = []
     idle = 0
     while idle < 3:
         cur = await claimer.execute(TASKS_CLAIM, {"w": w, "b": batch, "ahead": TASKS_AHEAD_S})
@@ -234,12 +234,8 @@ async def _tasks(url: str, batch: int) -> float:
             continue
         idle = 0
         now = loop.time()
-        for key, fence, due_in in rows:
-            t = asyncio.create_task(attempt(key, fence, now + due_in))
-            tasks.add(t)
-            t.add_done_callback(tasks.discard)
-    while tasks:
-        await asyncio.gather(*tasks)
+        tasks += [asyncio.create_task(attempt(k, f, now + due_in)) for k, f, due_in in rows]
+    await asyncio.gather(*tasks)
     claimed_all.set()
     await writing
     cpu = time.process_time() - cpu0
