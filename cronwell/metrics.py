@@ -7,6 +7,7 @@ from __future__ import annotations
 import threading
 from bisect import bisect_left
 from collections.abc import Callable, Iterable, Iterator
+from itertools import accumulate
 from socketserver import ThreadingMixIn
 from typing import Any
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
@@ -43,6 +44,7 @@ class LagHistogram(Collector):
 
     def __init__(self, name: str, documentation: str, bounds: tuple[float, ...]):
         self.name, self.documentation, self.bounds = name, documentation, bounds
+        self._les = [repr(float(b)) for b in bounds] + ["+Inf"]  # as Histogram writes them
         self._series: dict[str, LagSeries] = {}
 
     def labels(self, pool: str) -> LagSeries:
@@ -53,14 +55,9 @@ class LagHistogram(Collector):
 
     def collect(self) -> Iterator[HistogramMetricFamily]:
         family = HistogramMetricFamily(self.name, self.documentation, labels=["pool"])
-        les = [repr(float(b)) for b in self.bounds] + ["+Inf"]  # as Histogram writes them
         for pool, series in list(self._series.items()):
-            counts, total = list(series.counts), series.sum
-            cumulative, n = [], 0
-            for le, k in zip(les, counts, strict=True):
-                n += k
-                cumulative.append((le, n))
-            family.add_metric([pool], cumulative, total)
+            counts, total = list(series.counts), series.sum  # a copy: the loop adds to them
+            family.add_metric([pool], list(zip(self._les, accumulate(counts), strict=True)), total)
         yield family
 
 

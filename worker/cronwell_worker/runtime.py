@@ -1857,37 +1857,33 @@ class _View:
 
     namespaces: dict[str, store_policies.NamespacePolicy]
     pool_rows: list[tenancy.PoolPolicy]
-    _egress: dict[str, NamespaceEgress | None] = field(default_factory=dict)
     judged: dict[tuple[str, str | None], EgressPolicy | tenancy.Refusal] = field(
         default_factory=dict
     )
-    """Worker._policy's decisions under this view, by (namespace, handler)."""
+    """Worker._policy's decisions under this view, by (namespace, handler): the only cache
+    of them, so `labels` and `egress` work each namespace out anew when asked."""
 
     def labels(self, namespace: str) -> dict[str, str]:
         row = self.namespaces.get(namespace)
         return dict(row.labels) if row is not None else {}
 
     def egress(self, namespace: str) -> NamespaceEgress | None:
-        if namespace not in self._egress:
-            row = self.namespaces.get(namespace)
-            ann = {}
-            if row is not None:
-                ann = {
-                    k: v
-                    for k, v in (
-                        (ALLOW_ANNOTATION, row.egress_allow),
-                        (DENY_ANNOTATION, row.egress_deny),
-                    )
-                    if v is not None
-                }
-            try:
-                self._egress[namespace] = (
-                    NamespaceEgress.from_annotations(namespace, ann) if ann else None
+        row = self.namespaces.get(namespace)
+        ann = {}
+        if row is not None:
+            ann = {
+                k: v
+                for k, v in (
+                    (ALLOW_ANNOTATION, row.egress_allow),
+                    (DENY_ANNOTATION, row.egress_deny),
                 )
-            except EgressDenied:
-                # An annotation that does not parse denies everything rather than nothing.
-                self._egress[namespace] = NamespaceEgress(namespace, allow=Rules())
-        return self._egress[namespace]
+                if v is not None
+            }
+        try:
+            return NamespaceEgress.from_annotations(namespace, ann) if ann else None
+        except EgressDenied:
+            # An annotation that does not parse denies everything rather than nothing.
+            return NamespaceEgress(namespace, allow=Rules())
 
 
 class _Tenancy:
